@@ -1,0 +1,1 @@
+"""Replay, parity checks and benchmarks driven through the engine."""

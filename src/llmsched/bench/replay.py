@@ -1,0 +1,163 @@
+"""`llmsched replay`: drive the engine with a workload and a fabricating executor.
+
+The loop and the step records follow the replay format: arrivals are added
+before each step's schedule(), an idle engine fast-forwards to the next
+arrival, and every schedule() call (including the last, empty one that
+reports finishes) writes one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO
+
+import llmsched
+from llmsched.bench.stats import summarize_ns
+from llmsched.bench.workload import Workload
+from llmsched.core.request import Request
+from llmsched.core.sampling_params import SamplingParams
+from llmsched.engine.engine_core import EngineCore, EngineStep
+from llmsched.executor.replay import ReplayExecutor
+
+
+@dataclass
+class ReplaySummary:
+    """What a replay did, in aggregate."""
+
+    num_requests: int = 0
+    num_finished: int = 0
+    num_steps: int = 0
+    num_nonempty_steps: int = 0
+    num_preemptions: int = 0
+    prefix_hit_tokens: int = 0
+    max_running: int = 0
+    schedule_ns: list[int] = field(default_factory=list)
+    update_ns: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """JSON-ready form with timing percentiles."""
+        return {
+            "num_requests": self.num_requests,
+            "num_finished": self.num_finished,
+            "num_steps": self.num_steps,
+            "num_nonempty_steps": self.num_nonempty_steps,
+            "num_preemptions": self.num_preemptions,
+            "prefix_hit_tokens": self.prefix_hit_tokens,
+            "max_running": self.max_running,
+            "schedule": summarize_ns(self.schedule_ns),
+            "update": summarize_ns(self.update_ns),
+        }
+
+    def text(self) -> str:
+        """Human-readable summary."""
+        s, u = summarize_ns(self.schedule_ns), summarize_ns(self.update_ns)
+
+        def t(d: dict) -> str:
+            if not d.get("n"):
+                return "n/a"
+            return f"p50 {d['p50_us']:.1f} us, p90 {d['p90_us']:.1f} us, p99 {d['p99_us']:.1f} us"
+
+        return "\n".join([
+            f"requests     {self.num_finished}/{self.num_requests} finished",
+            f"steps        {self.num_steps} ({self.num_nonempty_steps} with tokens scheduled)",
+            f"preemptions  {self.num_preemptions}",
+            f"prefix hits  {self.prefix_hit_tokens} tokens",
+            f"max running  {self.max_running}",
+            f"schedule()   {t(s)}",
+            f"update()     {t(u)}",
+        ])
+
+
+def step_record(step: int, es: EngineStep, explain: bool) -> dict:
+    """One trace line for one schedule() call."""
+    so = es.scheduler_output
+    rec = {
+        "step": step,
+        "sched": [[r.request_id, n] for r, n in zip(so.scheduled, so.num_scheduled_tokens)],
+        "admitted": [
+            [r.request_id, hit, "resumed" if r.num_preemptions else "new"]
+            for r, hit in zip(so.admitted, so.admitted_num_cached_tokens)
+        ],
+        "preempted": sorted(r.request_id for r in so.preempted),
+        "finished": [r.request_id for r in es.outputs.finished],
+        "total_tokens": so.total_num_scheduled_tokens,
+        "num_running": es.num_running,
+        "num_waiting": es.num_waiting,
+        "kv_usage": round(es.kv_usage, 6),
+        "schedule_ns": es.schedule_ns,
+        "update_ns": es.update_ns,
+    }
+    if explain and so.trace is not None:
+        rec["why"] = so.trace.to_json()
+    return rec
+
+
+def replay(
+    workload: Workload,
+    trace_out: IO[str] | None = None,
+    explain: bool = False,
+    on_step: Callable[[int, EngineStep], None] | None = None,
+    max_steps: int = 10_000_000,
+    **config_overrides: object,
+) -> ReplaySummary:
+    """Replay ``workload``; write step records to ``trace_out`` if given."""
+    config = workload.scheduler_config(**config_overrides)
+    sample = int(workload.config.get("sample_token_id", 7))
+    per_req = {r.request_id: int(r.sample_token_id) for r in workload.requests if r.sample_token_id is not None}
+    engine = EngineCore(config, ReplayExecutor(sample, per_req))
+    sched = engine.scheduler
+    if explain:
+        sched.enable_trace()
+    if trace_out is not None:
+        header = {
+            "llmsched_version": llmsched.__version__,
+            "resolved": config.to_dict(),
+            "num_requests": len(workload.requests),
+        }
+        trace_out.write(json.dumps({"header": header}) + "\n")
+
+    n = len(workload.requests)
+    pending = sorted(workload.requests, key=lambda r: r.arrival_step)
+    summary = ReplaySummary(num_requests=n)
+    p = 0
+    step = 0
+    while summary.num_steps < max_steps:
+        while p < n and pending[p].arrival_step <= step:
+            wr = pending[p]
+            engine.add_request(
+                Request(
+                    wr.request_id,
+                    wr.prompt_token_ids,
+                    SamplingParams(max_tokens=wr.max_tokens, ignore_eos=True, temperature=0.0),
+                    priority=wr.priority,
+                    # Ties in priority break by arrival: step first, then file order.
+                    arrival_time=step + 0.5 * (wr.index + 1) / (n + 1),
+                    lora_id=wr.lora_id,
+                    cache_salt=wr.cache_salt,
+                )
+            )
+            p += 1
+        if not engine.has_requests():
+            if p >= n:
+                break
+            step = max(step + 1, pending[p].arrival_step)
+            continue
+        es = engine.step()
+        so = es.scheduler_output
+        summary.num_steps += 1
+        if so.total_num_scheduled_tokens:
+            summary.num_nonempty_steps += 1
+        summary.num_preemptions += len(so.preempted)
+        summary.prefix_hit_tokens += sum(so.admitted_num_cached_tokens)
+        summary.num_finished += len(es.outputs.finished)
+        summary.max_running = max(summary.max_running, es.num_running)
+        summary.schedule_ns.append(es.schedule_ns)
+        summary.update_ns.append(es.update_ns)
+        if trace_out is not None:
+            trace_out.write(json.dumps(step_record(step, es, explain), separators=(",", ":")) + "\n")
+        if on_step is not None:
+            on_step(step, es)
+        step += 1
+    return summary

@@ -1,0 +1,142 @@
+"""The replay workload format (see REPLAY in the docs): parse, default, resolve."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmsched.core.config import SchedulerConfig
+from llmsched.core.errors import ConfigError
+
+# Defaults of the workload format, as vLLM's reference driver applies them.
+CONFIG_DEFAULTS: dict = {
+    "max_num_batched_tokens": 8192,
+    "max_num_seqs": 256,
+    "max_model_len": None,
+    "block_size": 16,
+    "num_gpu_blocks": None,
+    "enable_prefix_caching": True,
+    "enable_chunked_prefill": True,
+    "long_prefill_token_threshold": 0,
+    "policy": "fcfs",
+    "sample_token_id": 7,
+    "scheduler_reserve_full_isl": True,
+    "watermark": 0.0,
+}
+# Keys the reference driver understands that change no scheduling decision.
+IGNORED_KEYS = {"log_stats", "gc_freeze", "use_v2_model_runner", "scheduler_extra", "cache_extra"}
+_VOCAB = 32000
+
+
+@dataclass(slots=True)
+class WorkloadRequest:
+    """One request of a workload."""
+
+    request_id: str
+    index: int
+    arrival_step: int
+    prompt_token_ids: list[int]
+    max_tokens: int
+    priority: int = 0
+    sample_token_id: int | None = None
+    lora_id: int = 0
+    cache_salt: str | None = None
+
+
+@dataclass(slots=True)
+class Workload:
+    """A parsed workload: raw config knobs (defaults applied) and requests."""
+
+    config: dict
+    requests: list[WorkloadRequest]
+
+    def scheduler_config(self, **overrides: object) -> SchedulerConfig:
+        """The SchedulerConfig the workload asks for, with its nulls resolved."""
+        cfg = {**self.config, **overrides}
+        bs = int(cfg["block_size"])
+        if cfg["max_model_len"] is None:
+            cfg["max_model_len"] = max(len(r.prompt_token_ids) + r.max_tokens for r in self.requests)
+        if cfg["num_gpu_blocks"] is None:
+            cfg["num_gpu_blocks"] = 1 + sum(
+                -(-(len(r.prompt_token_ids) + r.max_tokens) // bs) for r in self.requests
+            )
+        cfg.pop("sample_token_id", None)
+        return SchedulerConfig(**cfg)
+
+
+def synth_prompt(req: dict, index: int) -> list[int]:
+    """Prompt ids for a request given by ``prompt_len`` rather than explicit ids.
+
+    Requests sharing a ``prefix_group`` share their first ``shared_prefix_len``
+    tokens; the rest is unique to the request index. This is the reference
+    driver's scheme, so prompt_len workloads replay identically in both.
+    """
+    n = int(req["prompt_len"])
+    k = min(int(req.get("shared_prefix_len", 0)), n)
+    tokens: list[int] = []
+    if k:
+        g = zlib.crc32(str(req.get("prefix_group", "default")).encode())
+        tokens.extend(10 + (g + 7 * j) % (_VOCAB - 100) for j in range(k))
+    base = (index * 131) % (_VOCAB - 200)
+    tokens.extend(100 + base if j == 0 else 100 + (base + 1 + j) % (_VOCAB - 200) for j in range(n - k))
+    return tokens
+
+
+def parse_workload(data: dict) -> Workload:
+    """Build a Workload from its JSON object, naming any invalid field."""
+    if not isinstance(data, dict) or "requests" not in data:
+        raise ConfigError("a workload is a JSON object with 'config' and 'requests'")
+    raw = data.get("config") or {}
+    known = set(CONFIG_DEFAULTS) | set(SchedulerConfig.field_names())
+    unknown = set(raw) - known - IGNORED_KEYS
+    if unknown:
+        raise ConfigError(f"unknown workload config keys: {sorted(unknown)}")
+    if raw.get("async_scheduling"):
+        raise ConfigError("async_scheduling is not supported by llmsched replay")
+    config = {**CONFIG_DEFAULTS, **{k: v for k, v in raw.items() if k not in IGNORED_KEYS}}
+    config.pop("async_scheduling", None)
+    requests = []
+    seen: set[str] = set()
+    for i, r in enumerate(data["requests"]):
+        rid = str(r.get("id", i))
+        if rid in seen:
+            raise ConfigError(f"request id {rid!r} appears twice in the workload")
+        seen.add(rid)
+        if "prompt_token_ids" in r:
+            prompt = [int(t) for t in r["prompt_token_ids"]]
+        elif "prompt_len" in r:
+            prompt = synth_prompt(r, i)
+        else:
+            raise ConfigError(f"request {rid!r} has neither prompt_token_ids nor prompt_len")
+        if "max_tokens" not in r:
+            raise ConfigError(f"request {rid!r} has no max_tokens")
+        requests.append(
+            WorkloadRequest(
+                request_id=rid,
+                index=i,
+                arrival_step=int(r.get("arrival_step", 0)),
+                prompt_token_ids=prompt,
+                max_tokens=int(r["max_tokens"]),
+                priority=int(r.get("priority", 0)),
+                sample_token_id=r.get("sample_token_id"),
+                lora_id=int(r.get("lora_id", 0)),
+                cache_salt=r.get("cache_salt"),
+            )
+        )
+    if not requests:
+        raise ConfigError("the workload has no requests")
+    return Workload(config, requests)
+
+
+def load_workload(path: str | Path) -> Workload:
+    """Read and parse a workload file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"workload file {str(p)!r} does not exist")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"workload file {str(p)!r} is not valid JSON: {e}") from e
+    return parse_workload(data)

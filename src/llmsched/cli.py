@@ -1,0 +1,95 @@
+"""The `llmsched` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+import llmsched
+from llmsched.core.errors import ConfigError
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from llmsched.bench.parity import compare, load_trace
+    from llmsched.bench.replay import replay
+    from llmsched.bench.workload import load_workload
+
+    workload = load_workload(args.workload)
+    shown = 0
+
+    def show(step: int, es) -> None:
+        nonlocal shown
+        trace = es.scheduler_output.trace
+        if trace is not None and shown < args.explain_steps:
+            shown += 1
+            print(trace.explain().replace(f"step {trace.step}:", f"step {step}:", 1))
+
+    out = open(args.trace, "w") if args.trace else None  # noqa: SIM115
+    try:
+        summary = replay(workload, out, explain=args.explain, on_step=show if args.explain else None)
+    finally:
+        if out is not None:
+            out.close()
+    if args.explain and shown:
+        print()
+    print(summary.text())
+    if args.summary_json:
+        with open(args.summary_json, "w") as f:
+            json.dump(summary.to_dict(), f, indent=2)
+    if args.compare:
+        if not args.trace:
+            print("--compare needs --trace", file=sys.stderr)
+            return 2
+        diffs = compare(load_trace(args.trace), load_trace(args.compare))
+        if diffs:
+            print(f"decisions DIFFER from {args.compare}:")
+            for d in diffs:
+                print("  " + d)
+            return 1
+        print(f"decisions identical to {args.compare}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand."""
+    p = argparse.ArgumentParser(prog="llmsched", description=llmsched.__doc__)
+    p.add_argument("--version", action="version", version=f"llmsched {llmsched.__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser(
+        "replay",
+        help="replay a workload through the scheduler with fabricated tokens",
+        description="Replay a workload (JSON) through the scheduler with no model, writing one "
+        "JSON line per schedule() call.",
+    )
+    r.add_argument("workload", help="workload JSON file")
+    r.add_argument("--trace", metavar="OUT.jsonl", help="write the step trace here")
+    r.add_argument("--explain", action="store_true", help="record why each request did or did not run")
+    r.add_argument(
+        "--explain-steps", type=int, default=3, metavar="N",
+        help="with --explain, print the first N steps' explanations (default 3)",
+    )
+    r.add_argument("--compare", metavar="REF.jsonl", help="check decisions against a reference trace")
+    r.add_argument("--summary-json", metavar="PATH", help="write the summary as JSON")
+    r.set_defaults(func=_replay)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `llmsched` script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except BrokenPipeError:
+        # Output piped into `head` and the like: stop quietly.
+        sys.stderr.close()
+        return 0
+    except (ConfigError, ValueError, OSError) as e:
+        print(f"llmsched {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

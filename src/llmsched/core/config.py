@@ -1,0 +1,103 @@
+"""Scheduler and KV cache settings, validated when constructed."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, fields
+
+from llmsched.core.errors import ConfigError
+from llmsched.core.kv.block_hash import HASH_ALGOS
+from llmsched.core.policy import POLICIES
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+@dataclass(kw_only=True)
+class SchedulerConfig:
+    """Every knob of the scheduler and its KV cache; names follow vLLM's.
+
+    ``num_gpu_blocks`` counts the null block, so ``num_gpu_blocks - 1`` blocks
+    hold tokens. Defaults follow vLLM: chunked prefill on, full-prompt
+    reservation on, watermark 0, FCFS, block size 16, prefix caching on.
+    """
+
+    num_gpu_blocks: int
+    max_model_len: int
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = "sha256"
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    policy: str = "fcfs"
+    scheduler_reserve_full_isl: bool = True
+    watermark: float = 0.0
+    # None: no LoRA slot limit. Otherwise at most this many distinct adapters
+    # among running requests.
+    max_loras: int | None = None
+    num_speculative_tokens: int = 0
+    num_lookahead_tokens: int = 0
+    # Check the scheduling and KV invariants after every step (slow).
+    debug: bool = False
+
+    def __post_init__(self) -> None:
+        if os.environ.get("LLMSCHED_DEBUG", "") not in ("", "0"):
+            self.debug = True
+        for name in ("num_gpu_blocks", "max_model_len", "max_num_batched_tokens", "max_num_seqs", "block_size"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 1:
+                raise ConfigError(f"{name}={v!r} must be a positive integer")
+        for name in ("long_prefill_token_threshold", "num_speculative_tokens", "num_lookahead_tokens"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 0:
+                raise ConfigError(f"{name}={v!r} must be an integer >= 0")
+        if self.block_size & (self.block_size - 1):
+            raise ConfigError(f"block_size={self.block_size} must be a power of two")
+        if self.num_gpu_blocks < 2:
+            raise ConfigError(
+                f"num_gpu_blocks={self.num_gpu_blocks} must be >= 2 (one null block plus usable blocks)"
+            )
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_num_seqs ({self.max_num_seqs})"
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ConfigError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than "
+                f"max_model_len ({self.max_model_len}) with enable_chunked_prefill off: "
+                "longer prompts could never be scheduled"
+            )
+        if self.long_prefill_token_threshold > self.max_model_len:
+            raise ConfigError(
+                f"long_prefill_token_threshold ({self.long_prefill_token_threshold}) must be "
+                f"<= max_model_len ({self.max_model_len})"
+            )
+        if not isinstance(self.watermark, (int, float)) or not 0.0 <= self.watermark < 1.0:
+            raise ConfigError(f"watermark={self.watermark!r} must be in [0, 1)")
+        if self.policy not in POLICIES:
+            raise ConfigError(f"policy={self.policy!r} is unknown; choose one of {', '.join(POLICIES)}")
+        if self.prefix_caching_hash_algo not in HASH_ALGOS:
+            raise ConfigError(
+                f"prefix_caching_hash_algo={self.prefix_caching_hash_algo!r} is unknown; "
+                f"choose one of {', '.join(HASH_ALGOS)}"
+            )
+        if self.max_loras is not None and (not _is_int(self.max_loras) or self.max_loras < 1):
+            raise ConfigError(f"max_loras={self.max_loras!r} must be a positive integer or None")
+
+    @property
+    def watermark_blocks(self) -> int:
+        """Blocks kept free when admitting, as vLLM counts them (null block included)."""
+        return int(self.watermark * self.num_gpu_blocks)
+
+    def to_dict(self) -> dict:
+        """Plain-dict form (for trace headers)."""
+        return asdict(self)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        """Names of every setting."""
+        return [f.name for f in fields(cls)]

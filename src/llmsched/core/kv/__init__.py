@@ -1,0 +1,1 @@
+"""Paged KV cache bookkeeping: blocks, free queue, hashing, the manager."""

@@ -1,0 +1,116 @@
+"""Chained block hashes for prefix caching, identical in every process.
+
+A full block's hash covers its parent's hash, its token ids and its extra
+keys, so equal hashes mean equal prefixes. The bytes fed to the hash are
+fixed-width (a 32-byte parent, 8 bytes per token, length-prefixed extras),
+which keeps the encoding unambiguous without pickle; nothing in it depends
+on the process, unlike Python's salted ``hash()``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Callable
+
+from llmsched.core.errors import ConfigError
+from llmsched.core.request import Request
+
+HashFn = Callable[[bytes], bytes]
+
+
+def _sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def _blake2b(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=32).digest()
+
+
+def _xxh3_128() -> HashFn:
+    try:
+        import xxhash  # optional: a faster, non-cryptographic choice
+    except ImportError as e:
+        raise ConfigError(
+            "prefix_caching_hash_algo='xxh3_128' needs the xxhash package "
+            "(pip install xxhash); use 'sha256' or 'blake2b' otherwise"
+        ) from e
+    # Padded to 32 bytes so every algorithm chains with the same layout.
+    return lambda data: xxhash.xxh3_128_digest(data) * 2
+
+
+HASH_ALGOS = ("sha256", "blake2b", "xxh3_128")
+
+
+def get_hash_fn(name: str) -> HashFn:
+    """The hash function called ``name`` (one of HASH_ALGOS)."""
+    if name == "sha256":
+        return _sha256
+    if name == "blake2b":
+        return _blake2b
+    if name == "xxh3_128":
+        return _xxh3_128()
+    raise ConfigError(
+        f"prefix_caching_hash_algo={name!r} is unknown; choose one of {', '.join(HASH_ALGOS)}"
+    )
+
+
+# Parent of every request's first block: a constant, so hashes agree across
+# processes and runs. Use cache_salt to keep tenants' caches apart.
+ROOT_HASH = hashlib.sha256(b"llmsched/prefix-cache/root").digest()
+
+
+def block_extra_keys(request: Request, block_index: int) -> bytes:
+    """Extra key bytes of one block: LoRA on every block, salt on the first only.
+
+    The salt needs to sit in the first block alone because every later hash
+    chains through it.
+    """
+    extra = b""
+    if request.lora_name is not None:
+        extra += b"L" + request.lora_name.encode()
+    if block_index == 0 and request.cache_salt:
+        extra += b"\x00S" + request.cache_salt.encode()
+    return extra
+
+
+class BlockHasher:
+    """Computes request block hashes lazily, only as far as they are needed."""
+
+    __slots__ = ("block_size", "hash_fn", "_pack")
+
+    def __init__(self, block_size: int, algo: str = "sha256") -> None:
+        self.block_size = block_size
+        self.hash_fn = get_hash_fn(algo)
+        self._pack = struct.Struct(f"<{block_size}q").pack
+
+    def hash_block(self, parent: bytes, token_ids: list[int], extra: bytes = b"") -> bytes:
+        """Hash of one full block given its parent's hash."""
+        return self.hash_fn(parent + len(extra).to_bytes(4, "little") + extra + self._pack(*token_ids))
+
+    def extend(self, request: Request, num_blocks: int) -> list[bytes]:
+        """Make ``request.block_hashes`` cover its first ``num_blocks`` full blocks.
+
+        Blocks are capped at the full blocks the request's tokens fill. Hashes
+        never change once computed, so computing them late gives the same
+        values as computing them when the tokens arrived.
+        """
+        hashes = request.block_hashes
+        bs = self.block_size
+        num_blocks = min(num_blocks, request.num_tokens // bs)
+        i = len(hashes)
+        if i >= num_blocks:
+            return hashes
+        tokens = request.token_ids
+        parent = hashes[-1] if hashes else ROOT_HASH
+        plain = request.lora_name is None and not request.cache_salt
+        pack, hash_fn = self._pack, self.hash_fn
+        while i < num_blocks:
+            start = i * bs
+            if plain:
+                parent = hash_fn(parent + b"\x00\x00\x00\x00" + pack(*tokens[start : start + bs]))
+            else:
+                parent = self.hash_block(parent, tokens[start : start + bs], block_extra_keys(request, i))
+            hashes.append(parent)
+            i += 1
+        return hashes

@@ -1,0 +1,125 @@
+"""The pool of KV blocks: allocation, reference counts and the prefix-cache map."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from llmsched.core.kv.block import KVBlock
+from llmsched.core.kv.free_queue import FreeBlockQueue
+
+
+class BlockPool:
+    """Owns every block; block 0 is the null block and is never handed out.
+
+    Free blocks wait in ``free_queue``. A freed block that carries a hash
+    stays findable in the prefix-cache map until it is handed out again
+    (lazy eviction), so a later request can revive it with ``touch``.
+    Identical content is never merged: two blocks may carry one hash, and a
+    lookup returns the one registered first, so block tables only grow.
+    """
+
+    __slots__ = ("num_blocks", "blocks", "free_queue", "null_block", "_cached")
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 2:
+            raise ValueError(f"num_blocks={num_blocks}: need the null block plus at least one")
+        self.num_blocks = num_blocks
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks)
+        self.null_block = self.free_queue.popleft()
+        # hash -> the block, or a list of blocks in registration order when
+        # several hold the same content (rare: only a recomputed tail block).
+        self._cached: dict[bytes, KVBlock | list[KVBlock]] = {}
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks in the free queue, including evictable cached ones."""
+        return self.free_queue.num_free
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """All blocks but the null block."""
+        return self.num_blocks - 1
+
+    def usage(self) -> float:
+        """Fraction of usable blocks held by requests."""
+        return 1.0 - self.free_queue.num_free / (self.num_blocks - 1)
+
+    def num_cached_blocks(self) -> int:
+        """Distinct hashes currently findable in the prefix cache."""
+        return len(self._cached)
+
+    def get_cached_block(self, block_hash: bytes) -> KVBlock | None:
+        """The first-registered block holding ``block_hash``, if any."""
+        hit = self._cached.get(block_hash)
+        if hit is not None and type(hit) is list:
+            return hit[0]
+        return hit
+
+    def get_new_blocks(self, n: int) -> list[KVBlock]:
+        """Take ``n`` blocks from the head of the free queue, evicting their hashes."""
+        blocks = self.free_queue.popleft_n(n)
+        for block in blocks:
+            if block.block_hash is not None:
+                self._uncache(block)
+            block.ref_cnt = 1
+        return blocks
+
+    def touch(self, blocks: Iterable[KVBlock]) -> None:
+        """Take one more reference on each block; a free one leaves the queue."""
+        remove = self.free_queue.remove
+        for block in blocks:
+            if block.ref_cnt == 0:
+                remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered: Iterable[KVBlock]) -> None:
+        """Drop one reference on each block; the first in ``ordered`` is evicted first.
+
+        Blocks without a hash can never be hit, so they go to the head and are
+        reused first; hashed ones go to the tail, which makes eviction LRU.
+        """
+        first: list[KVBlock] = []
+        last: list[KVBlock] = []
+        for block in ordered:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                (first if block.block_hash is None else last).append(block)
+        self.free_queue.prepend_n(first)
+        self.free_queue.append_n(last)
+
+    def cache_block(self, block: KVBlock, block_hash: bytes) -> None:
+        """Register a full block under ``block_hash``."""
+        block.block_hash = block_hash
+        cur = self._cached.get(block_hash)
+        if cur is None:
+            self._cached[block_hash] = block
+        elif type(cur) is list:
+            cur.append(block)
+        else:
+            self._cached[block_hash] = [cur, block]
+
+    def _uncache(self, block: KVBlock) -> None:
+        h = block.block_hash
+        block.block_hash = None
+        cur = self._cached.get(h)
+        if cur is block:
+            del self._cached[h]
+        elif type(cur) is list:
+            cur.remove(block)
+            if len(cur) == 1:
+                self._cached[h] = cur[0]
+
+    def evict(self, block: KVBlock) -> None:
+        """Forget ``block``'s hash now (it keeps its place and references)."""
+        if block.block_hash is not None:
+            self._uncache(block)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every hash; refused (False) while any request holds a block."""
+        if self.free_queue.num_free != self.num_blocks - 1:
+            return False
+        self._cached.clear()
+        for block in self.blocks:
+            block.block_hash = None
+        return True

@@ -1,0 +1,100 @@
+"""Doubly linked queue of free blocks with O(1) removal from the middle."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from llmsched.core.kv.block import KVBlock
+
+
+class FreeBlockQueue:
+    """Free blocks in eviction order: the head is handed out first.
+
+    A prefix-cache hit on a free block must pull it out of the middle of the
+    queue, which a deque cannot do in O(1); the links are stored on the
+    blocks. Two sentinel blocks remove the empty-list special cases.
+    """
+
+    __slots__ = ("_head", "_tail", "num_free")
+
+    def __init__(self, blocks: Iterable[KVBlock] = ()) -> None:
+        self._head = KVBlock(-1)
+        self._tail = KVBlock(-1)
+        self._head.next_free = self._tail
+        self._tail.prev_free = self._head
+        self.num_free = 0
+        self.append_n(list(blocks))
+
+    def __len__(self) -> int:
+        return self.num_free
+
+    def popleft(self) -> KVBlock:
+        """Remove and return the head block."""
+        block = self._head.next_free
+        if block is self._tail or block is None:
+            raise IndexError("no free blocks")
+        self.remove(block)
+        return block
+
+    def popleft_n(self, n: int) -> list[KVBlock]:
+        """Remove and return the first ``n`` blocks, in queue order."""
+        if n > self.num_free:
+            raise IndexError(f"asked for {n} blocks, {self.num_free} free")
+        out = []
+        block = self._head.next_free
+        for _ in range(n):
+            out.append(block)
+            nxt = block.next_free
+            block.prev_free = block.next_free = None
+            block = nxt
+        self._head.next_free = block
+        block.prev_free = self._head
+        self.num_free -= n
+        return out
+
+    def remove(self, block: KVBlock) -> None:
+        """Unlink ``block`` from wherever it sits in the queue."""
+        prev, nxt = block.prev_free, block.next_free
+        if prev is None or nxt is None:
+            raise ValueError(f"{block} is not in the free queue")
+        prev.next_free = nxt
+        nxt.prev_free = prev
+        block.prev_free = block.next_free = None
+        self.num_free -= 1
+
+    def append_n(self, blocks: list[KVBlock]) -> None:
+        """Put ``blocks`` at the tail, in order (evicted last)."""
+        if not blocks:
+            return
+        last = self._tail.prev_free
+        for block in blocks:
+            block.prev_free = last
+            last.next_free = block
+            last = block
+        last.next_free = self._tail
+        self._tail.prev_free = last
+        self.num_free += len(blocks)
+
+    def prepend_n(self, blocks: list[KVBlock]) -> None:
+        """Put ``blocks`` at the head, keeping their order (reused first)."""
+        if not blocks:
+            return
+        first = self._head.next_free
+        prev = self._head
+        for block in blocks:
+            block.prev_free = prev
+            prev.next_free = block
+            prev = block
+        prev.next_free = first
+        first.prev_free = prev
+        self.num_free += len(blocks)
+
+    def __iter__(self) -> Iterator[KVBlock]:
+        block = self._head.next_free
+        while block is not self._tail:
+            yield block
+            block = block.next_free
+
+    def block_ids(self) -> list[int]:
+        """Ids in queue order (for tests and debugging)."""
+        return [b.block_id for b in self]

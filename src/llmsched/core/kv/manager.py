@@ -1,0 +1,261 @@
+"""KVCacheManager: per-request block tables over the block pool, with prefix caching."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmsched.core.kv.block import KVBlock
+from llmsched.core.kv.block_hash import BlockHasher
+from llmsched.core.kv.block_pool import BlockPool
+from llmsched.core.request import Request
+
+_NO_BLOCKS: list[KVBlock] = []
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    """Prefix-cache lookups at admission, in tokens; preempted ones counted apart."""
+
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """Hit tokens over queried tokens, all admissions together."""
+        q = self.queries + self.preempted_queries
+        return (self.hits + self.preempted_hits) / q if q else 0.0
+
+
+class BlockTable:
+    """A request's blocks in token order, and how many are registered as cached."""
+
+    __slots__ = ("blocks", "num_cached")
+
+    def __init__(self, blocks: list[KVBlock], num_cached: int) -> None:
+        self.blocks = blocks
+        self.num_cached = num_cached
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division."""
+    return -(-a // b)
+
+
+class KVCacheManager:
+    """Allocates KV slots for requests and finds their prefix-cache hits.
+
+    Every method either succeeds or leaves no trace: an allocation that does
+    not fit returns None before touching the pool.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        enable_caching: bool = True,
+        hash_algo: str = "sha256",
+    ) -> None:
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.pool = BlockPool(num_blocks)
+        self.hasher = BlockHasher(block_size, hash_algo)
+        self._tables: dict[str, BlockTable] = {}
+        self.stats = PrefixCacheStats()
+
+    # ---- queries -----------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Free blocks, evictable cached ones included."""
+        return self.pool.free_queue.num_free
+
+    @property
+    def usage(self) -> float:
+        """Fraction of usable blocks held by requests."""
+        return self.pool.usage()
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """The request's block table as block ids (empty if it holds none)."""
+        table = self._tables.get(request_id)
+        return [b.block_id for b in table.blocks] if table is not None else []
+
+    def num_held_blocks(self, request_id: str) -> int:
+        """How many blocks the request holds."""
+        table = self._tables.get(request_id)
+        return len(table.blocks) if table is not None else 0
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
+        """Longest run of leading full blocks found in the cache, and its tokens.
+
+        The hit never covers the request's last token, whose logits must be
+        computed: a fully cached prompt of k blocks hits k - 1 of them when its
+        length is a multiple of the block size.
+        """
+        if not self.enable_caching or request.skip_prefix_cache:
+            return _NO_BLOCKS, 0
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        if max_blocks <= 0:
+            return _NO_BLOCKS, 0
+        hashes = self.hasher.extend(request, max_blocks)
+        lookup = self.pool.get_cached_block
+        hits: list[KVBlock] = []
+        for i in range(max_blocks):
+            block = lookup(hashes[i])
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * self.block_size
+
+    def blocks_to_admit(
+        self, request: Request, hit_blocks: list[KVBlock], num_new_tokens: int,
+        num_lookahead_tokens: int = 0, full_sequence: bool = False,
+    ) -> int:
+        """Free blocks an admission would consume (hit blocks in the free queue count)."""
+        bs = self.block_size
+        if full_sequence:
+            num_tokens = min(request.num_tokens, self.max_model_len)
+        else:
+            num_tokens = min(len(hit_blocks) * bs + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        evictable = 0
+        for block in hit_blocks:
+            if block.ref_cnt == 0:
+                evictable += 1
+        return max(cdiv(num_tokens, bs) - len(hit_blocks), 0) + evictable
+
+    # ---- allocation ----------------------------------------------------------
+
+    def allocate_new(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        hit_blocks: list[KVBlock] = _NO_BLOCKS,
+        num_lookahead_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+    ) -> list[KVBlock] | None:
+        """First allocation of a waiting or preempted request, adopting its hit.
+
+        With ``full_sequence_must_fit`` the free blocks must cover the request's
+        whole current length, not only this step's chunk, so chunked prefill
+        cannot admit more prompts than the cache can finish. ``reserved_blocks``
+        (the watermark) must stay free after either check.
+        Returns the request's whole block table, or None if it does not fit.
+        """
+        free = self.pool.free_queue.num_free - reserved_blocks
+        if full_sequence_must_fit and self.blocks_to_admit(request, hit_blocks, 0, full_sequence=True) > free:
+            return None
+        if self.blocks_to_admit(request, hit_blocks, num_new_tokens, num_lookahead_tokens) > free:
+            return None
+        bs = self.block_size
+        num_hit = len(hit_blocks)
+        pool = self.pool
+        if num_hit:
+            pool.touch(hit_blocks)
+            blocks = list(hit_blocks)
+        else:
+            blocks = []
+        num_slots = min(num_hit * bs + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        num_more = cdiv(num_slots, bs) - num_hit
+        if num_more > 0:
+            blocks.extend(pool.get_new_blocks(num_more))
+        table = BlockTable(blocks, num_hit)
+        self._tables[request.request_id] = table
+        if self.enable_caching:
+            self._cache_full_blocks(request, table, min(num_hit * bs + num_new_tokens, request.num_tokens))
+        return blocks
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, num_lookahead_tokens: int = 0
+    ) -> list[KVBlock] | None:
+        """Extend a running request's table for ``num_new_tokens`` more tokens.
+
+        Returns the blocks added (often none), or None if the pool is short.
+        """
+        table = self._tables[request.request_id]
+        blocks = table.blocks
+        computed = request.num_computed_tokens
+        num_slots = computed + num_new_tokens + num_lookahead_tokens
+        if num_slots > self.max_model_len:
+            num_slots = self.max_model_len
+        num_more = -(-num_slots // self.block_size) - len(blocks)
+        if num_more > 0:
+            if num_more > self.pool.free_queue.num_free:
+                return None
+            new_blocks = self.pool.get_new_blocks(num_more)
+            blocks.extend(new_blocks)
+        else:
+            new_blocks = _NO_BLOCKS
+        if self.enable_caching:
+            # Blocks are registered as soon as their tokens are known and
+            # scheduled, so requests admitted later in this very step already
+            # hit them. Draft tokens are not known tokens: cap at num_tokens.
+            num_known = computed + num_new_tokens
+            if num_known > request.num_tokens:
+                num_known = request.num_tokens
+            if num_known // self.block_size > table.num_cached:
+                self._cache_full_blocks(request, table, num_known)
+        return new_blocks
+
+    def _cache_full_blocks(self, request: Request, table: BlockTable, num_tokens: int) -> None:
+        num_full = num_tokens // self.block_size
+        start = table.num_cached
+        if num_full <= start:
+            return
+        hashes = self.hasher.extend(request, num_full)
+        blocks = table.blocks
+        cache_block = self.pool.cache_block
+        for i in range(start, num_full):
+            cache_block(blocks[i], hashes[i])
+        table.num_cached = num_full
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks, tail first, so the tail is evicted first."""
+        table = self._tables.pop(request.request_id, None)
+        if table is not None:
+            self.pool.free_blocks(reversed(table.blocks))
+
+    # ---- statistics and maintenance ----------------------------------------
+
+    def record_admission(self, request: Request, num_hit_tokens: int) -> None:
+        """Count an admission's lookup in the prefix-cache statistics."""
+        if not self.enable_caching or request.skip_prefix_cache:
+            return
+        s = self.stats
+        if request.num_preemptions:
+            s.preempted_requests += 1
+            s.preempted_queries += request.num_tokens
+            s.preempted_hits += num_hit_tokens
+        else:
+            s.requests += 1
+            s.queries += request.num_tokens
+            s.hits += num_hit_tokens
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget all cached content; refused (False) while blocks are held."""
+        return self.pool.reset_prefix_cache()
+
+    def check_invariants(self) -> None:
+        """Assert every reference count and the free-block accounting (debug aid)."""
+        held: dict[int, int] = {}
+        for table in self._tables.values():
+            for block in table.blocks:
+                held[block.block_id] = held.get(block.block_id, 0) + 1
+        pool = self.pool
+        num_zero = 0
+        for block in pool.blocks[1:]:
+            n = held.get(block.block_id, 0)
+            assert block.ref_cnt == n, f"{block}: ref_cnt {block.ref_cnt}, held by {n} requests"
+            num_zero += block.ref_cnt == 0
+        assert 0 not in held, "a request holds the null block"
+        queued = sum(1 for _ in pool.free_queue)
+        assert queued == pool.free_queue.num_free == num_zero, (
+            f"free queue holds {queued}, counts {pool.free_queue.num_free}, {num_zero} blocks unreferenced"
+        )
+        used = sum(1 for b in pool.blocks[1:] if b.ref_cnt > 0)
+        assert used + num_zero == pool.num_blocks - 1

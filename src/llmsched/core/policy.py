@@ -1,0 +1,190 @@
+"""Scheduling policies: the waiting-queue order and the preemption victim.
+
+A policy is deliberately small: it makes the waiting queue (which decides
+admission order) and picks a victim when a running request needs KV blocks
+that are not there. Everything else (budgets, KV) stays in the scheduler.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Iterator
+from typing import Protocol
+
+from llmsched.core.errors import ConfigError
+from llmsched.core.request import Request
+
+
+class WaitingQueue(Protocol):
+    """Requests waiting for admission, in the order the policy admits them."""
+
+    def add(self, request: Request) -> None:
+        """Enqueue a newly arrived request."""
+
+    def add_preempted(self, request: Request) -> None:
+        """Enqueue a request that was just preempted."""
+
+    def requeue(self, requests: list[Request]) -> None:
+        """Put back requests popped and set aside this step, in their original order."""
+
+    def peek(self) -> Request:
+        """The next request to admit."""
+
+    def pop(self) -> Request:
+        """Remove and return the next request to admit."""
+
+    def remove(self, requests: set[Request]) -> None:
+        """Drop the given requests (aborts)."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[Request]: ...
+
+
+class FCFSQueue:
+    """Arrival order; preempted requests go back to the very front."""
+
+    __slots__ = ("_q",)
+
+    def __init__(self) -> None:
+        self._q: deque[Request] = deque()
+
+    def add(self, request: Request) -> None:
+        """Append at the back."""
+        self._q.append(request)
+
+    def add_preempted(self, request: Request) -> None:
+        """Put at the front: it was admitted before everything still waiting."""
+        self._q.appendleft(request)
+
+    def requeue(self, requests: list[Request]) -> None:
+        """Put back at the front, keeping their order."""
+        self._q.extendleft(reversed(requests))
+
+    def peek(self) -> Request:
+        """The head."""
+        return self._q[0]
+
+    def pop(self) -> Request:
+        """Remove the head."""
+        return self._q.popleft()
+
+    def remove(self, requests: set[Request]) -> None:
+        """Drop requests, keeping the others' order."""
+        if len(requests) == 1:
+            self._q.remove(next(iter(requests)))
+        else:
+            self._q = deque(r for r in self._q if r not in requests)
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self._q)
+
+
+def _priority_key(request: Request) -> tuple[int, float, str]:
+    return (request.priority, request.arrival_time, request.request_id)
+
+
+class PriorityQueue:
+    """Lowest (priority, arrival_time, request_id) first; a total order, so
+    the admission order never depends on the heap's internal layout."""
+
+    __slots__ = ("_heap",)
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, float, str, Request]] = []
+
+    def add(self, request: Request) -> None:
+        """Insert by key."""
+        heapq.heappush(self._heap, (*_priority_key(request), request))
+
+    add_preempted = add
+
+    def requeue(self, requests: list[Request]) -> None:
+        """Insert each by key (order is implied by the key)."""
+        for r in requests:
+            self.add(r)
+
+    def peek(self) -> Request:
+        """The smallest key."""
+        return self._heap[0][3]
+
+    def pop(self) -> Request:
+        """Remove the smallest key."""
+        return heapq.heappop(self._heap)[3]
+
+    def remove(self, requests: set[Request]) -> None:
+        """Drop requests and restore the heap."""
+        self._heap = [e for e in self._heap if e[3] not in requests]
+        heapq.heapify(self._heap)
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __iter__(self) -> Iterator[Request]:
+        return (e[3] for e in sorted(self._heap))
+
+
+class Policy(Protocol):
+    """What a scheduling policy decides."""
+
+    name: str
+
+    def make_queue(self) -> WaitingQueue:
+        """A new, empty waiting queue."""
+
+    def select_victim(self, running: list[Request]) -> Request:
+        """The running request to preempt when KV blocks run out."""
+
+
+class FCFSPolicy:
+    """First come, first served: preempt the most recently admitted request."""
+
+    name = "fcfs"
+
+    def make_queue(self) -> WaitingQueue:
+        """A deque."""
+        return FCFSQueue()
+
+    def select_victim(self, running: list[Request]) -> Request:
+        """The last of the running list."""
+        return running[-1]
+
+
+class PriorityPolicy:
+    """Smaller priority value first, then earlier arrival.
+
+    The victim is the running request with the largest (priority,
+    arrival_time), the first such in running order on a tie.
+    """
+
+    name = "priority"
+
+    def make_queue(self) -> WaitingQueue:
+        """A heap keyed by (priority, arrival_time, request_id)."""
+        return PriorityQueue()
+
+    def select_victim(self, running: list[Request]) -> Request:
+        """The lowest-priority running request."""
+        victim = running[0]
+        worst = (victim.priority, victim.arrival_time)
+        for r in running:
+            key = (r.priority, r.arrival_time)
+            if key > worst:
+                victim, worst = r, key
+        return victim
+
+
+POLICIES: dict[str, type] = {"fcfs": FCFSPolicy, "priority": PriorityPolicy}
+
+
+def make_policy(name: str) -> Policy:
+    """The policy called ``name``."""
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise ConfigError(f"policy={name!r} is unknown; choose one of {', '.join(POLICIES)}") from None
+

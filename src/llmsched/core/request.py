@@ -1,0 +1,173 @@
+"""A request's token state as the scheduler sees it, and its stop checks."""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Iterable, Sequence
+
+from llmsched.core.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    """Lifecycle of a request; every value >= FINISHED_STOPPED is terminal."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH_CAPPED = 4
+    FINISHED_ABORTED = 5
+    FINISHED_ERROR = 6
+
+    @property
+    def finished(self) -> bool:
+        """True for the terminal states."""
+        return self >= RequestStatus.FINISHED_STOPPED
+
+
+# OpenAI-style finish reasons for the terminal states.
+FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
+}
+
+_EMPTY: frozenset[int] = frozenset()
+
+
+class Request:
+    """One generation request: prompt, generated tokens and scheduling state.
+
+    ``token_ids`` holds the prompt followed by the generated tokens;
+    ``num_tokens`` is its length, kept as a plain attribute because the
+    scheduler reads it for every running request in every step.
+    ``num_computed_tokens`` counts tokens whose KV is computed or scheduled:
+    the scheduler advances it when it schedules, not when output returns.
+    """
+
+    __slots__ = (
+        "request_id",
+        "prompt_token_ids",
+        "token_ids",
+        "num_prompt_tokens",
+        "num_tokens",
+        "num_computed_tokens",
+        "spec_token_ids",
+        "sampling_params",
+        "max_tokens",
+        "min_tokens",
+        "eos_token_ids",
+        "stop_token_ids",
+        "stop_ids",
+        "stop_length",
+        "priority",
+        "arrival_time",
+        "lora_id",
+        "lora_name",
+        "cache_salt",
+        "skip_prefix_cache",
+        "status",
+        "stop_reason",
+        "block_hashes",
+        "num_preemptions",
+        "num_cached_tokens",
+        "is_prefill_chunk",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling_params: SamplingParams | None = None,
+        *,
+        eos_token_ids: Iterable[int] = (),
+        priority: int = 0,
+        arrival_time: float | None = None,
+        lora_id: int = 0,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+        skip_prefix_cache: bool = False,
+    ) -> None:
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.token_ids = list(self.prompt_token_ids)
+        self.num_prompt_tokens = len(self.token_ids)
+        self.num_tokens = self.num_prompt_tokens
+        self.num_computed_tokens = 0
+        self.spec_token_ids: list[int] = []
+        self.sampling_params = params
+        self.max_tokens = params.max_tokens
+        self.min_tokens = params.min_tokens
+        self.eos_token_ids = _EMPTY if params.ignore_eos else frozenset(eos_token_ids)
+        self.stop_token_ids = frozenset(params.stop_token_ids) or _EMPTY
+        # The union is what the per-token fast path tests; the parts only
+        # matter once it matches.
+        self.stop_ids = (self.eos_token_ids | self.stop_token_ids) or _EMPTY
+        # Set by the scheduler from max_model_len when the request is added.
+        self.stop_length = self.num_prompt_tokens + self.max_tokens
+        self.priority = priority
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.lora_id = lora_id
+        self.lora_name = lora_name if lora_name is not None else (str(lora_id) if lora_id else None)
+        self.cache_salt = cache_salt
+        self.skip_prefix_cache = skip_prefix_cache
+        self.status = RequestStatus.WAITING
+        self.stop_reason: int | str | None = None
+        self.block_hashes: list[bytes] = []
+        self.num_preemptions = 0
+        # Prefix-cache hit at first admission, for usage reporting.
+        self.num_cached_tokens = -1
+        self.is_prefill_chunk = False
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """The generated tokens (a copy)."""
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        """How many tokens were generated so far."""
+        return self.num_tokens - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        """True once the request reached a terminal status."""
+        return self.status >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> str | None:
+        """'stop', 'length', 'abort' or 'error' once finished, else None."""
+        return FINISH_REASONS.get(self.status)
+
+    def append_output_token(self, token_id: int) -> None:
+        """Append one generated token."""
+        self.token_ids.append(token_id)
+        self.num_tokens += 1
+
+    def __repr__(self) -> str:
+        return (
+            f"Request(id={self.request_id!r}, status={self.status.name}, "
+            f"tokens={self.num_tokens}, computed={self.num_computed_tokens})"
+        )
+
+
+def check_stop(request: Request, token_id: int) -> bool:
+    """Apply the stop rules after ``token_id`` was appended; set status if stopped.
+
+    Order follows vLLM: EOS, then stop token ids, then the length limits
+    (max_tokens and max_model_len, folded into ``stop_length``). EOS and stop
+    tokens count only once more than ``min_tokens`` tokens exist: the sampler
+    masks them before that, so a fabricated one is treated as ordinary text.
+    """
+    if token_id in request.stop_ids and request.num_tokens - request.num_prompt_tokens > request.min_tokens:
+        request.status = RequestStatus.FINISHED_STOPPED
+        if token_id not in request.eos_token_ids:
+            request.stop_reason = token_id
+        return True
+    if request.num_tokens >= request.stop_length:
+        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        return True
+    return False

@@ -1,0 +1,102 @@
+"""Per-request sampling and stopping parameters, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmsched.core.errors import InvalidSamplingParams
+
+# Top-N logprobs beyond this are refused: each costs a sort over the vocabulary.
+MAX_LOGPROBS = 20
+
+
+def _fail(name: str, value: object, rule: str) -> None:
+    raise InvalidSamplingParams(f"{name}={value!r} is invalid: {rule}")
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """How to sample and when to stop; every field is checked in __post_init__.
+
+    ``top_k`` of 0 or -1 and ``top_p`` of 1.0 disable those filters, as in vLLM.
+    ``min_tokens`` holds back EOS and stop tokens (not the length limits) until
+    that many tokens were generated.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    stop_token_ids: list[int] = field(default_factory=list)
+    stop: list[str] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            _fail("max_tokens", self.max_tokens, "must be an integer >= 1")
+        if not isinstance(self.temperature, (int, float)) or not (
+            0.0 <= self.temperature < float("inf")
+        ):
+            _fail("temperature", self.temperature, "must be a finite number >= 0")
+        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            _fail("top_p", self.top_p, "must be in (0, 1]")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            _fail("top_k", self.top_k, "must be an integer >= 1, or 0 / -1 to disable")
+        if not isinstance(self.min_p, (int, float)) or not 0.0 <= self.min_p <= 1.0:
+            _fail("min_p", self.min_p, "must be in [0, 1]")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            _fail("min_tokens", self.min_tokens, "must be an integer >= 0")
+        if self.min_tokens > self.max_tokens:
+            _fail(
+                "min_tokens",
+                self.min_tokens,
+                f"must be <= max_tokens ({self.max_tokens})",
+            )
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
+        if isinstance(self.stop_token_ids, (str, bytes)) or not all(
+            _is_int(t) and t >= 0 for t in self.stop_token_ids
+        ):
+            _fail("stop_token_ids", self.stop_token_ids, "must be a list of token ids >= 0")
+        self.stop_token_ids = list(self.stop_token_ids)
+        if self.stop is None:
+            self.stop = []
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not all(isinstance(s, str) and s for s in self.stop):
+            _fail("stop", self.stop, "must be a string or a list of non-empty strings")
+        self.stop = list(self.stop)
+        if self.seed is not None and not _is_int(self.seed):
+            _fail("seed", self.seed, "must be an integer or None")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not -2.0 <= v <= 2.0:
+                _fail(name, v, "must be in [-2, 2]")
+        if not isinstance(self.repetition_penalty, (int, float)) or not (
+            0.0 < self.repetition_penalty < float("inf")
+        ):
+            _fail("repetition_penalty", self.repetition_penalty, "must be > 0")
+        if self.logprobs is not None and (
+            not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS
+        ):
+            _fail("logprobs", self.logprobs, f"must be an integer in [0, {MAX_LOGPROBS}]")
+        if not _is_int(self.n) or self.n != 1:
+            _fail("n", self.n, "only n=1 is supported; send n separate requests")
+
+    @property
+    def greedy(self) -> bool:
+        """True when sampling reduces to argmax."""
+        return self.temperature < 1e-5 or self.top_k == 1

@@ -1,0 +1,485 @@
+"""The step scheduler: which requests run how many tokens, and KV for them.
+
+There is no prefill or decode phase. A request holds ``num_tokens`` (prompt
+plus generated, plus draft tokens) and ``num_computed_tokens``; each step
+hands out tokens so that computed catches up with total, a prefill chunk and
+a decode being the same operation with a different count. Running requests
+are served first, in running order; waiting ones are admitted only while
+budget, sequence slots and KV blocks remain, and never in a step that had to
+preempt. In its default configuration every decision equals vLLM V1's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from llmsched.core.config import SchedulerConfig
+from llmsched.core.errors import RequestRejected
+from llmsched.core.kv.manager import KVCacheManager, PrefixCacheStats, cdiv
+from llmsched.core.output import ModelRunnerOutput, SchedulerOutput, StepOutputs
+from llmsched.core.policy import Policy, make_policy
+from llmsched.core.request import Request, RequestStatus, check_stop
+from llmsched.core.trace import MAX_LISTED_WAITING, Reason, StepTrace
+
+_RUNNING = RequestStatus.RUNNING
+_WAITING = RequestStatus.WAITING
+_PREEMPTED = RequestStatus.PREEMPTED
+
+# An admission gate returns None to allow admissions this step, or a short
+# explanation of why none may happen (shown in the decision trace).
+AdmissionGate = Callable[["Scheduler"], "str | None"]
+
+
+class Scheduler:
+    """Owns the request queues and the KV cache manager; makes one batch per step."""
+
+    def __init__(self, config: SchedulerConfig, policy: Policy | None = None) -> None:
+        self.config = config
+        self.policy = policy if policy is not None else make_policy(config.policy)
+        self.kv = KVCacheManager(
+            num_blocks=config.num_gpu_blocks,
+            block_size=config.block_size,
+            max_model_len=config.max_model_len,
+            enable_caching=config.enable_prefix_caching,
+            hash_algo=config.prefix_caching_hash_algo,
+        )
+        self.requests: dict[str, Request] = {}
+        self.waiting = self.policy.make_queue()
+        self.running: list[Request] = []
+        self.admission_gate: AdmissionGate | None = None
+        self.num_preemptions = 0
+        self._finished_ids: list[str] = []
+        self._step = 0
+        self._trace_enabled = False
+        # Hot settings as plain attributes: read once per step.
+        self._max_tokens_budget = config.max_num_batched_tokens
+        self._max_num_seqs = config.max_num_seqs
+        self._max_model_len = config.max_model_len
+        self._threshold = config.long_prefill_token_threshold
+        self._chunked = config.enable_chunked_prefill
+        self._reserve_full = config.scheduler_reserve_full_isl
+        self._watermark_blocks = config.watermark_blocks
+        self._lookahead = config.num_lookahead_tokens
+        self._max_loras = config.max_loras
+        self._debug = config.debug
+
+    # ---- requests in and out -------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queue a new request, or raise RequestRejected leaving all state untouched."""
+        rid = request.request_id
+        if rid in self.requests:
+            raise RequestRejected(f"request id {rid!r} is already in use by an unfinished request")
+        if request.status is not _WAITING or request.num_computed_tokens:
+            raise RequestRejected(f"request {rid!r} was already scheduled once; add a fresh Request")
+        n = request.num_prompt_tokens
+        max_len = self._max_model_len
+        if n == 0:
+            raise RequestRejected(f"request {rid!r}: the prompt is empty")
+        if n >= max_len:
+            raise RequestRejected(
+                f"request {rid!r}: the prompt has {n} tokens but max_model_len is {max_len}; "
+                f"a prompt must be shorter than max_model_len to leave room for output"
+            )
+        stop_length = min(n + request.max_tokens, max_len)
+        # The last sampled token is never computed, so KV holds stop_length - 1
+        # tokens at most (plus draft and lookahead slots).
+        cfg = self.config
+        max_slots = min(stop_length - 1 + cfg.num_speculative_tokens + cfg.num_lookahead_tokens, max_len)
+        need = cdiv(max_slots, cfg.block_size)
+        usable = cfg.num_gpu_blocks - 1
+        if need > usable:
+            raise RequestRejected(
+                f"request {rid!r}: at its full length ({stop_length} tokens) it needs {need} KV blocks "
+                f"of {cfg.block_size} tokens, but the whole cache has {usable}; it could never finish"
+            )
+        request.stop_length = stop_length
+        self.requests[rid] = request
+        self.waiting.add(request)
+
+    def finish_requests(
+        self, request_ids: str | Iterable[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED
+    ) -> list[Request]:
+        """Finish requests from outside (abort); unknown or finished ids are ignored."""
+        if not status.finished:
+            raise ValueError(f"{status!r} is not a finished status")
+        if isinstance(request_ids, str):
+            request_ids = (request_ids,)
+        found: list[Request] = []
+        running: set[Request] = set()
+        waiting: set[Request] = set()
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is None or req in running or req in waiting:
+                continue
+            found.append(req)
+            (running if req.status is _RUNNING else waiting).add(req)
+        if running:
+            self.running = [r for r in self.running if r not in running]
+        if waiting:
+            self.waiting.remove(waiting)
+        for req in found:
+            req.status = status
+            self._release(req)
+        return found
+
+    def _release(self, req: Request) -> None:
+        self.kv.free(req)
+        del self.requests[req.request_id]
+        self._finished_ids.append(req.request_id)
+
+    def has_requests(self) -> bool:
+        """True while anything is waiting, running, or finished but not yet reported."""
+        return bool(self.running) or len(self.waiting) > 0 or bool(self._finished_ids)
+
+    def has_unfinished_requests(self) -> bool:
+        """True while anything is waiting or running."""
+        return bool(self.running) or len(self.waiting) > 0
+
+    def get_request_counts(self) -> tuple[int, int]:
+        """(running, waiting)."""
+        return len(self.running), len(self.waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of usable KV blocks held by requests."""
+        return self.kv.usage
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """Cumulative prefix-cache lookups at admission."""
+        return self.kv.stats
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget cached KV content; refused (False) while any request holds blocks."""
+        return self.kv.reset_prefix_cache()
+
+    def enable_trace(self, enabled: bool = True) -> None:
+        """Attach a StepTrace to every SchedulerOutput from now on (or stop)."""
+        self._trace_enabled = enabled
+
+    # ---- one step ------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Decide this step's batch, allocate its KV slots and advance computed counts."""
+        out = SchedulerOutput(self._step)
+        self._step += 1
+        trace = StepTrace(out.step) if self._trace_enabled else None
+        out.trace = trace
+        out.finished_req_ids, self._finished_ids = self._finished_ids, []
+        sched = out.scheduled
+        ntoks = out.num_scheduled_tokens
+        preempted = out.preempted
+        kv = self.kv
+        running = self.running
+        max_len = self._max_model_len
+        lookahead = self._lookahead
+        budget = self._max_tokens_budget
+        # The threshold exists so a long prefill cannot starve others; a lone
+        # request has nobody to starve, so it gets the whole budget.
+        threshold = self._threshold if len(running) + len(self.waiting) > 1 else 0
+
+        # 1. Running requests, in running order.
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            computed = req.num_computed_tokens
+            n = req.num_tokens - computed
+            if req.spec_token_ids:
+                n += len(req.spec_token_ids)
+            wanted = n
+            if 0 < threshold < n:
+                n = threshold
+            if n > budget:
+                n = budget
+            # Positions must stay below max_model_len (matters with drafts).
+            if n > max_len - 1 - computed:
+                n = max_len - 1 - computed
+            if n <= 0:
+                if trace is not None:
+                    trace.add(req.request_id, Reason.NOTHING_TO_COMPUTE)
+                i += 1
+                continue
+            new_blocks = kv.allocate_slots(req, n, lookahead)
+            if new_blocks is None:
+                # Preempt victims until the allocation fits or req itself goes.
+                while True:
+                    victim = self.policy.select_victim(running)
+                    vi = running.index(victim)
+                    del running[vi]
+                    if vi < i:
+                        i -= 1
+                        budget += self._unschedule(out, victim)
+                    self._preempt(victim)
+                    preempted.append(victim)
+                    if trace is not None:
+                        trace.add(
+                            victim.request_id, Reason.PREEMPTED,
+                            detail=("by itself" if victim is req else f"by {req.request_id}")
+                            + f": KV blocks short for {n} more tokens",
+                        )
+                    if victim is req:
+                        break
+                    new_blocks = kv.allocate_slots(req, n, lookahead)
+                    if new_blocks is not None:
+                        break
+                if new_blocks is None:
+                    # req preempted itself; running[i] is now the next request,
+                    # which may still fit in the blocks just freed.
+                    continue
+            req.num_computed_tokens = computed + n
+            req.is_prefill_chunk = computed + n < req.num_tokens
+            sched.append(req)
+            ntoks.append(n)
+            if new_blocks:
+                out.new_block_ids[req.request_id] = [b.block_id for b in new_blocks]
+            if req.spec_token_ids:
+                num_drafts = computed + n - req.num_tokens
+                if num_drafts > 0:
+                    out.spec_decode_tokens[req.request_id] = req.spec_token_ids[:num_drafts]
+                # Fresh drafts arrive with this step's output.
+                req.spec_token_ids = []
+            if trace is not None:
+                self._trace_scheduled(trace, req, computed, n, wanted, budget, threshold)
+            budget -= n
+            i += 1
+
+        if trace is not None:
+            for req in running[i:]:
+                trace.add(req.request_id, Reason.BUDGET, detail="reached after the budget ran out")
+
+        # 2. Waiting requests, unless this step preempted.
+        if preempted:
+            if trace is not None:
+                self._trace_waiting(trace, None, Reason.PREEMPTION_STEP, "")
+        elif len(self.waiting):
+            gate = self.admission_gate
+            why_gated = gate(self) if gate is not None else None
+            if why_gated is not None:
+                if trace is not None:
+                    self._trace_waiting(trace, None, Reason.ADMISSION_GATED, why_gated)
+            else:
+                budget = self._admit(out, budget, threshold, trace)
+
+        out.total_num_scheduled_tokens = self._max_tokens_budget - budget
+        if self._debug:
+            self._check_invariants(out)
+        return out
+
+    def _admit(self, out: SchedulerOutput, budget: int, threshold: int, trace: StepTrace | None) -> int:
+        """Admit waiting requests in policy order; returns the budget left."""
+        waiting = self.waiting
+        running = self.running
+        kv = self.kv
+        lookahead = self._lookahead
+        max_loras = self._max_loras
+        loras = {r.lora_id for r in running if r.lora_id} if max_loras is not None else None
+        set_aside: list[Request] = []
+        stop: Reason | None = None
+        detail = ""
+        while budget > 0 and len(waiting):
+            if len(running) >= self._max_num_seqs:
+                stop, detail = Reason.MAX_NUM_SEQS, f"{len(running)} running"
+                break
+            req = waiting.peek()
+            if loras is not None and req.lora_id and req.lora_id not in loras and len(loras) >= max_loras:
+                # Set aside, not stop: requests behind it may use a loaded adapter.
+                set_aside.append(waiting.pop())
+                if trace is not None:
+                    trace.add(req.request_id, Reason.LORA_SLOTS, detail=f"{len(loras)} adapters in use")
+                continue
+            hit_blocks, hit = kv.get_computed_blocks(req)
+            n = req.num_tokens - hit
+            if 0 < threshold < n:
+                n = threshold
+            if not self._chunked and n > budget:
+                stop, detail = Reason.NO_CHUNKING, f"needs {n} tokens, {budget} left"
+                break
+            if n > budget:
+                n = budget
+            reserved = self._watermark_blocks if running else 0
+            blocks = kv.allocate_new(req, n, hit_blocks, lookahead, self._reserve_full, reserved)
+            if blocks is None:
+                stop, detail = self._why_no_blocks(req, hit_blocks, n, reserved)
+                break
+            waiting.pop()
+            running.append(req)
+            kv.record_admission(req, hit)
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = hit
+            req.status = _RUNNING
+            req.num_computed_tokens = hit + n
+            req.is_prefill_chunk = hit + n < req.num_tokens
+            out.scheduled.append(req)
+            out.num_scheduled_tokens.append(n)
+            out.admitted.append(req)
+            out.admitted_block_ids.append([b.block_id for b in blocks])
+            out.admitted_num_cached_tokens.append(hit)
+            if loras is not None and req.lora_id:
+                loras.add(req.lora_id)
+            if trace is not None:
+                self._trace_scheduled(trace, req, hit, n, req.num_tokens - hit, budget, threshold, admitted=True)
+            budget -= n
+        if set_aside:
+            waiting.requeue(set_aside)
+        if trace is not None and len(waiting):
+            if stop is None:
+                stop, detail = Reason.BUDGET, f"all {self._max_tokens_budget} tokens of the step are used"
+            self._trace_waiting(trace, set_aside, stop, detail)
+        return budget
+
+    def _why_no_blocks(
+        self, req: Request, hit_blocks: list, n: int, reserved: int
+    ) -> tuple[Reason, str]:
+        kv = self.kv
+        need = kv.blocks_to_admit(req, hit_blocks, n, self._lookahead)
+        if self._reserve_full:
+            need = max(need, kv.blocks_to_admit(req, hit_blocks, 0, full_sequence=True))
+        free = kv.num_free_blocks
+        if need <= free:
+            return Reason.WATERMARK, f"needs {need} blocks, {free} free, {reserved} kept free"
+        return Reason.KV_SHORT, f"needs {need} blocks, {free} free"
+
+    def _unschedule(self, out: SchedulerOutput, victim: Request) -> int:
+        """Take back a request scheduled earlier in this step; returns its tokens."""
+        k = len(out.scheduled) - 1
+        while out.scheduled[k] is not victim:
+            k -= 1
+        n = out.num_scheduled_tokens[k]
+        del out.scheduled[k]
+        del out.num_scheduled_tokens[k]
+        out.new_block_ids.pop(victim.request_id, None)
+        out.spec_decode_tokens.pop(victim.request_id, None)
+        if out.trace is not None:
+            out.trace.entries = [e for e in out.trace.entries if e.request_id != victim.request_id]
+        return n
+
+    def _preempt(self, req: Request) -> None:
+        """Recompute preemption: free the blocks, reset progress, queue again."""
+        self.kv.free(req)
+        req.status = _PREEMPTED
+        req.num_computed_tokens = 0
+        req.spec_token_ids = []
+        req.is_prefill_chunk = False
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.add_preempted(req)
+
+    # ---- results -------------------------------------------------------------
+
+    def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> StepOutputs:
+        """Append sampled tokens, apply stop rules, roll back rejected drafts, free finished."""
+        res = StepOutputs()
+        updated = res.updated
+        finished = res.finished
+        sampled = result.sampled_token_ids
+        drafts = result.draft_token_ids
+        spec_sched = out.spec_decode_tokens
+        if len(sampled) != len(out.scheduled):
+            raise ValueError(
+                f"executor returned {len(sampled)} results for {len(out.scheduled)} scheduled requests"
+            )
+        for k, req in enumerate(out.scheduled):
+            toks = sampled[k]
+            # No tokens: a partial prefill chunk. Not running: aborted meanwhile.
+            if not toks or req.status is not _RUNNING:
+                continue
+            if spec_sched:
+                scheduled_drafts = spec_sched.get(req.request_id)
+                if scheduled_drafts:
+                    rejected = len(scheduled_drafts) - (len(toks) - 1)
+                    if rejected > 0:
+                        req.num_computed_tokens -= rejected
+            stopped = False
+            if len(toks) == 1:
+                t = toks[0]
+                req.token_ids.append(t)
+                req.num_tokens += 1
+                if req.num_tokens >= req.stop_length or t in req.stop_ids:
+                    stopped = check_stop(req, t)
+            else:
+                for j, t in enumerate(toks):
+                    req.token_ids.append(t)
+                    req.num_tokens += 1
+                    if (req.num_tokens >= req.stop_length or t in req.stop_ids) and check_stop(req, t):
+                        # Tokens after the stop are dropped; computed covers all
+                        # kept tokens but the last, as after any step.
+                        req.num_computed_tokens -= len(toks) - j - 1
+                        stopped = True
+                        break
+            updated.append(req)
+            if stopped:
+                finished.append(req)
+            elif drafts is not None and not req.is_prefill_chunk:
+                req.spec_token_ids = list(drafts[k])
+        if finished:
+            running = self.running
+            if len(finished) <= 8:
+                for req in finished:
+                    running.remove(req)
+            else:
+                self.running = [r for r in running if r.status is _RUNNING]
+            for req in finished:
+                self._release(req)
+        if self._debug:
+            self.kv.check_invariants()
+        return res
+
+    # ---- decision trace --------------------------------------------------------
+
+    def _trace_scheduled(
+        self, trace: StepTrace, req: Request, start: int, n: int, wanted: int,
+        budget: int, threshold: int, admitted: bool = False,
+    ) -> None:
+        if start >= req.num_tokens - 1:
+            what = "decode" if n == 1 else f"decode with {n - 1} draft tokens"
+        else:
+            what = f"{'recompute' if req.num_preemptions else 'prefill'} {start}-{start + n} of {req.num_tokens}"
+        if admitted:
+            what = ("resumed" if req.num_preemptions else "admitted") + (
+                f" with a prefix-cache hit of {start} tokens, " if start else ", "
+            ) + what
+        if n < wanted:
+            if threshold and n == threshold:
+                what += f", capped by long_prefill_token_threshold={threshold}"
+            elif n == budget:
+                what += ", capped by the token budget"
+            else:
+                what += f", capped by max_model_len={self._max_model_len}"
+        trace.add(req.request_id, Reason.SCHEDULED, n, what)
+
+    def _trace_waiting(
+        self, trace: StepTrace, set_aside: list[Request] | None, head_reason: Reason, detail: str
+    ) -> None:
+        """Explain the waiting requests this step did not admit."""
+        head: Request | None = None
+        listed = 0
+        skip = set(set_aside or ())
+        for req in self.waiting:
+            if req in skip:
+                continue
+            if head is None:
+                head = req
+                trace.add(req.request_id, head_reason, detail=detail)
+            elif listed < MAX_LISTED_WAITING:
+                listed += 1
+                if head_reason in (Reason.PREEMPTION_STEP, Reason.ADMISSION_GATED):
+                    trace.add(req.request_id, head_reason, detail=detail)
+                else:
+                    trace.add(req.request_id, Reason.QUEUED, detail=f"behind {head.request_id}")
+            else:
+                trace.num_unlisted_waiting += 1
+
+    # ---- invariants ----------------------------------------------------------
+
+    def _check_invariants(self, out: SchedulerOutput) -> None:
+        total = out.total_num_scheduled_tokens
+        assert total == sum(out.num_scheduled_tokens), (
+            f"scheduled-token counter {total} != sum {sum(out.num_scheduled_tokens)}"
+        )
+        assert total <= self._max_tokens_budget, f"{total} tokens exceed the budget"
+        assert len(self.running) <= self._max_num_seqs, f"{len(self.running)} running"
+        assert len({r.request_id for r in out.scheduled}) == len(out.scheduled), "request scheduled twice"
+        for req in out.scheduled:
+            assert req.status is _RUNNING, f"{req} scheduled but not running"
+        self.kv.check_invariants()

@@ -1,0 +1,106 @@
+"""Per-step decision records: what each request got, or why it got nothing.
+
+Tracing is off by default. When off, the scheduler holds ``None`` and each
+decision point costs one identity test; nothing here is allocated.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+# Waiting requests the scheduler never looked at in a step are listed up to
+# this many; the rest are only counted, so a deep queue cannot bloat a step.
+MAX_LISTED_WAITING = 32
+
+
+class Reason(str, enum.Enum):
+    """Outcome of one request in one step."""
+
+    SCHEDULED = "scheduled"
+    NOTHING_TO_COMPUTE = "nothing_to_compute"
+    BUDGET = "token_budget_spent"
+    MAX_NUM_SEQS = "max_num_seqs_reached"
+    KV_SHORT = "kv_blocks_short"
+    WATERMARK = "watermark"
+    NO_CHUNKING = "prompt_exceeds_budget_unchunked"
+    LORA_SLOTS = "lora_slots_full"
+    PREEMPTED = "preempted"
+    PREEMPTION_STEP = "no_admission_in_preempting_step"
+    QUEUED = "queued_behind"
+    ADMISSION_GATED = "admission_gated"
+
+
+_TEXT = {
+    Reason.SCHEDULED: "ran",
+    Reason.NOTHING_TO_COMPUTE: "nothing to compute",
+    Reason.BUDGET: "token budget spent",
+    Reason.MAX_NUM_SEQS: "max_num_seqs reached",
+    Reason.KV_SHORT: "KV blocks short",
+    Reason.WATERMARK: "would break the KV watermark",
+    Reason.NO_CHUNKING: "prompt does not fit the budget and chunked prefill is off",
+    Reason.LORA_SLOTS: "LoRA slots full",
+    Reason.PREEMPTED: "preempted",
+    Reason.PREEMPTION_STEP: "no admissions in a step that preempted",
+    Reason.QUEUED: "still queued",
+    Reason.ADMISSION_GATED: "admission gated",
+}
+
+
+@dataclass(slots=True)
+class TraceEntry:
+    """One request's outcome; ``detail`` carries the numbers behind it."""
+
+    request_id: str
+    reason: Reason
+    num_tokens: int = 0
+    detail: str = ""
+
+    def to_json(self) -> list:
+        """[id, tokens, reason, detail]: compact for JSONL traces."""
+        return [self.request_id, self.num_tokens, self.reason.value, self.detail]
+
+    def text(self) -> str:
+        """A human-readable line."""
+        head = f"{self.request_id}: {_TEXT[self.reason]}"
+        if self.reason is Reason.SCHEDULED:
+            head += f" {self.num_tokens} token{'s' if self.num_tokens != 1 else ''}"
+        return f"{head} ({self.detail})" if self.detail else head
+
+
+@dataclass(slots=True)
+class StepTrace:
+    """Every request the scheduler considered in one step, in the order it did."""
+
+    step: int
+    entries: list[TraceEntry] = field(default_factory=list)
+    # Waiting requests neither considered nor listed (see MAX_LISTED_WAITING).
+    num_unlisted_waiting: int = 0
+
+    def add(self, request_id: str, reason: Reason, num_tokens: int = 0, detail: str = "") -> None:
+        """Record one outcome."""
+        self.entries.append(TraceEntry(request_id, reason, num_tokens, detail))
+
+    def reason_of(self, request_id: str) -> TraceEntry | None:
+        """The last entry for ``request_id`` in this step."""
+        for e in reversed(self.entries):
+            if e.request_id == request_id:
+                return e
+        return None
+
+    def to_json(self) -> dict:
+        """The ``why`` field of a step record."""
+        out: dict = {"entries": [e.to_json() for e in self.entries]}
+        if self.num_unlisted_waiting:
+            out["unlisted_waiting"] = self.num_unlisted_waiting
+        return out
+
+    def explain(self) -> str:
+        """Multi-line summary of the step."""
+        ran = [e for e in self.entries if e.reason is Reason.SCHEDULED]
+        tokens = sum(e.num_tokens for e in ran)
+        lines = [f"step {self.step}: {len(ran)} request{'s' if len(ran) != 1 else ''} ran {tokens} tokens"]
+        lines.extend("  " + e.text() for e in self.entries)
+        if self.num_unlisted_waiting:
+            lines.append(f"  ... and {self.num_unlisted_waiting} more waiting")
+        return "\n".join(lines)

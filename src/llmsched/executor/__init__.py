@@ -1,0 +1,1 @@
+"""Executors: what runs a scheduled batch (a fabricated replay, a real model, a cost model)."""

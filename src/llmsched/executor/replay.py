@@ -1,0 +1,33 @@
+"""An executor with no model: it fabricates tokens so the scheduler can be replayed."""
+
+from __future__ import annotations
+
+from llmsched.core.output import ModelRunnerOutput, SchedulerOutput
+
+_NONE: tuple[int, ...] = ()
+
+
+class ReplayExecutor:
+    """Every request that finishes its known tokens this step samples one fixed token.
+
+    A partial prefill chunk samples nothing. The token is ``sample_token_id``,
+    or a per-request one from ``token_by_request``.
+    """
+
+    def __init__(self, sample_token_id: int = 7, token_by_request: dict[str, int] | None = None) -> None:
+        self._default = (sample_token_id,)
+        self._by_request = {rid: (t,) for rid, t in (token_by_request or {}).items()}
+
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """One token per request whose computed count reached its token count."""
+        default, by_request = self._default, self._by_request
+        sampled = []
+        for req in scheduler_output.scheduled:
+            if req.num_computed_tokens >= req.num_tokens:
+                sampled.append(by_request.get(req.request_id, default) if by_request else default)
+            else:
+                sampled.append(_NONE)
+        return ModelRunnerOutput(sampled_token_ids=sampled)
+
+    def close(self) -> None:
+        """Nothing to release."""
