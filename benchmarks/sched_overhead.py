@@ -84,7 +84,9 @@ def run_vllm(python: str, driver: str, wl_path: str, trace_path: str) -> dict | 
         print(f"vLLM reference failed ({proc.returncode}): {proc.stderr[-2000:]}", file=sys.stderr)
         return None
     steady = [
-        s["schedule_ns"] + s["update_ns"] for s in load_trace(trace_path) if s["num_running"] >= STEADY_MIN_RUNNING
+        s["schedule_ns"] + s["update_ns"]
+        for s in load_trace(trace_path)
+        if s["num_running"] >= STEADY_MIN_RUNNING
     ]
     return {
         "steady_steps": len(steady),
@@ -117,12 +119,19 @@ def main() -> int:
     runs = []
     for k in range(args.repeats):
         runs.append(run_llmsched(wl, os.path.join(tmp, "llmsched.jsonl") if k == 0 else None))
-        print(f"llmsched run {k + 1}: median {runs[-1]['median_ms']:.3f} ms over {runs[-1]['steady_steps']} steps")
+        print(
+            f"llmsched run {k + 1}: median {runs[-1]['median_ms']:.3f} ms"
+            f" over {runs[-1]['steady_steps']} steps"
+        )
     best = min(runs, key=lambda r: r["median_ms"])
     result = {
         "workload": {
-            "num_requests": args.num_requests, "prompt_len": args.prompt_len, "output_len": args.output_len,
-            "max_num_seqs": 1024, "max_num_batched_tokens": 8192, "steady_min_running": STEADY_MIN_RUNNING,
+            "num_requests": args.num_requests,
+            "prompt_len": args.prompt_len,
+            "output_len": args.output_len,
+            "max_num_seqs": 1024,
+            "max_num_batched_tokens": 8192,
+            "steady_min_running": STEADY_MIN_RUNNING,
         },
         "llmsched": {**best, "all_medians_ms": [round(r["median_ms"], 4) for r in runs]},
         "target_ms": 2.5,

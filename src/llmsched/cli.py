@@ -68,7 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--trace", metavar="OUT.jsonl", help="write the step trace here")
     r.add_argument("--explain", action="store_true", help="record why each request did or did not run")
     r.add_argument(
-        "--explain-steps", type=int, default=3, metavar="N",
+        "--explain-steps",
+        type=int,
+        default=3,
+        metavar="N",
         help="with --explain, print the first N steps' explanations (default 3)",
     )
     r.add_argument("--compare", metavar="REF.jsonl", help="check decisions against a reference trace")

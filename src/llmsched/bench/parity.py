@@ -38,8 +38,11 @@ def compare(ours: list[dict], ref: list[dict], limit: int = 5) -> list[str]:
     for k, (x, y) in enumerate(zip(a, b)):
         if x != y:
             names = ("sched", "preempted", "finished")
-            parts = [f"{names[j]}: ours {sorted(x[j]) if j else x[j]} vs ref {sorted(y[j]) if j else y[j]}"
-                     for j in range(3) if x[j] != y[j]]
+            parts = [
+                f"{names[j]}: ours {sorted(x[j]) if j else x[j]} vs ref {sorted(y[j]) if j else y[j]}"
+                for j in range(3)
+                if x[j] != y[j]
+            ]
             diffs.append(f"non-empty step #{k}: " + "; ".join(parts))
             if len(diffs) >= limit:
                 break

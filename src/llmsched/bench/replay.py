@@ -59,15 +59,17 @@ class ReplaySummary:
                 return "n/a"
             return f"p50 {d['p50_us']:.1f} us, p90 {d['p90_us']:.1f} us, p99 {d['p99_us']:.1f} us"
 
-        return "\n".join([
-            f"requests     {self.num_finished}/{self.num_requests} finished",
-            f"steps        {self.num_steps} ({self.num_nonempty_steps} with tokens scheduled)",
-            f"preemptions  {self.num_preemptions}",
-            f"prefix hits  {self.prefix_hit_tokens} tokens",
-            f"max running  {self.max_running}",
-            f"schedule()   {t(s)}",
-            f"update()     {t(u)}",
-        ])
+        return "\n".join(
+            [
+                f"requests     {self.num_finished}/{self.num_requests} finished",
+                f"steps        {self.num_steps} ({self.num_nonempty_steps} with tokens scheduled)",
+                f"preemptions  {self.num_preemptions}",
+                f"prefix hits  {self.prefix_hit_tokens} tokens",
+                f"max running  {self.max_running}",
+                f"schedule()   {t(s)}",
+                f"update()     {t(u)}",
+            ]
+        )
 
 
 def step_record(step: int, es: EngineStep, explain: bool) -> dict:
@@ -105,7 +107,9 @@ def replay(
     """Replay ``workload``; write step records to ``trace_out`` if given."""
     config = workload.scheduler_config(**config_overrides)
     sample = int(workload.config.get("sample_token_id", 7))
-    per_req = {r.request_id: int(r.sample_token_id) for r in workload.requests if r.sample_token_id is not None}
+    per_req = {
+        r.request_id: int(r.sample_token_id) for r in workload.requests if r.sample_token_id is not None
+    }
     engine = EngineCore(config, ReplayExecutor(sample, per_req))
     sched = engine.scheduler
     if explain:

@@ -46,7 +46,13 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if os.environ.get("LLMSCHED_DEBUG", "") not in ("", "0"):
             self.debug = True
-        for name in ("num_gpu_blocks", "max_model_len", "max_num_batched_tokens", "max_num_seqs", "block_size"):
+        for name in (
+            "num_gpu_blocks",
+            "max_model_len",
+            "max_num_batched_tokens",
+            "max_num_seqs",
+            "block_size",
+        ):
             v = getattr(self, name)
             if not _is_int(v) or v < 1:
                 raise ConfigError(f"{name}={v!r} must be a positive integer")

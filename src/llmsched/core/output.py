@@ -45,9 +45,7 @@ class SchedulerOutput:
 
     def chunks(self) -> list[tuple[Request, int, int]]:
         """(request, first position, token count) for each scheduled request."""
-        return [
-            (r, r.num_computed_tokens - n, n) for r, n in zip(self.scheduled, self.num_scheduled_tokens)
-        ]
+        return [(r, r.num_computed_tokens - n, n) for r, n in zip(self.scheduled, self.num_scheduled_tokens)]
 
     def num_scheduled_tokens_by_id(self) -> dict[str, int]:
         """Request id -> scheduled tokens, in schedule order."""

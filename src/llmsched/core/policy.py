@@ -187,4 +187,3 @@ def make_policy(name: str) -> Policy:
         return POLICIES[name]()
     except KeyError:
         raise ConfigError(f"policy={name!r} is unknown; choose one of {', '.join(POLICIES)}") from None
-

@@ -47,9 +47,7 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             _fail("max_tokens", self.max_tokens, "must be an integer >= 1")
-        if not isinstance(self.temperature, (int, float)) or not (
-            0.0 <= self.temperature < float("inf")
-        ):
+        if not isinstance(self.temperature, (int, float)) or not (0.0 <= self.temperature < float("inf")):
             _fail("temperature", self.temperature, "must be a finite number >= 0")
         if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
             _fail("top_p", self.top_p, "must be in (0, 1]")

@@ -214,7 +214,8 @@ class Scheduler:
                     preempted.append(victim)
                     if trace is not None:
                         trace.add(
-                            victim.request_id, Reason.PREEMPTED,
+                            victim.request_id,
+                            Reason.PREEMPTED,
                             detail=("by itself" if victim is req else f"by {req.request_id}")
                             + f": KV blocks short for {n} more tokens",
                         )
@@ -318,7 +319,9 @@ class Scheduler:
             if loras is not None and req.lora_id:
                 loras.add(req.lora_id)
             if trace is not None:
-                self._trace_scheduled(trace, req, hit, n, req.num_tokens - hit, budget, threshold, admitted=True)
+                self._trace_scheduled(
+                    trace, req, hit, n, req.num_tokens - hit, budget, threshold, admitted=True
+                )
             budget -= n
         if set_aside:
             waiting.requeue(set_aside)
@@ -328,9 +331,7 @@ class Scheduler:
             self._trace_waiting(trace, set_aside, stop, detail)
         return budget
 
-    def _why_no_blocks(
-        self, req: Request, hit_blocks: list, n: int, reserved: int
-    ) -> tuple[Reason, str]:
+    def _why_no_blocks(self, req: Request, hit_blocks: list, n: int, reserved: int) -> tuple[Reason, str]:
         kv = self.kv
         need = kv.blocks_to_admit(req, hit_blocks, n, self._lookahead)
         if self._reserve_full:
@@ -428,17 +429,28 @@ class Scheduler:
     # ---- decision trace --------------------------------------------------------
 
     def _trace_scheduled(
-        self, trace: StepTrace, req: Request, start: int, n: int, wanted: int,
-        budget: int, threshold: int, admitted: bool = False,
+        self,
+        trace: StepTrace,
+        req: Request,
+        start: int,
+        n: int,
+        wanted: int,
+        budget: int,
+        threshold: int,
+        admitted: bool = False,
     ) -> None:
         if start >= req.num_tokens - 1:
             what = "decode" if n == 1 else f"decode with {n - 1} draft tokens"
         else:
-            what = f"{'recompute' if req.num_preemptions else 'prefill'} {start}-{start + n} of {req.num_tokens}"
+            what = (
+                f"{'recompute' if req.num_preemptions else 'prefill'} {start}-{start + n} of {req.num_tokens}"
+            )
         if admitted:
-            what = ("resumed" if req.num_preemptions else "admitted") + (
-                f" with a prefix-cache hit of {start} tokens, " if start else ", "
-            ) + what
+            what = (
+                ("resumed" if req.num_preemptions else "admitted")
+                + (f" with a prefix-cache hit of {start} tokens, " if start else ", ")
+                + what
+            )
         if n < wanted:
             if threshold and n == threshold:
                 what += f", capped by long_prefill_token_threshold={threshold}"

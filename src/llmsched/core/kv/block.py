@@ -10,7 +10,7 @@ class KVBlock:
     moving a block costs a few attribute writes.
     """
 
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free")
+    __slots__ = ("block_hash", "block_id", "next_free", "prev_free", "ref_cnt")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id

@@ -50,9 +50,7 @@ def get_hash_fn(name: str) -> HashFn:
         return _blake2b
     if name == "xxh3_128":
         return _xxh3_128()
-    raise ConfigError(
-        f"prefix_caching_hash_algo={name!r} is unknown; choose one of {', '.join(HASH_ALGOS)}"
-    )
+    raise ConfigError(f"prefix_caching_hash_algo={name!r} is unknown; choose one of {', '.join(HASH_ALGOS)}")
 
 
 # Parent of every request's first block: a constant, so hashes agree across
@@ -77,7 +75,7 @@ def block_extra_keys(request: Request, block_index: int) -> bytes:
 class BlockHasher:
     """Computes request block hashes lazily, only as far as they are needed."""
 
-    __slots__ = ("block_size", "hash_fn", "_pack")
+    __slots__ = ("_pack", "block_size", "hash_fn")
 
     def __init__(self, block_size: int, algo: str = "sha256") -> None:
         self.block_size = block_size

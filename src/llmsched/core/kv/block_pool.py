@@ -18,7 +18,7 @@ class BlockPool:
     lookup returns the one registered first, so block tables only grow.
     """
 
-    __slots__ = ("num_blocks", "blocks", "free_queue", "null_block", "_cached")
+    __slots__ = ("_cached", "blocks", "free_queue", "null_block", "num_blocks")
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 2:

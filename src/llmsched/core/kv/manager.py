@@ -113,8 +113,12 @@ class KVCacheManager:
         return hits, len(hits) * self.block_size
 
     def blocks_to_admit(
-        self, request: Request, hit_blocks: list[KVBlock], num_new_tokens: int,
-        num_lookahead_tokens: int = 0, full_sequence: bool = False,
+        self,
+        request: Request,
+        hit_blocks: list[KVBlock],
+        num_new_tokens: int,
+        num_lookahead_tokens: int = 0,
+        full_sequence: bool = False,
     ) -> int:
         """Free blocks an admission would consume (hit blocks in the free queue count)."""
         bs = self.block_size
