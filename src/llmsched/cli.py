@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import llmsched
 from llmsched.core.errors import ConfigError
+from llmsched.executor.sim.cli import add_simulate_parser
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -77,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--compare", metavar="REF.jsonl", help="check decisions against a reference trace")
     r.add_argument("--summary-json", metavar="PATH", help="write the summary as JSON")
     r.set_defaults(func=_replay)
+    add_simulate_parser(sub)
     return p
 
 

@@ -89,6 +89,8 @@ def parse_workload(data: dict) -> Workload:
     if not isinstance(data, dict) or "requests" not in data:
         raise ConfigError("a workload is a JSON object with 'config' and 'requests'")
     raw = data.get("config") or {}
+    if not isinstance(raw, dict):
+        raise ConfigError("'config' must be an object of scheduler settings")
     known = set(CONFIG_DEFAULTS) | set(SchedulerConfig.field_names())
     unknown = set(raw) - known - IGNORED_KEYS
     if unknown:
@@ -99,7 +101,11 @@ def parse_workload(data: dict) -> Workload:
     config.pop("async_scheduling", None)
     requests = []
     seen: set[str] = set()
+    if not isinstance(data["requests"], list):
+        raise ConfigError("'requests' must be a list of request objects")
     for i, r in enumerate(data["requests"]):
+        if not isinstance(r, dict):
+            raise ConfigError(f"request #{i} is {r!r}, not an object")
         rid = str(r.get("id", i))
         if rid in seen:
             raise ConfigError(f"request id {rid!r} appears twice in the workload")
@@ -139,4 +145,7 @@ def load_workload(path: str | Path) -> Workload:
         data = json.loads(p.read_text())
     except json.JSONDecodeError as e:
         raise ConfigError(f"workload file {str(p)!r} is not valid JSON: {e}") from e
-    return parse_workload(data)
+    try:
+        return parse_workload(data)
+    except (ConfigError, TypeError, ValueError) as e:
+        raise ConfigError(f"workload file {str(p)!r}: {e}") from e

@@ -158,7 +158,11 @@ class PriorityPolicy:
     """Smaller priority value first, then earlier arrival.
 
     The victim is the running request with the largest (priority,
-    arrival_time), the first such in running order on a tie.
+    arrival_time, request_id): the same total order the waiting queue uses.
+    vLLM leaves ties in (priority, arrival_time) to running order, which
+    picks the longest-running of the tied requests: with equal arrival times
+    two requests can then preempt themselves in turn forever. Arrival times
+    from clocks (and from replay) never tie, so decisions are unchanged.
     """
 
     name = "priority"
@@ -168,14 +172,8 @@ class PriorityPolicy:
         return PriorityQueue()
 
     def select_victim(self, running: list[Request]) -> Request:
-        """The lowest-priority running request."""
-        victim = running[0]
-        worst = (victim.priority, victim.arrival_time)
-        for r in running:
-            key = (r.priority, r.arrival_time)
-            if key > worst:
-                victim, worst = r, key
-        return victim
+        """The lowest-ranked running request."""
+        return max(running, key=_priority_key)
 
 
 POLICIES: dict[str, type] = {"fcfs": FCFSPolicy, "priority": PriorityPolicy}

@@ -349,6 +349,11 @@ class Scheduler:
         n = out.num_scheduled_tokens[k]
         del out.scheduled[k]
         del out.num_scheduled_tokens[k]
+        # The withdrawn chunk's blocks were registered in the prefix cache when
+        # allocated, yet their KV will never be computed. vLLM leaves them
+        # findable, so a resumed request could "hit" uncomputed KV; we
+        # unregister them (this can change a later hit, never a correct one).
+        self.kv.uncache_beyond(victim, victim.num_computed_tokens - n)
         out.new_block_ids.pop(victim.request_id, None)
         out.spec_decode_tokens.pop(victim.request_id, None)
         if out.trace is not None:

@@ -65,10 +65,14 @@ def block_extra_keys(request: Request, block_index: int) -> bytes:
     chains through it.
     """
     extra = b""
+    # Each field is tagged and length-prefixed so no adapter name can pose as
+    # an adapter plus a salt.
     if request.lora_name is not None:
-        extra += b"L" + request.lora_name.encode()
+        name = request.lora_name.encode()
+        extra += b"L" + len(name).to_bytes(4, "little") + name
     if block_index == 0 and request.cache_salt:
-        extra += b"\x00S" + request.cache_salt.encode()
+        salt = request.cache_salt.encode()
+        extra += b"S" + len(salt).to_bytes(4, "little") + salt
     return extra
 
 

@@ -218,6 +218,21 @@ class KVCacheManager:
             cache_block(blocks[i], hashes[i])
         table.num_cached = num_full
 
+    def uncache_beyond(self, request: Request, num_tokens: int) -> None:
+        """Unregister the request's blocks past its first ``num_tokens`` tokens.
+
+        For a chunk withdrawn after allocation: its blocks were registered
+        when allocated, but their KV will never be computed, so a later
+        lookup must not find them.
+        """
+        table = self._tables.get(request.request_id)
+        if table is None:
+            return
+        keep = num_tokens // self.block_size
+        for block in table.blocks[keep : table.num_cached]:
+            self.pool.evict(block)
+        table.num_cached = min(table.num_cached, keep)
+
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first, so the tail is evicted first."""
         table = self._tables.pop(request.request_id, None)

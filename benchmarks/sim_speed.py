@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""How fast the simulator runs: wall and CPU time per simulated request, and where it goes.
+
+Workload (the acceptance figure): Poisson arrivals, 1024-token prompts, 64
+output tokens, --max-num-seqs 128, llama-3-8b on one H100, prefix caching on
+(vLLM's default). Each run reports wall time, this process's CPU time (less
+sensitive to a busy shared machine), microseconds per request, peak RSS, and
+the split between the scheduler (schedule() + update_from_output()), the
+SimExecutor (cost model included), and the rest of the simulation loop
+(arrivals, request creation, metrics).
+
+    python benchmarks/sim_speed.py                      # 10,000 requests at a few rates
+    python benchmarks/sim_speed.py --million            # plus 1,000,000 requests
+    python benchmarks/sim_speed.py --profile 3000       # where the scheduler spends its time
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import math
+import pstats
+import resource
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from llmsched.engine.engine_core import EngineCore, EngineStep  # noqa: E402
+from llmsched.executor.sim import DeploymentSpec, build_deployment, simulate, synthetic_workload  # noqa: E402
+
+
+class StepClock:
+    """Sums the engine's own per-step timings (schedule, execute, update) while installed."""
+
+    def __init__(self) -> None:
+        self.schedule_ns = self.execute_ns = self.update_ns = 0
+        self._orig = EngineCore.step
+
+    def __enter__(self) -> StepClock:
+        orig, me = self._orig, self
+
+        def step(engine: EngineCore) -> EngineStep:
+            es = orig(engine)
+            me.schedule_ns += es.schedule_ns
+            me.execute_ns += es.execute_ns
+            me.update_ns += es.update_ns
+            return es
+
+        EngineCore.step = step
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        EngineCore.step = self._orig
+
+
+def run_once(args: argparse.Namespace, num_requests: int, rate: float) -> dict:
+    """One simulation; timings and figures."""
+    dep = build_deployment(
+        DeploymentSpec(
+            model=args.model,
+            hardware=args.hardware,
+            max_num_seqs=args.max_num_seqs,
+            prefix_caching_hash_algo=args.hash_algo,
+        )
+    )
+    wl = synthetic_workload(num_requests, args.input_len, args.output_len, request_rate=rate, seed=0)
+    cpu0 = time.process_time()
+    t0 = time.perf_counter()
+    with StepClock() as clock:
+        res = simulate(dep, wl)
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
+    sched_s = (clock.schedule_ns + clock.update_ns) / 1e9
+    exec_s = clock.execute_ns / 1e9
+    return {
+        "num_requests": num_requests,
+        "request_rate": rate if not math.isinf(rate) else "inf",
+        "wall_s": round(wall, 3),
+        "cpu_s": round(cpu, 3),
+        "wall_us_per_request": round(wall * 1e6 / num_requests, 1),
+        "cpu_us_per_request": round(cpu * 1e6 / num_requests, 1),
+        "steps": res.num_steps,
+        "scheduler_s": round(sched_s, 3),
+        "scheduler_share": round(sched_s / wall, 3),
+        "executor_s": round(exec_s, 3),
+        "loop_other_s": round(wall - sched_s - exec_s, 3),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "completed": res.summary["completed"],
+        "simulated_duration_s": round(res.sim_duration_s, 2),
+        "request_throughput": round(res.summary["request_throughput"], 3),
+        "mean_ttft_ms": round(res.summary["mean_ttft_ms"], 2),
+        "mean_tpot_ms": round(res.summary["mean_tpot_ms"], 3),
+        "prefix_caching_hash_algo": dep.scheduler_config.prefix_caching_hash_algo,
+    }
+
+
+def show(r: dict) -> None:
+    """One line per run."""
+    print(
+        f"{r['num_requests']:>9} req @ {r['request_rate']!s:>5} req/s: wall {r['wall_s']:8.2f} s "
+        f"({r['wall_us_per_request']:6.1f} us/req), cpu {r['cpu_s']:8.2f} s "
+        f"({r['cpu_us_per_request']:6.1f} us/req), {r['steps']:>8} steps, scheduler "
+        f"{100 * r['scheduler_share']:.0f}% / executor {r['executor_s']:.2f} s / "
+        f"loop {r['loop_other_s']:.2f} s, "
+        f"rss {r['peak_rss_mb']:.0f} MB"
+    )
+
+
+def profile(args: argparse.Namespace, num_requests: int) -> list[dict]:
+    """Cumulative time of the functions the simulation spends most in (cProfile)."""
+    dep = build_deployment(
+        DeploymentSpec(model=args.model, hardware=args.hardware, max_num_seqs=args.max_num_seqs)
+    )
+    wl = synthetic_workload(num_requests, args.input_len, args.output_len, request_rate=math.inf, seed=0)
+    prof = cProfile.Profile()
+    prof.enable()
+    simulate(dep, wl)
+    prof.disable()
+    stats = pstats.Stats(prof)
+    total = max(v[3] for v in stats.stats.values())
+    rows = []
+    for (file, line, func), (_, ncalls, tottime, cumtime, _) in stats.stats.items():
+        if "llmsched" not in file:
+            continue
+        rows.append(
+            {
+                "function": f"{file.split('src/')[-1]}:{line}({func})",
+                "calls": ncalls,
+                "self_share": round(tottime / total, 3),
+                "cum_share": round(cumtime / total, 3),
+            }
+        )
+    rows.sort(key=lambda r: -r["self_share"])
+    return rows[:25]
+
+
+def main() -> int:
+    """Run the benchmark, print the figures, write JSON."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--num-requests", type=int, default=10_000)
+    ap.add_argument("--rates", default="30,inf", help="request rates for the main runs (default 30,inf)")
+    ap.add_argument("--input-len", type=int, default=1024)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--max-num-seqs", type=int, default=128)
+    ap.add_argument("--model", default="llama-3-8b")
+    ap.add_argument("--hardware", default="h100")
+    ap.add_argument("--hash-algo", default="auto", help="prefix-cache hash (auto: xxh3_128 if installed)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per rate; the fastest is reported")
+    ap.add_argument("--million", action="store_true", help="also simulate 1,000,000 requests (minutes)")
+    ap.add_argument("--million-rate", default="30")
+    ap.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile a run of N requests")
+    ap.add_argument("--json", default=str(ROOT / "results" / "sim_speed.json"))
+    args = ap.parse_args()
+
+    result: dict = {
+        "workload": {
+            "input_len": args.input_len,
+            "output_len": args.output_len,
+            "max_num_seqs": args.max_num_seqs,
+            "model": args.model,
+            "hardware": args.hardware,
+            "arrivals": "Poisson",
+        },
+        "target": "10,000 requests in <= 3 s wall; 1,000,000 in < 300 s",
+        "runs": [],
+    }
+    for rate_text in args.rates.split(","):
+        rate = float(rate_text)
+        runs = [run_once(args, args.num_requests, rate) for _ in range(args.repeats)]
+        for r in runs:
+            show(r)
+        best = min(runs, key=lambda r: r["wall_s"])
+        best["all_wall_s"] = [r["wall_s"] for r in runs]
+        result["runs"].append(best)
+    if args.million:
+        r = run_once(args, 1_000_000, float(args.million_rate))
+        show(r)
+        result["million"] = r
+    if args.profile:
+        rows = profile(args, args.profile)
+        result["profile"] = rows
+        print(f"\nwhere a run of {args.profile} requests spends its time (share of the whole run, cProfile):")
+        for row in rows[:15]:
+            share = f"self {100 * row['self_share']:5.1f}%  cum {100 * row['cum_share']:5.1f}%"
+            print(f"  {share}  {row['function']}")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

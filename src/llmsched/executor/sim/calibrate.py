@@ -1,0 +1,184 @@
+"""The ``cpu`` hardware profile, measured on this machine and cached on disk.
+
+Two short microbenchmarks: matmul throughput (torch if installed, else
+numpy, else pure Python) and memory bandwidth (a large buffer copy). The
+result is cached per machine and backend in
+``$LLMSCHED_CACHE_DIR/cpu-calibration.json`` (default ``~/.cache/llmsched``),
+so only the first simulation on a machine pays the ~1 s it takes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from llmsched.executor.sim.hardware import HardwareProfile
+
+CACHE_FILE = "cpu-calibration.json"
+# Each measurement keeps the best of a few repeats: the machine is shared and
+# the best run is the closest to what the hardware can do.
+_REPEATS = 3
+
+
+def cache_dir() -> Path:
+    """Where the calibration is cached."""
+    env = os.environ.get("LLMSCHED_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "llmsched"
+
+
+def backend() -> str:
+    """The array library the matmul benchmark uses: torch, numpy or python."""
+    for name in ("torch", "numpy"):
+        try:
+            __import__(name)
+            return name
+        except ImportError:
+            continue
+    return "python"
+
+
+def machine_key(backend_name: str) -> str:
+    """Identifies the machine and backend a calibration is valid for."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{platform.node()}|{cpu}|{os.cpu_count()}|{backend_name}"
+
+
+def _best(fn: Callable[[], float]) -> float:
+    return min(fn() for _ in range(_REPEATS))
+
+
+def _matmul_flops(name: str) -> float:
+    """Sustained float32 matmul FLOP/s with the given backend."""
+    if name == "torch":
+        import torch
+
+        n = 1024
+        a, b = torch.rand(n, n), torch.rand(n, n)
+        torch.mm(a, b)
+
+        def run() -> float:
+            t = time.perf_counter()
+            for _ in range(4):
+                torch.mm(a, b)
+            return (time.perf_counter() - t) / 4
+
+        return 2 * n**3 / _best(run)
+    if name == "numpy":
+        import numpy as np
+
+        n = 512
+        rng = np.random.default_rng(0)
+        a = rng.random((n, n), dtype=np.float32)
+        b = rng.random((n, n), dtype=np.float32)
+        a @ b
+
+        def run() -> float:
+            t = time.perf_counter()
+            for _ in range(4):
+                a @ b
+            return (time.perf_counter() - t) / 4
+
+        return 2 * n**3 / _best(run)
+    n = 48
+    a = [[float(i * n + j) for j in range(n)] for i in range(n)]
+    bt = [[float(j * n + i) for j in range(n)] for i in range(n)]
+
+    def run() -> float:
+        t = time.perf_counter()
+        [[sum(x * y for x, y in zip(row, col)) for col in bt] for row in a]
+        return time.perf_counter() - t
+
+    return 2 * n**3 / _best(run)
+
+
+def _copy_bandwidth(nbytes: int = 64 << 20) -> float:
+    """Bytes/s moved by a large memcpy (read + write counted)."""
+    src = bytearray(nbytes)
+    dst = bytearray(nbytes)
+    dst[:] = src
+
+    def run() -> float:
+        t = time.perf_counter()
+        dst[:] = src
+        return time.perf_counter() - t
+
+    return 2 * nbytes / _best(run)
+
+
+def _total_memory() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return float(16 << 30)
+
+
+def measure() -> dict:
+    """Run the microbenchmarks now; returns the figures (no caching)."""
+    name = backend()
+    t = time.perf_counter()
+    flops = _matmul_flops(name)
+    bw = _copy_bandwidth()
+    return {
+        "backend": name,
+        "peak_flops": flops,
+        "mem_bandwidth": bw,
+        "mem_capacity": _total_memory(),
+        "seconds": round(time.perf_counter() - t, 3),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def calibration(recalibrate: bool = False) -> dict:
+    """The cached figures for this machine and backend, measured if absent."""
+    name = backend()
+    key = machine_key(name)
+    path = cache_dir() / CACHE_FILE
+    cached: dict = {}
+    if path.is_file():
+        try:
+            cached = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            cached = {}
+    if not recalibrate and isinstance(cached.get(key), dict):
+        return cached[key]
+    result = measure()
+    cached[key] = result
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cached, indent=2))
+        tmp.replace(path)
+    except OSError:
+        pass  # an unwritable cache only costs a re-measurement next time
+    return result
+
+
+def cpu_profile(recalibrate: bool = False) -> HardwareProfile:
+    """This machine's CPU as a hardware profile (float32 matmul peak, memcpy bandwidth)."""
+    c = calibration(recalibrate)
+    return HardwareProfile(
+        name="cpu",
+        description=f"this machine's CPU, calibrated with {c['backend']} "
+        f"({c['peak_flops'] / 1e9:.1f} GFLOP/s, {c['mem_bandwidth'] / 1e9:.1f} GB/s)",
+        peak_flops_bf16=c["peak_flops"],
+        peak_flops_fp8=None,
+        mem_bandwidth=c["mem_bandwidth"],
+        mem_capacity=c["mem_capacity"],
+        # Tensor-parallel ranks on one host talk through shared memory.
+        link_bandwidth=c["mem_bandwidth"] / 2,
+        collective_latency_s=20e-6,
+        default_max_num_batched_tokens=2048,
+        default_max_num_seqs=128,
+    )

@@ -1,0 +1,257 @@
+"""`llmsched simulate`: what would this policy, budget or cache size do on that hardware?
+
+Engine flags are named like vLLM's engine arguments and workload flags like
+``vllm bench serve``'s; the summary and ``--result-json`` use vLLM's metric
+names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from llmsched.bench.metrics import parse_goodput
+from llmsched.core.errors import ConfigError
+from llmsched.core.kv.block_hash import HASH_ALGOS
+from llmsched.core.policy import POLICIES
+from llmsched.executor.sim.cost_model import Efficiency
+from llmsched.executor.sim.deployment import KV_CACHE_DTYPES, DeploymentSpec, build_deployment
+from llmsched.executor.sim.hardware import known_hardware
+from llmsched.executor.sim.model_shapes import known_models
+from llmsched.executor.sim.runner import simulate
+from llmsched.executor.sim.workload import Workload, load_trace_workload, synthetic_workload
+
+
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be a positive integer")
+    return v
+
+
+def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register the `simulate` subcommand on ``sub``."""
+    p = sub.add_parser(
+        "simulate",
+        help="simulate serving a workload on given hardware with the real scheduler and a cost model",
+        description="Run a workload through the real scheduler and engine loop with the model replaced "
+        "by a roofline cost model on a virtual clock, and report vLLM-style serving metrics.",
+    )
+    e = p.add_argument_group("deployment (vLLM engine arguments)")
+    e.add_argument(
+        "--model",
+        default="llama-3-8b",
+        help=f"built-in profile ({', '.join(known_models())}) or a path to a Hugging Face "
+        "config.json / model folder (default llama-3-8b)",
+    )
+    e.add_argument(
+        "--hardware",
+        default="h100",
+        help=f"{', '.join(known_hardware())} (cpu is calibrated on this machine), or a JSON "
+        "profile (default h100)",
+    )
+    e.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1)
+    e.add_argument(
+        "--enable-expert-parallel", action="store_true", help="spread MoE experts over the TP group"
+    )
+    e.add_argument("--max-num-batched-tokens", type=_positive_int, default=None)
+    e.add_argument("--max-num-seqs", type=_positive_int, default=None)
+    e.add_argument("--max-model-len", type=_positive_int, default=None)
+    e.add_argument("--block-size", type=_positive_int, default=16)
+    e.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    e.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
+    e.add_argument("--long-prefill-token-threshold", type=int, default=0)
+    e.add_argument("--scheduling-policy", choices=sorted(POLICIES), default="fcfs")
+    e.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    e.add_argument(
+        "--num-gpu-blocks",
+        "--num-gpu-blocks-override",
+        dest="num_gpu_blocks",
+        type=_positive_int,
+        default=None,
+        help="KV cache blocks (null block included) instead of sizing from memory",
+    )
+    e.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default="auto")
+    e.add_argument("--quantization", "-q", choices=["fp8"], default=None)
+    e.add_argument("--prefix-caching-hash-algo", choices=["auto", *HASH_ALGOS], default="auto")
+    c = p.add_argument_group("cost model")
+    c.add_argument(
+        "--efficiency",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override efficiencies, e.g. gemm=0.6,memory=0.75 (keys: gemm, attention, memory, network)",
+    )
+    c.add_argument("--step-overhead-ms", type=float, default=0.5, help="fixed cost per engine step (0.5)")
+    c.add_argument("--recalibrate", action="store_true", help="re-measure the cpu profile")
+    w = p.add_argument_group("workload (vLLM benchmark arguments)")
+    w.add_argument(
+        "--num-prompts", type=_positive_int, default=None, help="requests (default 1000; a trace: all of it)"
+    )
+    w.add_argument("--input-len", "--random-input-len", dest="input_len", type=_positive_int, default=1024)
+    w.add_argument("--output-len", "--random-output-len", dest="output_len", type=_positive_int, default=128)
+    w.add_argument(
+        "--range-ratio",
+        "--random-range-ratio",
+        dest="range_ratio",
+        type=float,
+        default=0.0,
+        help="lengths uniform in [len*(1-r), len*(1+r)] (0: fixed)",
+    )
+    w.add_argument(
+        "--prefix-len",
+        "--random-prefix-len",
+        dest="prefix_len",
+        type=int,
+        default=0,
+        help="shared prefix tokens prepended to every prompt of a group",
+    )
+    w.add_argument("--num-prefix-groups", type=_positive_int, default=1)
+    w.add_argument("--num-priority-levels", type=_positive_int, default=1, help="random priorities 0..N-1")
+    w.add_argument(
+        "--request-rate",
+        type=float,
+        default=math.inf,
+        help="requests per second, Poisson unless --burstiness says otherwise (inf: all at once)",
+    )
+    w.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="gamma shape of the gaps: 1 Poisson, <1 burstier, inf a fixed interval",
+    )
+    w.add_argument("--max-concurrency", type=_positive_int, default=None, help="closed-loop client slots")
+    w.add_argument(
+        "--dataset",
+        "--dataset-path",
+        dest="dataset",
+        metavar="FILE.jsonl",
+        help="trace: one JSON object per line with arrival_time, prompt_len or prompt_token_ids, output_len",
+    )
+    w.add_argument("--seed", type=int, default=0)
+    o = p.add_argument_group("output")
+    o.add_argument("--result-json", "--result-filename", dest="result_json", metavar="PATH")
+    o.add_argument("--save-detailed", action="store_true", help="per-request lists in --result-json")
+    o.add_argument(
+        "--trace", metavar="OUT.jsonl", help="write the step trace (replay format + simulated time)"
+    )
+    o.add_argument("--explain", action="store_true", help="record why each request did or did not run")
+    o.add_argument("--plot", metavar="PREFIX", help="write PREFIX_timeline.png, PREFIX_tokens.png, ...")
+    o.add_argument("--disable-tqdm", action="store_true")
+    o.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs as in vLLM, e.g. ttft:300 tpot:50")
+    o.add_argument("--goodput-ttft-ms", type=float, default=None)
+    o.add_argument("--goodput-tpot-ms", type=float, default=None)
+    o.add_argument("--goodput-e2el-ms", type=float, default=None)
+    o.add_argument("--metric-percentiles", default="50,90,99", help="comma-separated (default 50,90,99)")
+    p.set_defaults(func=run_simulate)
+    return p
+
+
+def _workload(args: argparse.Namespace) -> Workload:
+    if args.dataset:
+        return load_trace_workload(
+            args.dataset,
+            request_rate=args.request_rate,
+            burstiness=args.burstiness,
+            seed=args.seed,
+            num_prompts=args.num_prompts,
+        )
+    return synthetic_workload(
+        args.num_prompts if args.num_prompts is not None else 1000,
+        args.input_len,
+        args.output_len,
+        request_rate=args.request_rate,
+        burstiness=args.burstiness,
+        range_ratio=args.range_ratio,
+        prefix_len=args.prefix_len,
+        num_prefix_groups=args.num_prefix_groups,
+        num_priority_levels=args.num_priority_levels,
+        seed=args.seed,
+    )
+
+
+def _percentiles(text: str) -> list[float]:
+    try:
+        ps = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--metric-percentiles {text!r}: expected numbers like 50,90,99") from None
+    if not ps or not all(0.0 <= q <= 100.0 for q in ps):
+        raise ConfigError(f"--metric-percentiles {text!r}: each must be in [0, 100]")
+    return ps
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    """Build the deployment and workload, simulate, print and write the results."""
+    slos = parse_goodput(args.goodput)
+    for key in ("ttft", "tpot", "e2el"):
+        v = getattr(args, f"goodput_{key}_ms")
+        if v is not None:
+            slos[key] = v
+    percentiles = _percentiles(args.metric_percentiles)
+    spec = DeploymentSpec(
+        model=args.model,
+        hardware=args.hardware,
+        tensor_parallel_size=args.tensor_parallel_size,
+        enable_expert_parallel=args.enable_expert_parallel,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        num_gpu_blocks=args.num_gpu_blocks,
+        max_model_len=args.max_model_len,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        block_size=args.block_size,
+        enable_prefix_caching=args.enable_prefix_caching,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        scheduling_policy=args.scheduling_policy,
+        kv_cache_dtype=args.kv_cache_dtype,
+        quantization=args.quantization,
+        prefix_caching_hash_algo=args.prefix_caching_hash_algo,
+        efficiency=Efficiency.parse(args.efficiency),
+        step_overhead_ms=args.step_overhead_ms,
+        recalibrate=args.recalibrate,
+    )
+    deployment = build_deployment(spec)
+    workload = _workload(args)
+    # Output folders are made up front so a long run cannot fail at the end.
+    for path in (args.result_json, args.trace, args.plot):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+    for line in deployment.describe():
+        print(line)
+    print(f"workload   {workload.describe()}")
+    print()
+    trace = open(args.trace, "w") if args.trace else None  # noqa: SIM115
+    try:
+        result = simulate(
+            deployment,
+            workload,
+            max_concurrency=args.max_concurrency,
+            goodput_slos_ms=slos or None,
+            percentiles=percentiles,
+            trace_out=trace,
+            explain=args.explain,
+            record_series=bool(args.plot),
+            progress=not args.disable_tqdm,
+            detailed=args.save_detailed,
+        )
+    finally:
+        if trace is not None:
+            trace.close()
+    print(result.table())
+    for rid, why in result.rejections[:5]:
+        print(f"rejected {rid}: {why}")
+    if args.result_json:
+        data = result.to_json()
+        data["goodput_slos_ms"] = slos or None
+        with open(args.result_json, "w") as f:
+            json.dump(data, f, indent=2)
+        print(f"wrote {args.result_json}")
+    if args.trace:
+        print(f"wrote {args.trace}")
+    if args.plot:
+        from llmsched.executor.sim.plots import write_plots
+
+        for path in write_plots(result, args.plot):
+            print(f"wrote {path}")
+    return 0

@@ -1,0 +1,162 @@
+"""Accelerator profiles: peak compute, memory bandwidth and size, interconnect.
+
+Figures are the vendors' dense (no sparsity) peaks for one device; memory
+sizes are what ``nvidia-smi`` reports as total, which is what vLLM's
+``gpu_memory_utilization`` is a fraction of. ``cpu`` is not a table entry: it
+is measured on the current machine (see ``calibrate``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+from llmsched.core.errors import ConfigError
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareProfile:
+    """One accelerator as the cost model sees it (all rates per device)."""
+
+    name: str
+    description: str
+    # Dense matmul peaks in FLOP/s; fp8 is None where the hardware has no fp8
+    # tensor cores (fp8 weights then run as weight-only quantisation at bf16).
+    peak_flops_bf16: float
+    peak_flops_fp8: float | None
+    mem_bandwidth: float  # bytes/s
+    mem_capacity: float  # bytes
+    # Per-device, per-direction interconnect bandwidth (NVLink) in bytes/s, and
+    # the fixed cost of one collective (launch + synchronisation).
+    link_bandwidth: float
+    collective_latency_s: float
+    # vLLM's serving defaults for this class of device.
+    default_max_num_batched_tokens: int = 8192
+    default_max_num_seqs: int = 1024
+
+    def gemm_peak(self, fp8: bool) -> float:
+        """Matmul peak for bf16, or fp8 when the weights are fp8 and the device has fp8 units."""
+        if fp8 and self.peak_flops_fp8:
+            return self.peak_flops_fp8
+        return self.peak_flops_bf16
+
+    def to_dict(self) -> dict:
+        """Plain-dict form (for reports and JSON profiles)."""
+        return asdict(self)
+
+
+BUILTIN_HARDWARE: dict[str, HardwareProfile] = {
+    "h100": HardwareProfile(
+        name="h100",
+        description="NVIDIA H100 SXM 80GB (HBM3, NVLink 4)",
+        peak_flops_bf16=989.4e12,
+        peak_flops_fp8=1978.9e12,
+        mem_bandwidth=3.35e12,
+        mem_capacity=81559 * MiB,
+        link_bandwidth=450e9,
+        collective_latency_s=8e-6,
+    ),
+    "h200": HardwareProfile(
+        name="h200",
+        description="NVIDIA H200 SXM 141GB (HBM3e, NVLink 4)",
+        peak_flops_bf16=989.4e12,
+        peak_flops_fp8=1978.9e12,
+        mem_bandwidth=4.8e12,
+        mem_capacity=143771 * MiB,
+        link_bandwidth=450e9,
+        collective_latency_s=8e-6,
+    ),
+    "a100": HardwareProfile(
+        name="a100",
+        description="NVIDIA A100 SXM 80GB (HBM2e, NVLink 3)",
+        peak_flops_bf16=312e12,
+        peak_flops_fp8=None,
+        mem_bandwidth=2.039e12,
+        mem_capacity=81920 * MiB,
+        link_bandwidth=300e9,
+        collective_latency_s=10e-6,
+        default_max_num_batched_tokens=2048,
+        default_max_num_seqs=256,
+    ),
+    "b200": HardwareProfile(
+        name="b200",
+        description="NVIDIA B200 180GB (HBM3e, NVLink 5)",
+        peak_flops_bf16=2250e12,
+        peak_flops_fp8=4500e12,
+        mem_bandwidth=8.0e12,
+        mem_capacity=183359 * MiB,
+        link_bandwidth=900e9,
+        collective_latency_s=6e-6,
+        default_max_num_batched_tokens=16384,
+        default_max_num_seqs=1024,
+    ),
+}
+
+ALIASES = {
+    "h100-sxm": "h100",
+    "h100-80gb": "h100",
+    "h200-sxm": "h200",
+    "a100-80gb": "a100",
+    "a100-sxm": "a100",
+    "b200-180gb": "b200",
+}
+
+
+def known_hardware() -> list[str]:
+    """Names accepted by ``load_hardware`` (a JSON profile path is accepted too)."""
+    return sorted([*BUILTIN_HARDWARE, "cpu"])
+
+
+def hardware_from_dict(data: dict, source: str = "profile") -> HardwareProfile:
+    """A profile from a dict with HardwareProfile's field names; names what is missing."""
+    names = {f.name for f in fields(HardwareProfile)}
+    unknown = set(data) - names
+    if unknown:
+        raise ConfigError(f"{source}: unknown hardware fields {sorted(unknown)}; known: {sorted(names)}")
+    required = {
+        "peak_flops_bf16",
+        "mem_bandwidth",
+        "mem_capacity",
+        "link_bandwidth",
+        "collective_latency_s",
+    }
+    missing = required - set(data)
+    if missing:
+        raise ConfigError(f"{source}: missing hardware fields {sorted(missing)}")
+    data = {"name": source, "description": source, "peak_flops_fp8": None, **data}
+    for key in ("peak_flops_bf16", "mem_bandwidth", "mem_capacity", "link_bandwidth"):
+        if not isinstance(data[key], (int, float)) or data[key] <= 0:
+            raise ConfigError(f"{source}: {key}={data[key]!r} must be a positive number")
+    return HardwareProfile(**data)
+
+
+def load_hardware(name_or_path: str, *, recalibrate: bool = False) -> HardwareProfile:
+    """A built-in profile by name, ``cpu`` (calibrated here), or a JSON profile file."""
+    key = name_or_path.strip().lower()
+    key = ALIASES.get(key, key)
+    if key in BUILTIN_HARDWARE:
+        return BUILTIN_HARDWARE[key]
+    if key == "cpu":
+        from llmsched.executor.sim.calibrate import cpu_profile
+
+        return cpu_profile(recalibrate=recalibrate)
+    path = Path(name_or_path)
+    if path.suffix == ".json" and path.is_file():
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"hardware profile {str(path)!r} is not valid JSON: {e}") from e
+        return hardware_from_dict(data, source=path.stem)
+    raise ConfigError(
+        f"unknown hardware {name_or_path!r}; known: {', '.join(known_hardware())} "
+        "(or a JSON file with HardwareProfile fields)"
+    )
+
+
+def with_overrides(hw: HardwareProfile, **overrides: float) -> HardwareProfile:
+    """A copy of ``hw`` with some figures replaced (what-if studies)."""
+    return replace(hw, **overrides)

@@ -1,0 +1,381 @@
+"""The simulation loop: arrivals on the virtual clock, the real engine, metrics.
+
+Each iteration adds every request whose arrival time the clock has passed
+(and, with ``max_concurrency``, for which a client slot is free), then runs
+one ``EngineCore.step()``: the unmodified scheduler decides the batch and
+the SimExecutor prices it and advances the clock. An idle engine jumps to
+the next arrival. Requests are created when they arrive and dropped when
+they finish, and under FCFS a waiting queue longer than the scheduler can
+reach in one step is held back unbuilt, so memory stays bounded by the
+requests in flight even when a million arrive at once.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import time
+from array import array
+from bisect import bisect_right
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import IO, TYPE_CHECKING
+
+import llmsched
+from llmsched.bench.metrics import DEFAULT_PERCENTILES, MetricsCollector, format_summary
+from llmsched.bench.replay import step_record
+from llmsched.core.config import SchedulerConfig
+from llmsched.core.errors import RequestRejected
+from llmsched.core.request import Request
+from llmsched.core.sampling_params import SamplingParams
+from llmsched.engine.engine_core import EngineCore
+from llmsched.executor.sim.cost_model import StepCostModel
+from llmsched.executor.sim.deployment import Deployment
+from llmsched.executor.sim.executor import SimExecutor
+from llmsched.executor.sim.workload import Workload
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
+
+# Progress-bar updates are batched: tqdm costs a few microseconds per call.
+_PROGRESS_EVERY = 64
+# Failed requests whose reason is kept for the report.
+_MAX_REJECTIONS_KEPT = 20
+
+
+class SimRequest(Request):
+    """A Request that also carries its client-side timestamps on the virtual clock."""
+
+    __slots__ = ("first_token_time", "last_token_time", "sent_time")
+
+    def __init__(self, *args: object, sent_time: float = 0.0, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent_time = sent_time
+        self.first_token_time = -1.0
+        self.last_token_time = -1.0
+
+
+@dataclass(slots=True)
+class StepSeries:
+    """Per-step state over simulated time (for plots)."""
+
+    time: array = field(default_factory=lambda: array("d"))
+    duration: array = field(default_factory=lambda: array("d"))
+    num_running: array = field(default_factory=lambda: array("l"))
+    num_waiting: array = field(default_factory=lambda: array("l"))
+    kv_usage: array = field(default_factory=lambda: array("d"))
+    prefill_tokens: array = field(default_factory=lambda: array("l"))
+    decode_tokens: array = field(default_factory=lambda: array("l"))
+
+    def __len__(self) -> int:
+        return len(self.time)
+
+
+@dataclass(slots=True)
+class SimResult:
+    """What a simulation produced."""
+
+    metrics: MetricsCollector
+    summary: dict
+    num_requests: int
+    num_steps: int
+    num_busy_steps: int
+    num_preemptions: int
+    prefix_cache_hit_rate: float
+    max_running: int
+    num_length_capped: int
+    sim_duration_s: float
+    wall_s: float
+    rejections: list[tuple[str, str]]
+    series: StepSeries | None = None
+    deployment: Deployment | None = None
+    workload_description: str = ""
+    max_concurrency: int | None = None
+    request_rate: float = math.inf
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES
+
+    @property
+    def wall_us_per_request(self) -> float:
+        """Wall time the simulation took per request."""
+        return self.wall_s * 1e6 / max(self.num_requests, 1)
+
+    def scheduler_rows(self) -> list[tuple[str, object]]:
+        """Scheduler figures for the summary table."""
+        rows: list[tuple[str, object]] = [
+            ("Engine steps (with tokens):", f"{self.num_steps} ({self.num_busy_steps})"),
+            ("Preemptions:", self.num_preemptions),
+            ("Prefix cache hit rate (%):", 100.0 * self.prefix_cache_hit_rate),
+            ("Max running requests:", self.max_running),
+        ]
+        if self.num_length_capped:
+            rows.append(("Outputs cut at max_model_len:", self.num_length_capped))
+        rows.append(
+            ("Simulated in (s wall):", f"{self.wall_s:.2f} ({self.wall_us_per_request:.1f} us/request)")
+        )
+        return rows
+
+    def table(self) -> str:
+        """vLLM-style result table plus the scheduler's figures."""
+        return format_summary(
+            self.summary,
+            title="Simulation Result",
+            percentiles=self.percentiles,
+            extra=self.scheduler_rows(),
+            request_rate=self.request_rate,
+            max_concurrency=self.max_concurrency,
+        )
+
+    def to_json(self) -> dict:
+        """vLLM result keys, then the simulation's own figures and the deployment."""
+        out = dict(self.summary)
+        out["request_rate"] = self.request_rate if not math.isinf(self.request_rate) else "inf"
+        out["max_concurrency"] = self.max_concurrency
+        out["num_prompts"] = self.num_requests
+        out["simulation"] = {
+            "num_steps": self.num_steps,
+            "num_busy_steps": self.num_busy_steps,
+            "num_preemptions": self.num_preemptions,
+            "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
+            "max_running": self.max_running,
+            "num_length_capped": self.num_length_capped,
+            "sim_duration_s": self.sim_duration_s,
+            "wall_s": self.wall_s,
+            "wall_us_per_request": self.wall_us_per_request,
+            "workload": self.workload_description,
+            "rejections": [list(r) for r in self.rejections],
+        }
+        if self.deployment is not None:
+            out["deployment"] = self.deployment.to_dict()
+        return out
+
+
+def simulate(
+    config: SchedulerConfig | Deployment,
+    workload: Workload,
+    cost_model: StepCostModel | None = None,
+    *,
+    max_concurrency: int | None = None,
+    goodput_slos_ms: dict[str, float] | None = None,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+    trace_out: IO[str] | None = None,
+    explain: bool = False,
+    record_series: bool = False,
+    progress: bool = False,
+    detailed: bool = False,
+    max_steps: int | None = None,
+    hold_back: bool = True,
+) -> SimResult:
+    """Run ``workload`` through the engine on a virtual clock and measure it.
+
+    ``config`` is a resolved Deployment (its scheduler config and cost model
+    are used) or a bare SchedulerConfig together with ``cost_model``.
+    """
+    deployment = config if isinstance(config, Deployment) else None
+    if deployment is not None:
+        sched_config = deployment.scheduler_config
+        cost_model = cost_model or deployment.cost_model
+    else:
+        sched_config = config
+        if cost_model is None:
+            raise ValueError("simulate() needs a cost_model with a bare SchedulerConfig")
+    if max_concurrency is not None and max_concurrency < 1:
+        raise ValueError(f"max_concurrency={max_concurrency} must be >= 1")
+    ex = SimExecutor(cost_model)
+    engine = EngineCore(sched_config, ex)
+    sched = engine.scheduler
+    if explain:
+        sched.enable_trace()
+    if trace_out is not None:
+        header = {
+            "llmsched_version": llmsched.__version__,
+            "resolved": sched_config.to_dict(),
+            "num_requests": len(workload),
+            "simulator": deployment.to_dict() if deployment is not None else {"cost_model": repr(cost_model)},
+        }
+        trace_out.write(json.dumps({"header": header}) + "\n")
+
+    n = len(workload)
+    arrivals = workload.arrivals
+    # Under FCFS the scheduler reads the waiting queue from the head and
+    # admits at most max_num_seqs per step, so requests queued behind more
+    # than that many cannot affect a step: they are held back (and counted
+    # in num_waiting) rather than built, which bounds memory when a million
+    # requests arrive at once. Priority order needs them all; so does
+    # --explain, which lists the queue.
+    hold = hold_back and max_concurrency is None and sched_config.policy == "fcfs" and not explain
+    window = 2 * sched_config.max_num_seqs + 2
+    waiting = sched.waiting
+    out_lens = workload.output_lens
+    prios = workload.priorities
+    metrics = MetricsCollector()
+    add_itl = metrics.add_itl
+    series = StepSeries() if record_series else None
+    slots: deque[float] | None = deque([0.0] * max_concurrency) if max_concurrency else None
+    params: dict[int, SamplingParams] = {}
+    rejections: list[tuple[str, str]] = []
+    bar = _progress_bar(n, progress)
+    done_pending = 0
+    nxt = 0
+    last_arrival = -math.inf
+    prev_end = -1.0
+    num_steps = num_busy = max_running = capped = 0
+    gc_was_enabled = gc.isenabled()
+    # The loop allocates many short-lived objects and no cycles; the cyclic
+    # collector would only rescan the live requests' token lists over and over
+    # (it is restored below, whatever happens).
+    gc.disable()
+    t_wall = time.perf_counter()
+    try:
+        while True:
+            now = ex.now
+            added: list[str] | None = [] if trace_out is not None else None
+            while nxt < n:
+                t_arr = arrivals[nxt]
+                if t_arr > now or (hold and len(waiting) >= window):
+                    break
+                if slots is not None:
+                    if not slots:
+                        break
+                    free_at = slots.popleft()
+                    sent = t_arr if t_arr > free_at else free_at
+                else:
+                    sent = t_arr
+                out_len = out_lens[nxt]
+                sp = params.get(out_len)
+                if sp is None:
+                    sp = params[out_len] = SamplingParams(max_tokens=out_len, ignore_eos=True)
+                # The scheduler breaks priority ties by arrival time: keep it
+                # strictly increasing in arrival order, as wall-clock arrivals are.
+                order_t = sent if sent > last_arrival else math.nextafter(last_arrival, math.inf)
+                last_arrival = order_t
+                rid = workload.request_id(nxt)
+                req = SimRequest(
+                    rid,
+                    workload.prompt(nxt),
+                    sp,
+                    priority=prios[nxt] if prios is not None else 0,
+                    arrival_time=order_t,
+                    sent_time=sent,
+                )
+                try:
+                    sched.add_request(req)
+                except RequestRejected as e:
+                    metrics.add_failed(req.num_prompt_tokens)
+                    done_pending += 1
+                    if len(rejections) < _MAX_REJECTIONS_KEPT:
+                        rejections.append((rid, str(e)))
+                    if slots is not None:
+                        slots.appendleft(sent)
+                else:
+                    if added is not None:
+                        added.append(rid)
+                nxt += 1
+            if not sched.has_requests():
+                if nxt >= n:
+                    break
+                ex.advance_to(arrivals[nxt])
+                continue
+            if max_steps is not None and num_steps >= max_steps:
+                break
+            es = engine.step()
+            num_steps += 1
+            end = ex.now
+            samplers = ex.last_sampled
+            if samplers:
+                metrics.add_tokens_at(end, len(samplers))
+                same = 0
+                for r in samplers:
+                    last = r.last_token_time
+                    if last < 0.0:
+                        r.first_token_time = end
+                    elif last == prev_end:
+                        same += 1
+                    else:
+                        add_itl(end - last)
+                    r.last_token_time = end
+                if same:
+                    add_itl(end - prev_end, same)
+                ex.last_sampled = []
+            prev_end = end
+            finished = es.outputs.finished
+            if finished:
+                for r in finished:
+                    metrics.add_request(
+                        r.sent_time, r.first_token_time, end, r.num_prompt_tokens, r.num_output_tokens
+                    )
+                    if r.num_tokens - r.num_prompt_tokens < r.max_tokens:
+                        capped += 1
+                    if slots is not None:
+                        slots.append(end)
+                done_pending += len(finished)
+            so = es.scheduler_output
+            held = bisect_right(arrivals, now, nxt) - nxt if hold and nxt < n else 0
+            if so.total_num_scheduled_tokens:
+                num_busy += 1
+            if es.num_running > max_running:
+                max_running = es.num_running
+            # An empty step may skip the executor, leaving last_* from before.
+            dur = ex.last_duration if so.scheduled else 0.0
+            if series is not None:
+                b = ex.last_batch
+                series.time.append(end - dur)
+                series.duration.append(dur)
+                series.num_running.append(es.num_running)
+                series.num_waiting.append(es.num_waiting + held)
+                series.kv_usage.append(es.kv_usage)
+                series.prefill_tokens.append(b.prefill_tokens if so.scheduled else 0)
+                series.decode_tokens.append(b.num_decodes if so.scheduled else 0)
+            if trace_out is not None:
+                rec = step_record(so.step, es, explain)
+                rec["added"] = added
+                if held:
+                    rec["num_waiting"] += held
+                    rec["held_back"] = held
+                rec["sim_time_s"] = round(end - dur, 9)
+                rec["sim_duration_s"] = round(dur, 9)
+                trace_out.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            if bar is not None and done_pending and num_steps % _PROGRESS_EVERY == 0:
+                bar.update(done_pending)
+                done_pending = 0
+    finally:
+        wall = time.perf_counter() - t_wall
+        if gc_was_enabled:
+            gc.enable()
+        if bar is not None:
+            bar.update(done_pending)
+            bar.close()
+    duration = ex.now
+    summary = metrics.summary(duration, goodput_slos_ms, percentiles, detailed=detailed)
+    return SimResult(
+        metrics=metrics,
+        summary=summary,
+        num_requests=n,
+        num_steps=num_steps,
+        num_busy_steps=num_busy,
+        num_preemptions=sched.num_preemptions,
+        prefix_cache_hit_rate=sched.prefix_cache_stats.hit_rate,
+        max_running=max_running,
+        num_length_capped=capped,
+        sim_duration_s=duration,
+        wall_s=wall,
+        rejections=rejections,
+        series=series,
+        deployment=deployment,
+        workload_description=workload.describe(),
+        max_concurrency=max_concurrency,
+        request_rate=workload.request_rate,
+        percentiles=percentiles,
+    )
+
+
+def _progress_bar(total: int, enabled: bool) -> tqdm | None:
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    # disable=None: tqdm shows itself only on a terminal.
+    return tqdm(total=total, unit="req", desc="simulating", disable=None, mininterval=0.5)

@@ -1,0 +1,239 @@
+"""FreeBlockQueue: order of popleft/append/prepend and O(1) removal from the middle."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmsched.core.kv.block import KVBlock
+from llmsched.core.kv.free_queue import FreeBlockQueue
+
+
+def make_blocks(n: int) -> list[KVBlock]:
+    """Blocks with ids 0..n-1."""
+    return [KVBlock(i) for i in range(n)]
+
+
+def make_queue(n: int) -> tuple[FreeBlockQueue, list[KVBlock]]:
+    """A queue holding blocks 0..n-1 in id order, and the blocks."""
+    blocks = make_blocks(n)
+    return FreeBlockQueue(blocks), blocks
+
+
+def assert_links_consistent(q: FreeBlockQueue) -> None:
+    """Forward and backward links agree and the count matches."""
+    forward = list(q)
+    assert len(forward) == q.num_free == len(q)
+    for a, b in itertools.pairwise(forward):
+        assert a.next_free is b
+        assert b.prev_free is a
+
+
+def test_initial_order_and_count() -> None:
+    q, _ = make_queue(5)
+    assert q.block_ids() == [0, 1, 2, 3, 4]
+    assert len(q) == q.num_free == 5
+    assert_links_consistent(q)
+
+
+def test_empty_queue() -> None:
+    q = FreeBlockQueue()
+    assert len(q) == 0
+    assert q.block_ids() == []
+    with pytest.raises(IndexError):
+        q.popleft()
+
+
+def test_popleft_takes_head() -> None:
+    q, blocks = make_queue(3)
+    assert q.popleft() is blocks[0]
+    assert q.popleft() is blocks[1]
+    assert q.block_ids() == [2]
+    assert q.popleft() is blocks[2]
+    assert len(q) == 0
+    with pytest.raises(IndexError):
+        q.popleft()
+
+
+def test_popleft_n_in_queue_order() -> None:
+    q, blocks = make_queue(6)
+    out = q.popleft_n(4)
+    assert out == blocks[:4]
+    assert q.block_ids() == [4, 5]
+    assert len(q) == 2
+    assert_links_consistent(q)
+    for b in out:
+        assert b.prev_free is None
+        assert b.next_free is None
+
+
+def test_popleft_n_zero_and_all() -> None:
+    q, blocks = make_queue(3)
+    assert q.popleft_n(0) == []
+    assert q.block_ids() == [0, 1, 2]
+    assert q.popleft_n(3) == blocks
+    assert len(q) == 0
+    assert q.block_ids() == []
+
+
+def test_popleft_n_too_many_raises_and_leaves_queue_intact() -> None:
+    q, _ = make_queue(3)
+    with pytest.raises(IndexError):
+        q.popleft_n(4)
+    assert q.block_ids() == [0, 1, 2]
+    assert len(q) == 3
+    assert_links_consistent(q)
+
+
+def test_append_n_at_tail_in_order() -> None:
+    q, _ = make_queue(6)
+    taken = q.popleft_n(3)
+    q.append_n([taken[2], taken[0]])
+    assert q.block_ids() == [3, 4, 5, 2, 0]
+    assert len(q) == 5
+    assert_links_consistent(q)
+
+
+def test_prepend_n_at_head_keeping_order() -> None:
+    q, _ = make_queue(6)
+    taken = q.popleft_n(3)
+    q.prepend_n([taken[2], taken[0]])
+    assert q.block_ids() == [2, 0, 3, 4, 5]
+    assert len(q) == 5
+    assert q.popleft() is taken[2]
+    assert_links_consistent(q)
+
+
+def test_append_and_prepend_into_empty_queue() -> None:
+    q, _ = make_queue(4)
+    taken = q.popleft_n(4)
+    q.prepend_n([taken[1], taken[3]])
+    assert q.block_ids() == [1, 3]
+    q.popleft_n(2)
+    q.append_n([taken[2], taken[0]])
+    assert q.block_ids() == [2, 0]
+    assert_links_consistent(q)
+
+
+def test_empty_append_and_prepend_are_noops() -> None:
+    q, _ = make_queue(3)
+    q.append_n([])
+    q.prepend_n([])
+    assert q.block_ids() == [0, 1, 2]
+    assert len(q) == 3
+
+
+@pytest.mark.parametrize(("victim", "expected"), [(0, [1, 2, 3, 4]), (2, [0, 1, 3, 4]), (4, [0, 1, 2, 3])])
+def test_remove_head_middle_tail(victim: int, expected: list[int]) -> None:
+    q, blocks = make_queue(5)
+    q.remove(blocks[victim])
+    assert q.block_ids() == expected
+    assert len(q) == 4
+    assert blocks[victim].prev_free is None
+    assert blocks[victim].next_free is None
+    assert_links_consistent(q)
+
+
+def test_remove_middle_relinks_only_neighbours() -> None:
+    q, blocks = make_queue(5)
+    q.remove(blocks[2])
+    assert blocks[1].next_free is blocks[3]
+    assert blocks[3].prev_free is blocks[1]
+    # Blocks away from the removal keep their links untouched.
+    assert blocks[0].next_free is blocks[1]
+    assert blocks[4].prev_free is blocks[3]
+
+
+def test_remove_block_not_in_queue_raises() -> None:
+    q, _ = make_queue(3)
+    stranger = KVBlock(99)
+    with pytest.raises(ValueError):
+        q.remove(stranger)
+    assert q.block_ids() == [0, 1, 2]
+    assert len(q) == 3
+
+
+def test_remove_twice_raises() -> None:
+    q, blocks = make_queue(3)
+    q.remove(blocks[1])
+    with pytest.raises(ValueError):
+        q.remove(blocks[1])
+    assert q.block_ids() == [0, 2]
+    assert len(q) == 2
+
+
+def test_remove_popped_block_raises() -> None:
+    q, blocks = make_queue(3)
+    q.popleft_n(2)
+    with pytest.raises(ValueError):
+        q.remove(blocks[0])
+    with pytest.raises(ValueError):
+        q.remove(blocks[1])
+    assert q.block_ids() == [2]
+
+
+def test_removed_block_can_be_put_back() -> None:
+    q, blocks = make_queue(4)
+    q.remove(blocks[1])
+    q.prepend_n([blocks[1]])
+    assert q.block_ids() == [1, 0, 2, 3]
+    q.remove(blocks[1])
+    q.append_n([blocks[1]])
+    assert q.block_ids() == [0, 2, 3, 1]
+    assert_links_consistent(q)
+
+
+def test_many_removals_from_the_middle_are_constant_time() -> None:
+    n = 40_000
+    q, blocks = make_queue(n)
+    middle = blocks[n // 4 : 3 * n // 4]
+    order = list(middle)
+    random.Random(0).shuffle(order)
+    start = time.perf_counter()
+    for b in order:
+        q.remove(b)
+    elapsed = time.perf_counter() - start
+    # 20k removals; a walk over the list per removal would take far longer.
+    assert elapsed < 1.0
+    assert q.block_ids() == list(range(n // 4)) + list(range(3 * n // 4, n))
+    assert len(q) == n // 2
+
+
+OPS = st.lists(
+    st.tuples(st.sampled_from(["popleft_n", "append_n", "prepend_n", "remove"]), st.integers(0, 10**6)),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=OPS)
+def test_matches_list_model(ops: list[tuple[str, int]]) -> None:
+    q, blocks = make_queue(12)
+    model = [b.block_id for b in blocks]
+    out: list[KVBlock] = []
+    for op, arg in ops:
+        if op == "popleft_n":
+            n = arg % (len(model) + 1)
+            taken = q.popleft_n(n)
+            assert [b.block_id for b in taken] == model[:n]
+            del model[:n]
+            out.extend(taken)
+        elif op in ("append_n", "prepend_n") and out:
+            k = arg % len(out) + 1
+            moved, out = out[:k], out[k:]
+            getattr(q, op)(moved)
+            ids = [b.block_id for b in moved]
+            model = model + ids if op == "append_n" else ids + model
+        elif op == "remove" and model:
+            target = blocks[model[arg % len(model)]]
+            q.remove(target)
+            model.remove(target.block_id)
+            out.append(target)
+        assert q.block_ids() == model
+        assert len(q) == len(model)
+    assert_links_consistent(q)

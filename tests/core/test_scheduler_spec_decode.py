@@ -1,0 +1,270 @@
+"""Speculative decoding in the scheduler: draft scheduling, rollback of rejected drafts, lookahead."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+
+import pytest
+
+from llmsched.core import (
+    ModelRunnerOutput,
+    Request,
+    RequestRejected,
+    RequestStatus,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutput,
+    StepOutputs,
+)
+
+
+def make_sched(**overrides: object) -> Scheduler:
+    """A scheduler over 4-token blocks, 3 draft tokens, invariants checked every step."""
+    settings: dict[str, object] = {
+        "num_gpu_blocks": 257,
+        "max_model_len": 256,
+        "max_num_batched_tokens": 64,
+        "max_num_seqs": 16,
+        "block_size": 4,
+        "num_speculative_tokens": 3,
+        "debug": True,
+    }
+    settings.update(overrides)
+    return Scheduler(SchedulerConfig(**settings))
+
+
+def make_req(rid: str, prompt_len: int, max_tokens: int = 32, **kwargs: object) -> Request:
+    """A request whose prompt is unique to its id; EOS is ignored unless eos ids are given."""
+    base = (zlib.crc32(rid.encode()) % 100_000) * 1_000
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos="eos_token_ids" not in kwargs)
+    return Request(rid, [base + j for j in range(prompt_len)], params, **kwargs)
+
+
+def update(
+    sched: Scheduler,
+    out: SchedulerOutput,
+    sampled: Sequence[Sequence[int]],
+    drafts: Sequence[Sequence[int]] | None = None,
+) -> StepOutputs:
+    """Feed the given sampled tokens (and drafts for next step) back to the scheduler."""
+    return sched.update_from_output(out, ModelRunnerOutput(sampled, draft_token_ids=drafts))
+
+
+def prefilled(sched: Scheduler, rids: Sequence[str], prompt_len: int, drafts: Sequence[int]) -> None:
+    """Admit and fully prefill ``rids`` in one step, each getting ``drafts`` to verify next."""
+    for rid in rids:
+        sched.add_request(make_req(rid, prompt_len))
+    out = sched.schedule()
+    assert [r.request_id for r in out.scheduled] == list(rids)
+    assert all(not r.is_prefill_chunk for r in out.scheduled)
+    update(sched, out, [[7]] * len(rids), [list(drafts)] * len(rids))
+
+
+def test_drafts_from_output_are_kept_for_the_next_step() -> None:
+    s = make_sched()
+    prefilled(s, ["A"], 8, [1, 2, 3])
+    a = s.requests["A"]
+    assert a.spec_token_ids == [1, 2, 3]
+    # Drafts count towards what the request wants, not its known tokens.
+    assert a.num_tokens == 9
+
+
+def test_drafts_are_scheduled_with_the_decode() -> None:
+    s = make_sched()
+    prefilled(s, ["A"], 8, [1, 2, 3])
+    a = s.requests["A"]
+    out = s.schedule()
+    assert out.num_scheduled_tokens_by_id() == {"A": 4}
+    assert out.spec_decode_tokens == {"A": [1, 2, 3]}
+    assert a.num_computed_tokens == 12
+    # Consumed: fresh drafts come with this step's output.
+    assert a.spec_token_ids == []
+
+
+def test_drafts_are_cut_to_the_token_budget() -> None:
+    s = make_sched(max_num_batched_tokens=10, max_num_seqs=4)
+    prefilled(s, ["A", "B", "C"], 3, [1, 2, 3])
+    out = s.schedule()
+    assert list(out.num_scheduled_tokens_by_id().items()) == [("A", 4), ("B", 4), ("C", 2)]
+    assert out.spec_decode_tokens == {"A": [1, 2, 3], "B": [1, 2, 3], "C": [1]}
+    assert out.total_num_scheduled_tokens == 10
+
+
+def test_no_draft_slot_left_schedules_a_plain_decode() -> None:
+    s = make_sched(max_num_batched_tokens=9, max_num_seqs=4)
+    prefilled(s, ["A", "B", "C"], 3, [1, 2, 3])
+    out = s.schedule()
+    assert list(out.num_scheduled_tokens_by_id().items()) == [("A", 4), ("B", 4), ("C", 1)]
+    assert "C" not in out.spec_decode_tokens
+    assert s.requests["C"].spec_token_ids == []
+
+
+@pytest.mark.parametrize(
+    ("sampled", "computed", "num_tokens"),
+    [
+        ([9], 9, 10),  # every draft rejected: the bonus token only
+        ([1, 9], 10, 11),  # one accepted
+        ([1, 2, 9], 11, 12),
+        ([1, 2, 3, 9], 12, 13),  # all accepted
+    ],
+)
+def test_rejected_drafts_roll_computed_tokens_back(
+    sampled: list[int], computed: int, num_tokens: int
+) -> None:
+    s = make_sched()
+    prefilled(s, ["A"], 8, [1, 2, 3])
+    a = s.requests["A"]
+    out = s.schedule()
+    assert a.num_computed_tokens == 12
+    res = update(s, out, [sampled])
+    assert res.updated == [a]
+    assert a.num_computed_tokens == computed
+    assert a.num_tokens == num_tokens
+    assert a.output_token_ids == [7, *sampled]
+    # Computed always trails the known tokens by exactly the newest one.
+    assert a.num_computed_tokens == a.num_tokens - 1
+
+
+def test_after_a_rejection_the_next_step_recomputes_from_the_rollback_point() -> None:
+    s = make_sched()
+    prefilled(s, ["A"], 8, [1, 2, 3])
+    out = s.schedule()
+    update(s, out, [[1, 9]], [[4, 5, 6]])
+    out = s.schedule()
+    assert out.chunks() == [(s.requests["A"], 10, 4)]
+    assert out.spec_decode_tokens == {"A": [4, 5, 6]}
+
+
+def test_without_new_drafts_the_next_step_is_a_plain_decode() -> None:
+    s = make_sched()
+    prefilled(s, ["A"], 8, [1, 2, 3])
+    out = s.schedule()
+    update(s, out, [[1, 2, 3, 9]])
+    out = s.schedule()
+    assert out.num_scheduled_tokens_by_id() == {"A": 1}
+    assert out.spec_decode_tokens == {}
+
+
+def test_drafts_ignored_for_prefill_chunks() -> None:
+    s = make_sched()
+    s.add_request(make_req("A", 100))
+    out = s.schedule()
+    a = s.requests["A"]
+    assert a.is_prefill_chunk
+    update(s, out, [[]], [[1, 2, 3]])
+    assert a.spec_token_ids == []
+    out = s.schedule()
+    assert out.num_scheduled_tokens_by_id() == {"A": 36}
+    assert out.spec_decode_tokens == {}
+
+
+def test_drafts_with_the_last_prefill_chunk_are_used() -> None:
+    s = make_sched()
+    s.add_request(make_req("A", 100))
+    update(s, s.schedule(), [[]])
+    out = s.schedule()
+    assert not s.requests["A"].is_prefill_chunk
+    update(s, out, [[7]], [[1, 2, 3]])
+    assert s.requests["A"].spec_token_ids == [1, 2, 3]
+
+
+def test_drafts_are_cut_so_positions_stay_below_max_model_len() -> None:
+    s = make_sched(max_model_len=32)
+    s.add_request(make_req("A", 28, max_tokens=4))
+    update(s, s.schedule(), [[7]], [[1, 2, 3]])
+    out = s.schedule()
+    # computed 28, 1 known + 3 drafts wanted, but position 31 is the last
+    # one below max_model_len: 3 tokens, 2 of them drafts.
+    assert out.num_scheduled_tokens_by_id() == {"A": 3}
+    assert out.spec_decode_tokens == {"A": [1, 2]}
+    res = update(s, out, [[1, 2, 9]])
+    a = res.finished[0]
+    assert a.status is RequestStatus.FINISHED_LENGTH_CAPPED
+    assert a.num_tokens == 32
+
+
+def test_stop_token_among_accepted_drafts_drops_the_rest() -> None:
+    s = make_sched()
+    s.add_request(make_req("A", 8, eos_token_ids=[2]))
+    update(s, s.schedule(), [[7]], [[1, 2, 3]])
+    a = s.requests["A"]
+    out = s.schedule()
+    res = update(s, out, [[1, 2, 5]])
+    assert res.finished == [a]
+    assert a.status is RequestStatus.FINISHED_STOPPED
+    assert a.output_token_ids == [7, 1, 2]
+    assert a.num_computed_tokens == a.num_tokens - 1
+    assert s.kv.num_free_blocks == 256
+
+
+def test_max_tokens_reached_among_accepted_drafts() -> None:
+    s = make_sched()
+    s.add_request(make_req("A", 8, max_tokens=3))
+    update(s, s.schedule(), [[7]], [[1, 2, 3]])
+    a = s.requests["A"]
+    res = update(s, s.schedule(), [[1, 2, 3, 9]])
+    assert res.finished == [a]
+    assert a.output_token_ids == [7, 1, 2]
+    assert a.status is RequestStatus.FINISHED_LENGTH_CAPPED
+
+
+def test_lookahead_slots_allocated_at_admission_and_decode() -> None:
+    plain = make_sched(num_speculative_tokens=0)
+    ahead = make_sched(num_speculative_tokens=0, num_lookahead_tokens=4)
+    for s in (plain, ahead):
+        s.add_request(make_req("A", 8))
+    out_plain, out_ahead = plain.schedule(), ahead.schedule()
+    # 8 tokens: 2 blocks; with 4 lookahead slots 12 positions: 3 blocks.
+    assert [len(b) for b in out_plain.admitted_block_ids] == [2]
+    assert [len(b) for b in out_ahead.admitted_block_ids] == [3]
+    for s, out in ((plain, out_plain), (ahead, out_ahead)):
+        update(s, out, [[7]])
+    out_plain, out_ahead = plain.schedule(), ahead.schedule()
+    # Decode of position 8: 9 slots need a 3rd block; 13 with lookahead a 4th.
+    assert len(out_plain.new_block_ids["A"]) == 1
+    assert len(out_ahead.new_block_ids["A"]) == 1
+    assert plain.kv.num_held_blocks("A") == 3
+    assert ahead.kv.num_held_blocks("A") == 4
+
+
+def test_lookahead_slots_do_not_count_as_scheduled_tokens() -> None:
+    s = make_sched(num_speculative_tokens=0, num_lookahead_tokens=4)
+    s.add_request(make_req("A", 8))
+    out = s.schedule()
+    assert out.total_num_scheduled_tokens == 8
+    assert s.requests["A"].num_computed_tokens == 8
+
+
+def test_add_request_counts_draft_and_lookahead_slots() -> None:
+    # 4 usable blocks = 16 slots. 8 + 8 tokens needs 15 slots (the last
+    # sampled token is never computed): fits; with 2 draft slots, 17 do not.
+    fits = make_sched(num_gpu_blocks=5, num_speculative_tokens=0)
+    fits.add_request(make_req("A", 8, max_tokens=8))
+    for spec, ahead in ((2, 0), (0, 2)):
+        s = make_sched(num_gpu_blocks=5, num_speculative_tokens=spec, num_lookahead_tokens=ahead)
+        with pytest.raises(RequestRejected, match="KV blocks"):
+            s.add_request(make_req("A", 8, max_tokens=8))
+        assert len(s.waiting) == 0 and s.requests == {}
+
+
+def test_priority_victim_scheduled_with_drafts_loses_them() -> None:
+    # X (low priority) runs first in running order; each step both get two
+    # drafts, all rejected. In the 4th step after Y joins, X is scheduled with
+    # its drafts, then Y needs a block and none is free: X is the victim.
+    s = make_sched(num_gpu_blocks=8, max_model_len=64, policy="priority", num_speculative_tokens=2)
+    s.add_request(make_req("X", 8, max_tokens=16, priority=9, arrival_time=1.0))
+    update(s, s.schedule(), [[7]], [[1, 2]])
+    s.add_request(make_req("Y", 8, max_tokens=16, priority=0, arrival_time=2.0))
+    for _ in range(3):
+        out = s.schedule()
+        assert out.preempted == []
+        sampled = [[7] if r.num_computed_tokens >= r.num_tokens else [] for r in out.scheduled]
+        update(s, out, sampled, [[1, 2]] * len(sampled))
+    out = s.schedule()
+    assert [r.request_id for r in out.preempted] == ["X"]
+    assert out.num_scheduled_tokens_by_id() == {"Y": 3}
+    assert out.spec_decode_tokens == {"Y": [1, 2]}
+    assert out.total_num_scheduled_tokens == 3
+    assert s.requests["X"].spec_token_ids == []

@@ -1,0 +1,66 @@
+"""The cpu profile: measured once, cached on disk, re-measured on request."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmsched.executor.sim import calibrate
+from llmsched.executor.sim.hardware import load_hardware
+
+FAKE = {
+    "backend": "python",
+    "peak_flops": 2.0e9,
+    "mem_bandwidth": 8.0e9,
+    "mem_capacity": 16.0 * 2**30,
+    "seconds": 0.1,
+    "measured_at": "now",
+}
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMSCHED_CACHE_DIR", str(tmp_path))
+    return tmp_path / calibrate.CACHE_FILE
+
+
+def test_measure_gives_plausible_figures():
+    r = calibrate.measure()
+    assert r["backend"] in ("torch", "numpy", "python")
+    # Even pure Python on a busy core manages a megaflop; no CPU copies a terabyte/s.
+    assert 1e6 < r["peak_flops"] < 1e14
+    assert 1e8 < r["mem_bandwidth"] < 1e12
+    assert r["mem_capacity"] > 2**28
+
+
+def test_calibration_is_cached_per_machine(cache, monkeypatch):
+    calls = []
+    monkeypatch.setattr(calibrate, "measure", lambda: calls.append(1) or dict(FAKE))
+    assert calibrate.calibration() == FAKE
+    assert len(calls) == 1
+    assert cache.is_file()
+    stored = json.loads(cache.read_text())
+    assert list(stored.values()) == [FAKE]
+    # Second call: from disk.
+    assert calibrate.calibration() == FAKE
+    assert len(calls) == 1
+    calibrate.calibration(recalibrate=True)
+    assert len(calls) == 2
+
+
+def test_cpu_profile_uses_the_calibration(cache, monkeypatch):
+    monkeypatch.setattr(calibrate, "measure", lambda: dict(FAKE))
+    h = load_hardware("cpu")
+    assert h.name == "cpu"
+    assert h.peak_flops_bf16 == FAKE["peak_flops"]
+    assert h.mem_bandwidth == FAKE["mem_bandwidth"]
+    assert h.mem_capacity == FAKE["mem_capacity"]
+    assert h.peak_flops_fp8 is None
+
+
+def test_corrupt_cache_is_remeasured(cache, monkeypatch):
+    cache.write_text("{not json")
+    monkeypatch.setattr(calibrate, "measure", lambda: dict(FAKE))
+    assert calibrate.calibration()["peak_flops"] == FAKE["peak_flops"]
+    assert json.loads(cache.read_text())

@@ -1,0 +1,233 @@
+"""The cost model against hand-computed FLOPs and bytes, and its roofline behaviour."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmsched.core.errors import ConfigError
+from llmsched.executor.sim.cost_model import (
+    BatchShape,
+    ConstantCostModel,
+    CostModel,
+    Efficiency,
+    Parallelism,
+)
+from llmsched.executor.sim.hardware import HardwareProfile, load_hardware
+from llmsched.executor.sim.model_shapes import ModelShape, load_model
+
+TINY = ModelShape(
+    name="tiny",
+    architecture="test",
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    intermediate_size=128,
+    vocab_size=1000,
+    max_position_embeddings=512,
+)
+# Round numbers and perfect efficiency so every time is flops/peak or bytes/bandwidth.
+UNIT_HW = HardwareProfile(
+    name="unit",
+    description="unit",
+    peak_flops_bf16=1e12,
+    peak_flops_fp8=None,
+    mem_bandwidth=1e9,
+    mem_capacity=1e12,
+    link_bandwidth=1e9,
+    collective_latency_s=1e-6,
+)
+PERFECT = Efficiency(gemm=1.0, attention=1.0, memory=1.0, network=1.0)
+# An 8-token prefill from position 0 (which completes its prompt) and two
+# decodes at positions 10 and 20: all three sample.
+BATCH = BatchShape.from_chunks([(0, 8), (10, 1), (20, 1)], num_sampled=3)
+
+
+def ops_by_name(cm: CostModel, batch: BatchShape) -> dict:
+    return {op.name: op for op in cm.ops(batch)}
+
+
+def test_batch_shape_sums():
+    assert BATCH.num_tokens == 10
+    assert BATCH.prefill_tokens == 8
+    assert BATCH.prefill_pairs == 8 * 9 // 2
+    assert BATCH.prefill_context == 0
+    assert (BATCH.num_decodes, BATCH.decode_context) == (2, 11 + 21)
+    chunk = BatchShape.from_chunks([(100, 4)], 0)
+    # Queries at positions 100..103 see 101..104 keys.
+    assert chunk.prefill_pairs == 101 + 102 + 103 + 104
+    assert chunk.prefill_context == 100
+
+
+def test_tiny_model_matches_hand_computation():
+    cm = CostModel(TINY, UNIT_HW, efficiency=PERFECT, step_overhead_s=0.0)
+    ops = ops_by_name(cm, BATCH)
+    # Attention projections per layer: qkv 64 x (64 + 2*2*16) + o 64 x 64 = 12288; two layers.
+    lin = ops["attention_linears"]
+    assert lin.flops == 2 * 10 * 24576
+    # Weights once (2 bytes each) + per token the projections' inputs and outputs:
+    # per layer (64 + 128) + (64 + 64) = 320 elements, 2 layers, 2 bytes.
+    assert lin.bytes == 24576 * 2 + 10 * 320 * 2 * 2
+    # Prefill: 36 causal pairs x 2 layers x 4 (QK and PV) x 4 heads x 16 dims.
+    pre = ops["attention_prefill"]
+    assert pre.flops == 36 * 2 * 4 * 4 * 16
+    # KV per token: 2 layers x 2 (K, V) x 2 heads x 16 x 2 bytes = 256; the chunk's
+    # KV written and read back, plus q and o (2 layers x 2 x 64 x 2 bytes) per token.
+    assert pre.bytes == 2 * 8 * 256 + 8 * 512
+    dec = ops["attention_decode"]
+    assert dec.flops == 32 * 2 * 4 * 4 * 16
+    assert dec.bytes == (32 + 2) * 256 + 2 * 512
+    mlp = ops["mlp"]
+    assert mlp.flops == 2 * 10 * (2 * 3 * 64 * 128)
+    assert mlp.bytes == 2 * 3 * 64 * 128 * 2 + 10 * 2 * (2 * 64 + 3 * 128) * 2
+    head = ops["lm_head"]
+    assert head.flops == 2 * 3 * 1000 * 64
+    assert head.bytes == 1000 * 64 * 2 + 3 * 1000 * 4
+    for op in cm.ops(BATCH):
+        expected = max(op.flops / 1e12, op.bytes / 1e9)
+        assert op.seconds == pytest.approx(expected), op.name
+        assert op.bound == ("compute" if op.flops / 1e12 > op.bytes / 1e9 else "memory")
+    assert cm.step_time(BATCH) == pytest.approx(sum(op.seconds for op in cm.ops(BATCH)))
+
+
+def test_only_sampling_requests_pay_for_the_lm_head():
+    cm = CostModel(TINY, UNIT_HW, efficiency=PERFECT, step_overhead_s=0.0)
+    partial = BatchShape.from_chunks([(0, 8)], num_sampled=0)
+    assert "lm_head" not in ops_by_name(cm, partial)
+    assert "sampler" not in ops_by_name(cm, partial)
+    one = ops_by_name(cm, BatchShape.from_chunks([(0, 8)], num_sampled=1))["lm_head"]
+    three = ops_by_name(cm, BatchShape.from_chunks([(0, 8)], num_sampled=3))["lm_head"]
+    assert three.flops == 3 * one.flops
+
+
+def test_efficiencies_and_overhead_scale_time():
+    base = CostModel(TINY, UNIT_HW, efficiency=PERFECT, step_overhead_s=0.0)
+    half_mem = CostModel(TINY, UNIT_HW, efficiency=Efficiency(1.0, 1.0, 0.5, 1.0), step_overhead_s=0.0)
+    # The tiny model on this hardware is memory bound everywhere: half the bandwidth, twice the time.
+    assert all(op.bound == "memory" for op in base.ops(BATCH))
+    assert half_mem.step_time(BATCH) == pytest.approx(2 * base.step_time(BATCH))
+    slow = CostModel(TINY, UNIT_HW, efficiency=PERFECT, step_overhead_s=0.25)
+    assert slow.step_time(BATCH) == pytest.approx(base.step_time(BATCH) + 0.25)
+    assert slow.step_time(BatchShape()) == 0.0
+
+
+def test_decode_step_is_bandwidth_bound_and_big_prefill_compute_bound_on_h100():
+    cm = CostModel(load_model("llama-3-8b"), load_hardware("h100"))
+    decode = BatchShape.from_chunks([(1000, 1)] * 64, num_sampled=64)
+    kernels = [op for op in cm.ops(decode) if op.bound != "overhead"]
+    assert kernels and all(op.bound == "memory" for op in kernels)
+    prefill = BatchShape.from_chunks([(0, 8192)], num_sampled=1)
+    ops = ops_by_name(cm, prefill)
+    for name in ("attention_linears", "mlp", "attention_prefill"):
+        assert ops[name].bound == "compute", name
+    compute = sum(op.seconds for op in ops.values() if op.bound == "compute")
+    assert compute > 0.8 * cm.step_time(prefill)
+    # Decoding one token reads all weights: ~16 GB at ~80% of 3.35 TB/s, plus overhead.
+    one = cm.step_time(BatchShape.from_chunks([(100, 1)], 1))
+    assert 5e-3 < one < 8e-3
+
+
+def test_tensor_parallelism_halves_weight_traffic_and_adds_all_reduces():
+    m = load_model("llama-3-8b")
+    hw = load_hardware("h100")
+    b = BatchShape.from_chunks([(100, 1)], 1)
+    one = ops_by_name(CostModel(m, hw, Parallelism(1)), b)
+    two = ops_by_name(CostModel(m, hw, Parallelism(2)), b)
+    for name in ("attention_linears", "mlp", "lm_head"):
+        assert two[name].bytes == pytest.approx(one[name].bytes / 2, rel=1e-3), name
+        assert two[name].flops == pytest.approx(one[name].flops / 2), name
+    assert "tp_all_reduce" not in one
+    ar = two["tp_all_reduce"]
+    n = 2 * m.num_layers + 1
+    msg = 1 * m.hidden_size * m.dtype_bytes
+    # Ring all-reduce: each GPU moves 2(tp-1)/tp of the message; plus a latency per collective.
+    assert ar.comm_bytes == pytest.approx(n * msg)
+    assert ar.seconds == pytest.approx(n * hw.collective_latency_s + n * msg / (hw.link_bandwidth * 0.7))
+    assert ar.bound == "network"
+
+
+def test_moe_touched_experts():
+    m = load_model("qwen3-30b-a3b")  # 128 experts, top-8, 48 MoE layers
+    hw = load_hardware("h100")
+    expert_bytes = m.expert_params() * m.weight_bytes
+    L = m.num_moe_layers
+
+    def experts(par: Parallelism, tokens: int):
+        cm = CostModel(m, hw, par)
+        return ops_by_name(cm, BatchShape.from_chunks([(100, 1)] * tokens, tokens))["moe_experts"]
+
+    def weight_part(op, tokens: int, io_per_assignment: float) -> float:
+        return op.bytes / L - tokens * m.num_experts_per_tok * io_per_assignment
+
+    io1 = (2 * m.hidden_size + 3 * m.moe_intermediate_size) * m.dtype_bytes
+    # min(num_experts, tokens x top_k) experts are read: 8, 32, then all 128.
+    for tokens, touched in ((1, 8), (4, 32), (16, 128), (64, 128)):
+        op = experts(Parallelism(1), tokens)
+        assert weight_part(op, tokens, io1) == pytest.approx(touched * expert_bytes), tokens
+        assert op.flops == pytest.approx(L * 2 * tokens * 8 * m.expert_params())
+    # TP=4 without EP: every GPU holds a quarter of every expert.
+    io4 = (2 * m.hidden_size + 3 * m.moe_intermediate_size / 4) * m.dtype_bytes
+    op = experts(Parallelism(4), 1)
+    assert weight_part(op, 1, io4) == pytest.approx(8 * expert_bytes / 4)
+    # EP=4: a GPU holds 32 whole experts; at most min(32, tokens x top_k) are read.
+    for tokens, touched in ((1, 8), (2, 16), (16, 32)):
+        op = experts(Parallelism(4, enable_expert_parallel=True), tokens)
+        io_ep = tokens * 8 / 4 * (2 * m.hidden_size + 3 * m.moe_intermediate_size) * m.dtype_bytes
+        assert op.bytes / L - io_ep == pytest.approx(touched * expert_bytes), tokens
+        assert op.flops == pytest.approx(L * 2 * tokens * 8 / 4 * m.expert_params())
+
+
+def test_expert_parallelism_uses_all_to_all():
+    m = load_model("deepseek-v3")
+    hw = load_hardware("h200")
+    b = BatchShape.from_chunks([(100, 1)] * 32, 32)
+    tp = ops_by_name(CostModel(m, hw, Parallelism(8)), b)
+    ep = ops_by_name(CostModel(m, hw, Parallelism(8, enable_expert_parallel=True)), b)
+    assert "ep_all_to_all" not in tp
+    a2a = ep["ep_all_to_all"]
+    T, k, h, a = 32, 8, m.hidden_size, m.dtype_bytes
+    per_layer = 2 * (T / 8) * k * h * a * 7 / 8 + T * h * a * 7 / 8
+    assert a2a.comm_bytes == pytest.approx(m.num_moe_layers * per_layer)
+    # MoE layers drop their MLP all-reduce under EP.
+    ring = 2 * 7 / 8 * T * h * a
+    assert tp["tp_all_reduce"].comm_bytes == pytest.approx((2 * 61 + 1) * ring)
+    assert ep["tp_all_reduce"].comm_bytes == pytest.approx((2 * 61 + 1 - 58) * ring)
+    assert "moe_shared_experts" in ep and "moe_router" in ep
+
+
+def test_mla_decode_reads_the_compressed_latent():
+    m = load_model("deepseek-v3")
+    cm = CostModel(m, load_hardware("h200"), Parallelism(8))
+    dec = ops_by_name(cm, BatchShape.from_chunks([(999, 1)], 1))["attention_decode"]
+    latent = m.num_layers * 576 * 2
+    assert dec.bytes == pytest.approx((1000 + 1) * latent + 1 * cm.qo_token_bytes)
+    assert dec.flops == pytest.approx(1000 * m.num_layers * 2 * 16 * (2 * 512 + 64))
+
+
+def test_kv_cache_dtype_halves_attention_bytes():
+    m = load_model("llama-3-8b")
+    hw = load_hardware("h100")
+    b = BatchShape.from_chunks([(4000, 1)] * 8, 8)
+    bf16 = ops_by_name(CostModel(m, hw), b)["attention_decode"]
+    fp8 = ops_by_name(CostModel(m, hw, kv_cache_dtype_bytes=1.0), b)["attention_decode"]
+    assert fp8.bytes < 0.52 * bf16.bytes
+
+
+def test_constant_cost_model():
+    assert ConstantCostModel(0.25).step_time(BATCH) == 0.25
+
+
+def test_efficiency_parse():
+    e = Efficiency.parse("gemm=0.6, memory=0.75")
+    assert (e.gemm, e.memory, e.attention, e.network) == (0.6, 0.75, 0.5, 0.7)
+    assert Efficiency.parse(["gemm=0.5", "network=0.9"]).network == 0.9
+    assert Efficiency.parse(None) == Efficiency()
+    for bad in ("speed=1", "gemm", "gemm=fast", "gemm=1.5", "memory=0"):
+        with pytest.raises(ConfigError):
+            Efficiency.parse(bad)
+
+
+def test_describe_names_the_setup():
+    cm = CostModel(load_model("qwen3-32b"), load_hardware("h100"), Parallelism(8))
+    assert "qwen3-32b on 8x h100" in cm.describe() and "TP=8" in cm.describe()

@@ -1,0 +1,72 @@
+"""Hardware profiles: the built-ins, JSON profiles, and errors that list the known names."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmsched.core.errors import ConfigError
+from llmsched.executor.sim.hardware import BUILTIN_HARDWARE, GiB, known_hardware, load_hardware
+
+
+def test_required_profiles_exist():
+    assert {"h100", "h200", "a100", "b200", "cpu"} <= set(known_hardware())
+
+
+def test_h100_figures():
+    h = load_hardware("h100")
+    assert h.peak_flops_bf16 == pytest.approx(989.4e12)
+    assert h.gemm_peak(fp8=True) == pytest.approx(2 * h.peak_flops_bf16, rel=0.01)
+    assert h.mem_bandwidth == pytest.approx(3.35e12)
+    assert 79 * GiB < h.mem_capacity < 80 * GiB
+    assert load_hardware("H100-SXM") is h
+
+
+def test_generations_are_ordered():
+    a, h, h2, b = (BUILTIN_HARDWARE[k] for k in ("a100", "h100", "h200", "b200"))
+    assert a.mem_bandwidth < h.mem_bandwidth < h2.mem_bandwidth < b.mem_bandwidth
+    assert h2.mem_capacity > h.mem_capacity
+    assert a.peak_flops_bf16 < h.peak_flops_bf16 < b.peak_flops_bf16
+
+
+def test_fp8_weights_on_a100_run_at_bf16_rate():
+    a = load_hardware("a100")
+    assert a.peak_flops_fp8 is None
+    assert a.gemm_peak(fp8=True) == a.peak_flops_bf16
+
+
+def test_unknown_name_lists_known_ones():
+    with pytest.raises(ConfigError) as e:
+        load_hardware("tpu-v9")
+    for name in ("a100", "b200", "cpu", "h100", "h200"):
+        assert name in str(e.value)
+
+
+def test_json_profile(tmp_path):
+    p = tmp_path / "mygpu.json"
+    p.write_text(
+        json.dumps(
+            {
+                "peak_flops_bf16": 1e15,
+                "mem_bandwidth": 5e12,
+                "mem_capacity": 96 * GiB,
+                "link_bandwidth": 4e11,
+                "collective_latency_s": 1e-5,
+            }
+        )
+    )
+    h = load_hardware(str(p))
+    assert h.name == "mygpu"
+    assert h.mem_bandwidth == 5e12
+    assert h.peak_flops_fp8 is None
+
+
+def test_json_profile_errors_name_the_field(tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps({"peak_flops_bf16": 1e15}))
+    with pytest.raises(ConfigError, match="missing hardware fields"):
+        load_hardware(str(p))
+    p.write_text(json.dumps({"peak_flops_bf16": 1e15, "warp_speed": 9}))
+    with pytest.raises(ConfigError, match="warp_speed"):
+        load_hardware(str(p))
