@@ -421,6 +421,30 @@ def test_admission_gate_works_without_tracing() -> None:
     assert len(s.waiting) == 1
 
 
+def test_gate_with_its_own_reason() -> None:
+    class BalanceGate:
+        reason = Reason.BALANCE_GATE
+
+        def __call__(self, sched: Scheduler) -> str | None:
+            return "rank 2 runs 32 of max_num_seqs 32"
+
+    s = make_sched()
+    s.admission_gate = BalanceGate()
+    s.add_request(make_req("A", 4))
+    out, _ = run_step(s)
+    assert entries(out) == [("A", Reason.BALANCE_GATE)]
+    assert entry(out, "A").detail == "rank 2 runs 32 of max_num_seqs 32"
+
+
+def test_prefill_cadence_reason() -> None:
+    s = make_sched(prefill_schedule_interval=2)
+    s.add_request(make_req("A", 4))
+    run_step(s)
+    s.add_request(make_req("B", 4))
+    out, _ = run_step(s)
+    assert entries(out) == [("A", Reason.SCHEDULED), ("B", Reason.PREFILL_DEFERRED)]
+
+
 def test_every_reason_has_a_scenario() -> None:
     # Guards this file: a new Reason needs a scenario above.
     assert {r.value for r in Reason} == {
@@ -436,6 +460,8 @@ def test_every_reason_has_a_scenario() -> None:
         "no_admission_in_preempting_step",
         "queued_behind",
         "admission_gated",
+        "prefill_deferred",
+        "dp_balance_gate",
     }
 
 

@@ -98,6 +98,13 @@ def parse_workload(data: dict) -> Workload:
     if raw.get("async_scheduling"):
         raise ConfigError("async_scheduling is not supported by llmsched replay")
     config = {**CONFIG_DEFAULTS, **{k: v for k, v in raw.items() if k not in IGNORED_KEYS}}
+    # The reference driver passes extra scheduler settings through
+    # scheduler_extra; those we implement apply, others would change decisions.
+    extra = raw.get("scheduler_extra") or {}
+    unsupported = set(extra) - set(SchedulerConfig.field_names())
+    if unsupported:
+        raise ConfigError(f"unsupported scheduler_extra keys: {sorted(unsupported)}")
+    config.update(extra)
     config.pop("async_scheduling", None)
     requests = []
     seen: set[str] = set()

@@ -40,6 +40,9 @@ class SchedulerConfig:
     max_loras: int | None = None
     num_speculative_tokens: int = 0
     num_lookahead_tokens: int = 0
+    # Admit prefill only once every N executed steps while decodes run (vLLM's
+    # prefill_schedule_interval); 1 admits prefill on every step.
+    prefill_schedule_interval: int = 1
     # Check the scheduling and KV invariants after every step (slow).
     debug: bool = False
 

@@ -26,7 +26,8 @@ _WAITING = RequestStatus.WAITING
 _PREEMPTED = RequestStatus.PREEMPTED
 
 # An admission gate returns None to allow admissions this step, or a short
-# explanation of why none may happen (shown in the decision trace).
+# explanation of why none may happen. The trace files it under the gate's
+# ``reason`` attribute when it has one, else under ADMISSION_GATED.
 AdmissionGate = Callable[["Scheduler"], "str | None"]
 
 
@@ -62,6 +63,15 @@ class Scheduler:
         self._lookahead = config.num_lookahead_tokens
         self._max_loras = config.max_loras
         self._debug = config.debug
+        # Prefill cadence, as vLLM keeps it: executed steps (those scheduling
+        # tokens), the last one that carried prefill, whether the last
+        # admitting step left the queue undrained, and the requests set
+        # aside for reasons of their own (which do not count as undrained).
+        self._prefill_interval = config.prefill_schedule_interval
+        self._num_executed_steps = 0
+        self._last_prefill_step = -self._prefill_interval
+        self._prefill_capacity_bound = False
+        self._set_aside: set[Request] = set()
 
     # ---- requests in and out -------------------------------------------------
 
@@ -118,6 +128,7 @@ class Scheduler:
             self.running = [r for r in self.running if r not in running]
         if waiting:
             self.waiting.remove(waiting)
+            self._set_aside -= waiting
         for req in found:
             req.status = status
             self._release(req)
@@ -160,8 +171,13 @@ class Scheduler:
 
     # ---- one step ------------------------------------------------------------
 
-    def schedule(self) -> SchedulerOutput:
-        """Decide this step's batch, allocate its KV slots and advance computed counts."""
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        """Decide this step's batch, allocate its KV slots and advance computed counts.
+
+        ``throttle_prefills`` (set by a data-parallel engine on the steps its
+        shared cadence skips) defers all prefill work this step, as
+        ``prefill_schedule_interval`` does locally.
+        """
         out = SchedulerOutput(self._step)
         self._step += 1
         trace = StepTrace(out.step) if self._trace_enabled else None
@@ -178,11 +194,26 @@ class Scheduler:
         # The threshold exists so a long prefill cannot starve others; a lone
         # request has nobody to starve, so it gets the whole budget.
         threshold = self._threshold if len(running) + len(self.waiting) > 1 else 0
+        defer = False
+        if (throttle_prefills or self._prefill_interval > 1) and not self._prefill_capacity_bound:
+            # Defer only while decodes exist to fill the step; the interval
+            # counts executed steps since the last one that carried prefill.
+            defer = (
+                throttle_prefills
+                or self._num_executed_steps + 1 - self._last_prefill_step < self._prefill_interval
+            ) and any(not r.is_prefill_chunk for r in running)
+        track_prefill = self._prefill_interval > 1
+        prefill_scheduled = False
 
         # 1. Running requests, in running order.
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
+            if defer and req.is_prefill_chunk:
+                if trace is not None:
+                    trace.add(req.request_id, Reason.PREFILL_DEFERRED, detail="chunk held to a cadence step")
+                i += 1
+                continue
             computed = req.num_computed_tokens
             n = req.num_tokens - computed
             if req.spec_token_ids:
@@ -228,6 +259,8 @@ class Scheduler:
                     # req preempted itself; running[i] is now the next request,
                     # which may still fit in the blocks just freed.
                     continue
+            if track_prefill and req.is_prefill_chunk:
+                prefill_scheduled = True
             req.num_computed_tokens = computed + n
             req.is_prefill_chunk = computed + n < req.num_tokens
             sched.append(req)
@@ -250,25 +283,40 @@ class Scheduler:
                 trace.add(req.request_id, Reason.BUDGET, detail="reached after the budget ran out")
 
         # 2. Waiting requests, unless this step preempted.
+        prefill_admitted = False
         if preempted:
             if trace is not None:
                 self._trace_waiting(trace, None, Reason.PREEMPTION_STEP, "")
-        elif len(self.waiting):
+        else:
             gate = self.admission_gate
-            why_gated = gate(self) if gate is not None else None
+            why_gated = gate(self) if gate is not None and len(self.waiting) else None
             if why_gated is not None:
                 if trace is not None:
-                    self._trace_waiting(trace, None, Reason.ADMISSION_GATED, why_gated)
+                    reason = getattr(gate, "reason", Reason.ADMISSION_GATED)
+                    self._trace_waiting(trace, None, reason, why_gated)
             else:
-                budget = self._admit(out, budget, threshold, trace)
+                if len(self.waiting):
+                    budget, prefill_admitted = self._admit(out, budget, threshold, defer, trace)
+                if not defer:
+                    # An admitting step that left requests queued for lack of
+                    # room stops the cadence from throttling: holding back a
+                    # backed-up queue would only grow it.
+                    self._prefill_capacity_bound = len(self.waiting) > len(self._set_aside)
 
-        out.total_num_scheduled_tokens = self._max_tokens_budget - budget
+        out.total_num_scheduled_tokens = total = self._max_tokens_budget - budget
+        if total:
+            self._num_executed_steps += 1
+        if track_prefill and (prefill_scheduled or prefill_admitted):
+            self._last_prefill_step = self._num_executed_steps
         if self._debug:
             self._check_invariants(out)
         return out
 
-    def _admit(self, out: SchedulerOutput, budget: int, threshold: int, trace: StepTrace | None) -> int:
-        """Admit waiting requests in policy order; returns the budget left."""
+    def _admit(
+        self, out: SchedulerOutput, budget: int, threshold: int, defer: bool, trace: StepTrace | None
+    ) -> tuple[int, bool]:
+        """Admit waiting requests in policy order; returns the budget left and
+        whether an admission carried prefill work."""
         waiting = self.waiting
         running = self.running
         kv = self.kv
@@ -278,6 +326,7 @@ class Scheduler:
         set_aside: list[Request] = []
         stop: Reason | None = None
         detail = ""
+        prefill_admitted = False
         while budget > 0 and len(waiting):
             if len(running) >= self._max_num_seqs:
                 stop, detail = Reason.MAX_NUM_SEQS, f"{len(running)} running"
@@ -286,10 +335,14 @@ class Scheduler:
             if loras is not None and req.lora_id and req.lora_id not in loras and len(loras) >= max_loras:
                 # Set aside, not stop: requests behind it may use a loaded adapter.
                 set_aside.append(waiting.pop())
+                self._set_aside.add(req)
                 if trace is not None:
                     trace.add(req.request_id, Reason.LORA_SLOTS, detail=f"{len(loras)} adapters in use")
                 continue
             hit_blocks, hit = kv.get_computed_blocks(req)
+            if defer and hit < req.num_tokens - 1:
+                stop, detail = Reason.PREFILL_DEFERRED, "prompt held to a cadence step"
+                break
             n = req.num_tokens - hit
             if 0 < threshold < n:
                 n = threshold
@@ -304,8 +357,11 @@ class Scheduler:
                 stop, detail = self._why_no_blocks(req, hit_blocks, n, reserved)
                 break
             waiting.pop()
+            self._set_aside.discard(req)
             running.append(req)
             kv.record_admission(req, hit)
+            if hit < req.num_tokens - 1:
+                prefill_admitted = True
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = hit
             req.status = _RUNNING
@@ -329,7 +385,7 @@ class Scheduler:
             if stop is None:
                 stop, detail = Reason.BUDGET, f"all {self._max_tokens_budget} tokens of the step are used"
             self._trace_waiting(trace, set_aside, stop, detail)
-        return budget
+        return budget, prefill_admitted
 
     def _why_no_blocks(self, req: Request, hit_blocks: list, n: int, reserved: int) -> tuple[Reason, str]:
         kv = self.kv

@@ -29,6 +29,8 @@ class Reason(str, enum.Enum):
     PREEMPTION_STEP = "no_admission_in_preempting_step"
     QUEUED = "queued_behind"
     ADMISSION_GATED = "admission_gated"
+    PREFILL_DEFERRED = "prefill_deferred"
+    BALANCE_GATE = "dp_balance_gate"
 
 
 _TEXT = {
@@ -44,6 +46,8 @@ _TEXT = {
     Reason.PREEMPTION_STEP: "no admissions in a step that preempted",
     Reason.QUEUED: "still queued",
     Reason.ADMISSION_GATED: "admission gated",
+    Reason.PREFILL_DEFERRED: "prefill deferred by the prefill cadence",
+    Reason.BALANCE_GATE: "held by the data-parallel balance gate",
 }
 
 
