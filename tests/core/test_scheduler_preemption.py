@@ -363,13 +363,14 @@ def test_priority_ties_in_priority_and_arrival_do_not_livelock() -> None:
     assert all(r.num_tokens == 14 for r in reqs)
 
 
-def test_withdrawn_chunk_is_not_left_in_the_prefix_cache() -> None:
-    """A victim unscheduled mid-step must not later 'hit' the chunk that never ran.
+def test_withdrawn_chunk_is_recomputed_by_whoever_hits_it() -> None:
+    """A victim unscheduled mid-step keeps vLLM's hit, and its executor recomputes the gap.
 
     B (priority 5) has computed 24 of 36 prompt tokens and is scheduled for
     24-32 before A (priority 0), later in running order, runs out of blocks
-    and preempts it. Block 24-28 was registered when allocated, but its KV is
-    never computed: on resumption B may reuse only its first 24 tokens.
+    and preempts it. Block 24-28 was registered when allocated, but the chunk
+    never runs. As in vLLM, B resumes with a 28-token hit (so the decision is
+    vLLM's), and the output tells the executor to compute from 24.
     """
     cfg = SchedulerConfig(
         num_gpu_blocks=11,
@@ -402,8 +403,12 @@ def test_withdrawn_chunk_is_not_left_in_the_prefix_cache() -> None:
     step = engine.step().scheduler_output
     assert [r.request_id for r in step.preempted] == ["B"]
     assert [r.request_id for r in step.scheduled] == ["A"]
+    assert step.recompute_from == {}
     resumed = engine.step().scheduler_output
     assert [r.request_id for r in resumed.admitted] == ["B"]
-    assert resumed.admitted_num_cached_tokens == [24]
-    assert resumed.num_scheduled_tokens == [12]
+    assert resumed.admitted_num_cached_tokens == [28]
+    assert resumed.num_scheduled_tokens == [8]
+    assert resumed.recompute_from == {"B": 24}
+    # Claimed once: the blocks hold KV after this step.
+    assert not engine.scheduler.kv.pool.unwritten
     engine.scheduler.kv.check_invariants()

@@ -34,6 +34,12 @@ class SchedulerOutput:
     admitted: list[Request] = field(default_factory=list)
     admitted_block_ids: list[list[int]] = field(default_factory=list)
     admitted_num_cached_tokens: list[int] = field(default_factory=list)
+    # Admitted requests whose prefix-cache hit covers blocks a withdrawn chunk
+    # registered but never computed (rare): request id -> first position whose
+    # KV must be recomputed. The token budget counts only the scheduled tokens
+    # (as vLLM decides them); executors that hold real KV also compute
+    # [recompute_from, chunk start) for these requests.
+    recompute_from: dict[str, int] = field(default_factory=dict)
     # Running requests that grew their table this step: the appended block ids.
     new_block_ids: dict[str, list[int]] = field(default_factory=dict)
     # Draft tokens scheduled for verification, by request id.

@@ -43,6 +43,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logprobs: int | None = None
     n: int = 1
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -91,6 +93,14 @@ class SamplingParams:
             not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS
         ):
             _fail("logprobs", self.logprobs, f"must be an integer in [0, {MAX_LOGPROBS}]")
+        for name in (
+            "ignore_eos",
+            "include_stop_str_in_output",
+            "skip_special_tokens",
+            "spaces_between_special_tokens",
+        ):
+            if not isinstance(getattr(self, name), bool):
+                _fail(name, getattr(self, name), "must be true or false")
         if not _is_int(self.n) or self.n != 1:
             _fail("n", self.n, "only n=1 is supported; send n separate requests")
 

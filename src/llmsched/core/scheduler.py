@@ -372,6 +372,10 @@ class Scheduler:
             out.admitted.append(req)
             out.admitted_block_ids.append([b.block_id for b in blocks])
             out.admitted_num_cached_tokens.append(hit)
+            if kv.pool.unwritten and hit:
+                start = kv.claim_unwritten(hit_blocks)
+                if start is not None:
+                    out.recompute_from[req.request_id] = start
             if loras is not None and req.lora_id:
                 loras.add(req.lora_id)
             if trace is not None:
@@ -406,10 +410,9 @@ class Scheduler:
         del out.scheduled[k]
         del out.num_scheduled_tokens[k]
         # The withdrawn chunk's blocks were registered in the prefix cache when
-        # allocated, yet their KV will never be computed. vLLM leaves them
-        # findable, so a resumed request could "hit" uncomputed KV; we
-        # unregister them (this can change a later hit, never a correct one).
-        self.kv.uncache_beyond(victim, victim.num_computed_tokens - n)
+        # allocated, yet its KV is never computed. They stay findable, exactly
+        # as in vLLM; whoever hits them later gets them recomputed.
+        self.kv.mark_unwritten(victim, victim.num_computed_tokens - n)
         out.new_block_ids.pop(victim.request_id, None)
         out.spec_decode_tokens.pop(victim.request_id, None)
         if out.trace is not None:

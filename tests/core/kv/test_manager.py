@@ -675,3 +675,60 @@ def test_random_operations_keep_invariants(ops: list[tuple[str, int, int, int]])
             mgr.free(live.pop(rid))
         mgr.check_invariants()
         assert mgr.num_free_blocks + len({i for r in live for i in mgr.get_block_ids(r)}) == 12
+
+
+# ---- blocks registered by a chunk that never ran -------------------------------------
+
+
+def test_unwritten_blocks_stay_findable_and_are_claimed_once() -> None:
+    mgr = make_manager(num_blocks=20)
+    a = make_request("a", toks(5 * BS + 1))
+    assert admit(mgr, a) is not None  # registers 5 full blocks
+    a_blocks = mgr.get_block_ids("a")
+    # Only 3 blocks' worth of tokens really ran: the last two are unwritten.
+    mgr.mark_unwritten(a, 3 * BS)
+    assert {b.block_id for b in mgr.pool.unwritten} == set(a_blocks[3:5])
+    mgr.free(a)
+    b = make_request("b", toks(5 * BS + 1))
+    hit_blocks, hit = mgr.get_computed_blocks(b)
+    assert hit == 5 * BS  # decisions see the same hit as before
+    assert mgr.claim_unwritten(hit_blocks) == 3 * BS
+    assert not mgr.pool.unwritten
+    assert mgr.claim_unwritten(hit_blocks) is None
+
+
+def test_a_hit_short_of_the_unwritten_blocks_claims_nothing() -> None:
+    mgr = make_manager(num_blocks=20)
+    a = make_request("a", toks(5 * BS + 1))
+    admit(mgr, a)
+    mgr.mark_unwritten(a, 4 * BS)
+    mgr.free(a)
+    c = make_request("c", toks(2 * BS + 1))  # shares only the first two blocks
+    hit_blocks, hit = mgr.get_computed_blocks(c)
+    assert hit == 2 * BS
+    assert mgr.claim_unwritten(hit_blocks) is None
+    assert len(mgr.pool.unwritten) == 1
+
+
+def test_evicting_an_unwritten_block_forgets_it() -> None:
+    mgr = make_manager(num_blocks=7)  # 6 usable blocks
+    a = make_request("a", toks(2 * BS + 1))
+    admit(mgr, a)
+    mgr.mark_unwritten(a, 0)
+    assert len(mgr.pool.unwritten) == 2
+    mgr.free(a)
+    # A request that needs every block reuses (and evicts) a's cached ones.
+    big = make_request("big", toks(6 * BS, start=9000))
+    assert admit(mgr, big) is not None
+    assert not mgr.pool.unwritten
+    mgr.check_invariants()
+
+
+def test_reset_forgets_unwritten_blocks() -> None:
+    mgr = make_manager()
+    a = make_request("a", toks(2 * BS + 1))
+    admit(mgr, a)
+    mgr.mark_unwritten(a, 0)
+    mgr.free(a)
+    assert mgr.reset_prefix_cache()
+    assert not mgr.pool.unwritten

@@ -18,7 +18,7 @@ class BlockPool:
     lookup returns the one registered first, so block tables only grow.
     """
 
-    __slots__ = ("_cached", "blocks", "free_queue", "null_block", "num_blocks")
+    __slots__ = ("_cached", "blocks", "free_queue", "null_block", "num_blocks", "unwritten")
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 2:
@@ -30,6 +30,9 @@ class BlockPool:
         # hash -> the block, or a list of blocks in registration order when
         # several hold the same content (rare: only a recomputed tail block).
         self._cached: dict[bytes, KVBlock | list[KVBlock]] = {}
+        # Cached blocks whose KV was never written (see KVCacheManager.mark_unwritten);
+        # they leave this set when their hash goes.
+        self.unwritten: set[KVBlock] = set()
 
     @property
     def num_free_blocks(self) -> int:
@@ -102,6 +105,8 @@ class BlockPool:
     def _uncache(self, block: KVBlock) -> None:
         h = block.block_hash
         block.block_hash = None
+        if self.unwritten:
+            self.unwritten.discard(block)
         cur = self._cached.get(h)
         if cur is block:
             del self._cached[h]
@@ -120,6 +125,7 @@ class BlockPool:
         if self.free_queue.num_free != self.num_blocks - 1:
             return False
         self._cached.clear()
+        self.unwritten.clear()
         for block in self.blocks:
             block.block_hash = None
         return True

@@ -218,20 +218,31 @@ class KVCacheManager:
             cache_block(blocks[i], hashes[i])
         table.num_cached = num_full
 
-    def uncache_beyond(self, request: Request, num_tokens: int) -> None:
-        """Unregister the request's blocks past its first ``num_tokens`` tokens.
+    def mark_unwritten(self, request: Request, num_tokens: int) -> None:
+        """Note that the request's cached blocks past its first ``num_tokens`` tokens hold no KV.
 
-        For a chunk withdrawn after allocation: its blocks were registered
-        when allocated, but their KV will never be computed, so a later
-        lookup must not find them.
+        For a chunk withdrawn after allocation: its blocks were registered in
+        the prefix cache when allocated, but the chunk never runs. They stay
+        findable, as in vLLM, so hits and every decision are unchanged; a
+        request that hits one must have it recomputed (``claim_unwritten``).
         """
         table = self._tables.get(request.request_id)
-        if table is None:
-            return
-        keep = num_tokens // self.block_size
-        for block in table.blocks[keep : table.num_cached]:
-            self.pool.evict(block)
-        table.num_cached = min(table.num_cached, keep)
+        if table is not None:
+            self.pool.unwritten.update(table.blocks[num_tokens // self.block_size : table.num_cached])
+
+    def claim_unwritten(self, hit_blocks: list[KVBlock]) -> int | None:
+        """Where an admitted hit stops being real KV, if it covers unwritten blocks.
+
+        Returns the token position to recompute from (a block boundary), or
+        None when every hit block holds KV. The blocks count as written from
+        now on: the caller has them recomputed in this very step.
+        """
+        unwritten = self.pool.unwritten
+        for i, block in enumerate(hit_blocks):
+            if block in unwritten:
+                unwritten.difference_update(hit_blocks[i:])
+                return i * self.block_size
+        return None
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first, so the tail is evicted first."""

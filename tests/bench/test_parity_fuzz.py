@@ -1,0 +1,193 @@
+"""The differential-fuzzing corpus replays with vLLM 0.33's recorded decisions, step for step.
+
+Each case in ``tests/data/parity_fuzz/*.jsonl.gz`` is a random workload (a
+random knob mix), or a mismatch the fuzzer found, and what vLLM's own V1
+scheduler did with it, recorded by ``tools/parity_fuzz.py`` (see the README
+next to the corpus). vLLM is not needed here: the recorded steps are the
+reference.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from llmsched.bench.parity import compare, decisions
+from llmsched.bench.replay import replay
+from llmsched.bench.workload import parse_workload
+
+CORPUS_DIR = Path(__file__).resolve().parents[1] / "data" / "parity_fuzz"
+# Order of the fields in a compact corpus step record.
+FIELDS = (
+    "step",
+    "total_tokens",
+    "sched",
+    "admitted",
+    "preempted",
+    "finished",
+    "num_running",
+    "num_waiting",
+    "kv_usage",
+)
+# Per-step bookkeeping checked after every schedule(), empty steps included.
+BOOKKEEPING = ("step", "total_tokens", "num_running", "num_waiting", "kv_usage")
+# Every knob value and workload shape the corpus must keep exercising.
+REQUIRED_FEATURES = {
+    "policy:fcfs",
+    "policy:priority",
+    "priority:ties",
+    "chunked:on",
+    "chunked:off",
+    "threshold:0",
+    "threshold:>0",
+    "watermark:0",
+    "watermark:>0",
+    "reserve_full_isl:true",
+    "reserve_full_isl:false",
+    "prefix_caching:on",
+    "prefix_caching:off",
+    "kv:tight",
+    "kv:roomy",
+    "obs:preemption",
+    "obs:resumed",
+    "obs:prefix_hit",
+    "obs:resumed_prefix_hit",
+    "arrivals:spread",
+    "obs:idle_gap",
+    "prompt:identical",
+    "prompt:shared_blocks",
+    "prompt:prefix_block_multiple",
+    "prompt:one_block",
+    "prompt:one_token",
+    "block_size:8",
+    "block_size:16",
+    "block_size:32",
+    "max_num_seqs:small",
+    "max_num_seqs:large",
+    "mnbt:small",
+    "mnbt:large",
+    "max_tokens:1",
+    "mml:larger",
+    "mml:truncating",
+    "form:ids",
+    "form:len",
+    "form:shared_prefix_len",
+    "tokens:tiny_alphabet",
+    "priority:late_arrivals_outrank",
+    "arrivals:bursts",
+    "obs:multi_preemption",
+    "obs:budget_full",
+    # llmsched decision paths, as tools/parity_fuzz.py tags them.
+    "path:preempt_already_scheduled",
+    "path:several_victims_for_one_request",
+    "path:self_preemption",
+    "path:watermark_blocked",
+    "path:watermark_checked",
+    "path:full_isl_blocked",
+    "path:admission_kv_short",
+    "path:admitted_partial_prefill",
+    "path:partial_prefill_refused",
+    "path:threshold_cap",
+    "path:threshold_lifted_for_lone_request",
+    "path:duplicate_hash",
+    "path:evict_cached_block",
+    "path:hit_on_free_block",
+    "path:hit_on_held_block",
+}
+
+
+def load_corpus(folder: Path = CORPUS_DIR) -> list[dict]:
+    """Case records of every corpus file in ``folder``, header lines skipped."""
+    cases = []
+    for path in sorted(folder.glob("*.jsonl.gz")):
+        with gzip.open(path, "rt") as f:
+            cases.extend(rec for rec in map(json.loads, f) if "header" not in rec)
+    return cases
+
+
+def expand(steps: list[list]) -> list[dict]:
+    """Compact step records back into trace-style dicts."""
+    return [dict(zip(FIELDS, s)) for s in steps]
+
+
+def replay_ours(workload: dict) -> list[dict]:
+    """llmsched's step records for a workload (header dropped)."""
+    buf = io.StringIO()
+    replay(parse_workload(workload), buf)
+    return [json.loads(line) for line in buf.getvalue().splitlines()[1:]]
+
+
+def differences(ours: list[dict], ref: list[dict]) -> list[str]:
+    """Decision differences (parity.compare's criterion), then bookkeeping ones."""
+    diffs = compare(ours, ref)
+    if len(decisions(ours)) != len(decisions(ref)) or not decisions(ref):
+        diffs.append(f"{len(decisions(ours))} non-empty steps vs {len(decisions(ref))} recorded")
+    if len(ours) != len(ref):
+        diffs.append(f"{len(ours)} steps vs {len(ref)} recorded")
+    for a, b in zip(ours, ref):
+        for key in BOOKKEEPING:
+            if a[key] != b[key]:
+                diffs.append(f"step {b['step']}: {key} {a[key]!r} vs recorded {b[key]!r}")
+        if sorted(map(tuple, a["admitted"])) != sorted(map(tuple, b["admitted"])):
+            diffs.append(f"step {b['step']}: admitted {a['admitted']} vs recorded {b['admitted']}")
+        if len(diffs) > 5:
+            break
+    return diffs
+
+
+CASES = load_corpus()
+
+
+def test_corpus_is_large_and_covers_every_knob():
+    """The corpus is there, names are unique, and every required knob and path is exercised."""
+    assert len(CASES) >= 200
+    assert len({c["name"] for c in CASES}) == len(CASES)
+    covered = set().union(*(c["features"] for c in CASES))
+    assert not REQUIRED_FEATURES - covered, sorted(REQUIRED_FEATURES - covered)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_case_matches_vllm(case: dict):
+    """llmsched makes vLLM's recorded decisions, with the same bookkeeping, at every step."""
+    ref = expand(case["steps"])
+    assert differences(replay_ours(case["workload"]), ref) == []
+
+
+def _corruptions(steps: list[dict]) -> list[list[dict]]:
+    """Copies of a recorded trace with one decision or count altered."""
+    out = []
+    k = next(i for i, s in enumerate(steps) if len(s["sched"]) > 1)
+    swapped = copy.deepcopy(steps)
+    swapped[k]["sched"] = swapped[k]["sched"][::-1]
+    out.append(swapped)
+    more_tokens = copy.deepcopy(steps)
+    more_tokens[k]["sched"][0][1] += 1
+    out.append(more_tokens)
+    preempted = copy.deepcopy(steps)
+    preempted[k]["preempted"] = [*preempted[k]["preempted"], preempted[k]["sched"][0][0]]
+    out.append(preempted)
+    finished = copy.deepcopy(steps)
+    j = next(i for i, s in enumerate(steps) if s["finished"] and s["total_tokens"])
+    finished[j]["finished"] = []
+    out.append(finished)
+    usage = copy.deepcopy(steps)
+    usage[k]["kv_usage"] = round(usage[k]["kv_usage"] + 1e-6, 6)
+    out.append(usage)
+    return out
+
+
+def test_a_corrupted_record_is_caught():
+    """The comparison is not vacuous: altering any one recorded decision or count fails it."""
+    case = next(
+        c for c in CASES if any(len(s[2]) > 1 for s in c["steps"]) and any(s[5] and s[1] for s in c["steps"])
+    )
+    ref = expand(case["steps"])
+    ours = replay_ours(case["workload"])
+    assert differences(ours, ref) == []
+    for bad in _corruptions(ref):
+        assert differences(ours, bad), "a corrupted record went unnoticed"
