@@ -431,8 +431,9 @@ def test_gate_with_its_own_reason() -> None:
     s = make_sched()
     s.admission_gate = BalanceGate()
     s.add_request(make_req("A", 4))
+    s.add_request(make_req("B", 4))
     out, _ = run_step(s)
-    assert entries(out) == [("A", Reason.BALANCE_GATE)]
+    assert entries(out) == [("A", Reason.BALANCE_GATE), ("B", Reason.BALANCE_GATE)]
     assert entry(out, "A").detail == "rank 2 runs 32 of max_num_seqs 32"
 
 

@@ -286,14 +286,14 @@ class Scheduler:
         prefill_admitted = False
         if preempted:
             if trace is not None:
-                self._trace_waiting(trace, None, Reason.PREEMPTION_STEP, "")
+                self._trace_waiting(trace, None, Reason.PREEMPTION_STEP, "", whole_queue=True)
         else:
             gate = self.admission_gate
             why_gated = gate(self) if gate is not None and len(self.waiting) else None
             if why_gated is not None:
                 if trace is not None:
                     reason = getattr(gate, "reason", Reason.ADMISSION_GATED)
-                    self._trace_waiting(trace, None, reason, why_gated)
+                    self._trace_waiting(trace, None, reason, why_gated, whole_queue=True)
             else:
                 if len(self.waiting):
                     budget, prefill_admitted = self._admit(out, budget, threshold, defer, trace)
@@ -525,9 +525,18 @@ class Scheduler:
         trace.add(req.request_id, Reason.SCHEDULED, n, what)
 
     def _trace_waiting(
-        self, trace: StepTrace, set_aside: list[Request] | None, head_reason: Reason, detail: str
+        self,
+        trace: StepTrace,
+        set_aside: list[Request] | None,
+        head_reason: Reason,
+        detail: str,
+        whole_queue: bool = False,
     ) -> None:
-        """Explain the waiting requests this step did not admit."""
+        """Explain the waiting requests this step did not admit.
+
+        ``whole_queue``: the reason applies to every waiting request (a gate,
+        a preempting step), not only to the head the others queue behind.
+        """
         head: Request | None = None
         listed = 0
         skip = set(set_aside or ())
@@ -539,7 +548,7 @@ class Scheduler:
                 trace.add(req.request_id, head_reason, detail=detail)
             elif listed < MAX_LISTED_WAITING:
                 listed += 1
-                if head_reason in (Reason.PREEMPTION_STEP, Reason.ADMISSION_GATED):
+                if whole_queue:
                     trace.add(req.request_id, head_reason, detail=detail)
                 else:
                     trace.add(req.request_id, Reason.QUEUED, detail=f"behind {head.request_id}")
