@@ -12,8 +12,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# The embedded demo model (random weights): 16 prompts of 1024 tokens, 64
+# output tokens, a 16384-token budget; the first step's decisions show all
+# 16 prompts admitted together.
 demo: $(STAMP)
-	$(BIN)/llmsched replay examples/first_batch.workload.json --trace $(VENV)/first_batch.trace.jsonl --explain --explain-steps 2
+	$(BIN)/llmsched bench throughput --input-len 1024 --output-len 64 --num-prompts 16 \
+		--max-num-batched-tokens 16384 --explain-steps 1
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

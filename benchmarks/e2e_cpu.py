@@ -1,0 +1,328 @@
+#!/usr/bin/env python3
+"""End-to-end CPU throughput: llmsched against transformers' batched generate(), same run.
+
+Model: a 'small' Llama (hidden 512, 8 layers, 8 heads, 4 KV heads,
+intermediate 1536, vocab 32000, untied embeddings, bfloat16, random weights)
+saved as an ordinary Hugging Face folder. Workload: 64 prompts of random
+token ids, lengths drawn from [64, 512], each with its own output length
+drawn from [64, 512]; greedy decoding with EOS ignored, so every request
+produces exactly its output length.
+
+- llmsched: EngineCore + Scheduler + TorchExecutor (max_num_batched_tokens
+  8192, max_num_seqs 256, prefix caching on), the whole batch queued before
+  the first step.
+- transformers: one left-padded batch through ``generate()``, as users run it;
+  it decodes the longest output length for every prompt, so only each
+  prompt's requested tokens count as useful.
+
+Also measured in the same run: the bfloat16 matmul peak (best of a large
+square matmul) and the memory bandwidth (best of a large copy), and from
+them the roofline of each llmsched decode step that ran all 64 requests:
+max(FLOPs / peak, bytes / bandwidth), FLOPs counting the matmuls and the
+attention over each request's context, bytes the weights plus the KV read.
+
+    python benchmarks/e2e_cpu.py [--json results/e2e_cpu.json] [--skip-transformers]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from llmsched.core import Request, SamplingParams, SchedulerConfig  # noqa: E402
+from llmsched.engine import EngineCore  # noqa: E402
+from llmsched.executor.torch import TorchExecutor  # noqa: E402
+
+SMALL = {
+    "hidden_size": 512,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "intermediate_size": 1536,
+    "vocab_size": 32000,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": False,
+}
+
+
+@dataclass(slots=True)
+class Workload:
+    """Prompts and their output lengths."""
+
+    prompts: list[list[int]]
+    output_lens: list[int]
+
+    @property
+    def useful_tokens(self) -> int:
+        """Output tokens the requests asked for."""
+        return sum(self.output_lens)
+
+
+def make_workload(n: int, seed: int, vocab: int) -> Workload:
+    """Seeded prompt lengths and output lengths in [64, 512], random token ids."""
+    rng = random.Random(seed)
+    lens = [(rng.randint(64, 512), rng.randint(64, 512)) for _ in range(n)]
+    prompts = [[rng.randrange(vocab) for _ in range(p)] for p, _ in lens]
+    return Workload(prompts, [o for _, o in lens])
+
+
+def build_model(folder: Path, seed: int) -> None:
+    """Save the small Llama with transformers' random initialisation, in bfloat16."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**SMALL)).to(torch.bfloat16)
+    model.save_pretrained(folder)
+
+
+def matmul_param_count(cfg: dict) -> int:
+    """Parameters that take part in matmuls for every decoded token (LM head included)."""
+    h, inter, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    d = h // cfg["num_attention_heads"]
+    kv = cfg["num_key_value_heads"] * d
+    per_layer = h * h * 2 + h * kv * 2 + 3 * h * inter
+    return layers * per_layer + h * cfg["vocab_size"]
+
+
+def best_of(fn, repeats: int) -> float:
+    """Fastest wall time of ``repeats`` calls after one warm-up call."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def measure_machine() -> dict:
+    """bf16 matmul peak (FLOP/s) and memory bandwidth (bytes/s), best of several runs."""
+    n = 2048
+    a = torch.randn(n, n).to(torch.bfloat16)
+    b = torch.randn(n, n).to(torch.bfloat16)
+    t = best_of(lambda: torch.mm(a, b), 5)
+    peak = 2 * n**3 / t
+    src = torch.ones(128 << 20, dtype=torch.bfloat16)  # 256 MiB
+    dst = torch.empty_like(src)
+    t = best_of(lambda: dst.copy_(src), 5)
+    bandwidth = 2 * src.numel() * src.element_size() / t
+    return {"bf16_matmul_peak_gflops": peak / 1e9, "memory_bandwidth_gbs": bandwidth / 1e9}
+
+
+def run_llmsched(model_dir: Path, wl: Workload, seed: int) -> dict:
+    """The workload through EngineCore + TorchExecutor; wall time and per-step records."""
+    ex = TorchExecutor(model_dir, dtype="bfloat16", seed=seed, max_num_batched_tokens=8192, max_num_seqs=256)
+    config = SchedulerConfig(
+        num_gpu_blocks=ex.num_gpu_blocks,
+        max_model_len=ex.max_model_len,
+        max_num_batched_tokens=8192,
+        max_num_seqs=256,
+    )
+    # Warm-up on other prompts: first calls build oneDNN kernels and grow buffers.
+    warm = EngineCore(config, ex)
+    rng = random.Random(seed + 1)
+    for i in range(8):
+        warm.add_request(
+            Request(f"w{i}", [rng.randrange(SMALL["vocab_size"]) for _ in range(300)], greedy(4))
+        )
+    while warm.has_requests():
+        warm.step()
+
+    engine = EngineCore(config, ex)
+    reqs = [Request(str(i), p, greedy(o)) for i, (p, o) in enumerate(zip(wl.prompts, wl.output_lens))]
+    steps = []
+    t0 = time.perf_counter()
+    for r in reqs:
+        engine.add_request(r)
+    while engine.has_requests():
+        s = engine.step()
+        so = s.scheduler_output
+        decode_only = bool(so.scheduled) and so.total_num_scheduled_tokens == len(so.scheduled)
+        # Context each scheduled request attends over (its KV length after this step).
+        context = sum(r.num_computed_tokens for r in so.scheduled)
+        steps.append(
+            (
+                len(so.scheduled),
+                so.total_num_scheduled_tokens,
+                decode_only,
+                context,
+                (s.schedule_ns + s.execute_ns + s.update_ns) / 1e6,
+            )
+        )
+    elapsed = time.perf_counter() - t0
+    produced = sum(r.num_output_tokens for r in reqs)
+    assert produced == wl.useful_tokens, (produced, wl.useful_tokens)
+    ex.close()
+    return {
+        "elapsed_s": elapsed,
+        "useful_tokens": produced,
+        "tokens_per_s": produced / elapsed,
+        "num_steps": len(steps),
+        "num_gpu_blocks": ex.num_gpu_blocks,
+        "steps": steps,
+    }
+
+
+def greedy(n: int) -> SamplingParams:
+    """Greedy, exactly n tokens."""
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+def run_transformers(model_dir: Path, wl: Workload) -> dict:
+    """One left-padded batch through generate(); useful tokens are the requested ones."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    longest = max(len(p) for p in wl.prompts)
+    ids = torch.zeros((len(wl.prompts), longest), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(wl.prompts):
+        ids[i, longest - len(p) :] = torch.tensor(p)
+        mask[i, longest - len(p) :] = 1
+    new = max(wl.output_lens)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    elapsed = time.perf_counter() - t0
+    generated = (out.shape[1] - longest) * out.shape[0]
+    return {
+        "elapsed_s": elapsed,
+        "useful_tokens": wl.useful_tokens,
+        "generated_tokens": generated,
+        "tokens_per_s": wl.useful_tokens / elapsed,
+    }
+
+
+def decode_roofline(steps: list, batch: int, machine: dict) -> dict:
+    """Measured vs roofline time of the decode steps that ran exactly ``batch`` requests."""
+    cfg = SMALL
+    layers, heads = cfg["num_hidden_layers"], cfg["num_attention_heads"]
+    d = cfg["hidden_size"] // heads
+    kvh = cfg["num_key_value_heads"]
+    params = matmul_param_count(cfg)
+    peak = machine["bf16_matmul_peak_gflops"] * 1e9
+    bw = machine["memory_bandwidth_gbs"] * 1e9
+    measured, roof, compute, memory = [], [], [], []
+    for n, tokens, decode_only, context, ms in steps:
+        if not decode_only or n != batch:
+            continue
+        flops = 2 * params * tokens + 4 * context * heads * d * layers
+        nbytes = 2 * params + 2 * 2 * context * kvh * d * layers
+        measured.append(ms)
+        compute.append(flops / peak * 1e3)
+        memory.append(nbytes / bw * 1e3)
+        roof.append(max(flops / peak, nbytes / bw) * 1e3)
+    if not measured:
+        return {"steps": 0}
+    med, rmed = statistics.median(measured), statistics.median(roof)
+    return {
+        "steps": len(measured),
+        "median_ms": med,
+        "p10_ms": statistics.quantiles(measured, n=10)[0] if len(measured) > 1 else med,
+        "p90_ms": statistics.quantiles(measured, n=10)[-1] if len(measured) > 1 else med,
+        "roofline_ms": rmed,
+        "roofline_compute_ms": statistics.median(compute),
+        "roofline_memory_ms": statistics.median(memory),
+        "fraction_of_roofline": rmed / med,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run both engines on the same workload and report."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--num-prompts", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all usable CPUs)")
+    ap.add_argument("--json", default=str(ROOT / "results" / "e2e_cpu.json"))
+    ap.add_argument("--skip-transformers", action="store_true", help="llmsched only (no ratio)")
+    args = ap.parse_args(argv)
+
+    threads = args.threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    wl = make_workload(args.num_prompts, args.seed, SMALL["vocab_size"])
+    print(
+        f"workload: {len(wl.prompts)} prompts, {sum(len(p) for p in wl.prompts)} prompt tokens, "
+        f"{wl.useful_tokens} output tokens (lengths 64-512 each), greedy, {threads} threads"
+    )
+    machine = measure_machine()
+    print(
+        f"machine: bf16 matmul peak {machine['bf16_matmul_peak_gflops']:.0f} GFLOP/s, "
+        f"memory bandwidth {machine['memory_bandwidth_gbs']:.1f} GB/s"
+    )
+    with tempfile.TemporaryDirectory(prefix="llmsched_e2e_") as tmp:
+        model_dir = Path(tmp) / "small-llama"
+        build_model(model_dir, args.seed)
+        ours = run_llmsched(model_dir, wl, args.seed)
+        print(
+            f"llmsched:     {ours['tokens_per_s']:8.1f} useful tokens/s  "
+            f"({ours['useful_tokens']} tokens in {ours['elapsed_s']:.1f} s, {ours['num_steps']} steps)"
+        )
+        decode = decode_roofline(ours["steps"], len(wl.prompts), machine)
+        if decode["steps"]:
+            print(
+                f"  decode step at batch {len(wl.prompts)}: median {decode['median_ms']:.1f} ms "
+                f"(p10 {decode['p10_ms']:.1f}, p90 {decode['p90_ms']:.1f}, {decode['steps']} steps); "
+                f"roofline {decode['roofline_ms']:.1f} ms (compute {decode['roofline_compute_ms']:.1f}, "
+                f"memory {decode['roofline_memory_ms']:.1f}) = {100 * decode['fraction_of_roofline']:.0f}% "
+                f"of roofline"
+            )
+        theirs = None
+        if not args.skip_transformers:
+            theirs = run_transformers(model_dir, wl)
+            print(
+                f"transformers: {theirs['tokens_per_s']:8.1f} useful tokens/s  "
+                f"({theirs['useful_tokens']} useful of {theirs['generated_tokens']} generated "
+                f"in {theirs['elapsed_s']:.1f} s)"
+            )
+            print(f"ratio: llmsched is {ours['tokens_per_s'] / theirs['tokens_per_s']:.1f}x transformers")
+
+    result = {
+        "benchmark": "e2e_cpu",
+        "model": {"architecture": "LlamaForCausalLM", "dtype": "bfloat16", **SMALL},
+        "workload": {
+            "num_prompts": len(wl.prompts),
+            "prompt_tokens": sum(len(p) for p in wl.prompts),
+            "output_tokens": wl.useful_tokens,
+            "seed": args.seed,
+            "sampling": "greedy, ignore_eos",
+        },
+        "machine": {
+            **machine,
+            "threads": threads,
+            "cpu": platform.processor() or platform.machine(),
+            "torch": torch.__version__,
+        },
+        "llmsched": {k: v for k, v in ours.items() if k != "steps"} | {"decode_batch": decode},
+        "transformers": theirs,
+        "ratio": ours["tokens_per_s"] / theirs["tokens_per_s"] if theirs else None,
+    }
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""Engine arguments, named as vLLM names them, with their command-line flags.
+
+``EngineArgs`` is the one place that knows the engine's knobs: ``LLM(...)``
+takes them as keyword arguments, every command that builds an engine adds
+them with ``add_cli_args`` and reads them back with ``from_cli_args``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass, fields
+
+from llmsched.core.config import SchedulerConfig
+from llmsched.core.errors import ConfigError
+from llmsched.core.kv.block_hash import HASH_ALGOS
+from llmsched.core.policy import POLICIES
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(i?))?(b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from ``4096``, ``2G``, ``512MiB`` (binary) or ``1.5GB`` (decimal)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ValueError(f"{text!r} is not a size; use bytes or a number with K, M, G or T (e.g. 2GiB)")
+    number, unit, binary, suffix_b = m.groups()
+    power = "kmgt".index(unit.lower()) + 1 if unit else 0
+    # As in most tools: "GB" is decimal, "G" and "GiB" are binary.
+    base = 1000 if suffix_b and not binary else 1024
+    return int(float(number) * base**power)
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+@dataclass(kw_only=True)
+class EngineArgs:
+    """Everything that builds an engine; field names are vLLM's engine argument names.
+
+    ``model`` None means the embedded demo model (random weights).
+    ``num_gpu_blocks_override`` counts the null block, as ``--num-gpu-blocks``
+    does in ``llmsched simulate``. ``kv_cache_memory`` is in bytes.
+    """
+
+    model: str | None = None
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    seed: int = 0
+    max_model_len: int | None = None
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = "sha256"
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    scheduling_policy: str = "fcfs"
+    num_gpu_blocks_override: int | None = None
+    kv_cache_memory: int | None = None
+    gpu_memory_utilization: float = 0.9
+    num_threads: int | None = None
+    # Check the scheduler's invariants after every step (slow).
+    debug: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "max_num_seqs", "block_size"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 1:
+                raise ConfigError(f"{name}={v!r} must be a positive integer")
+        for name in ("max_model_len", "num_gpu_blocks_override", "num_threads"):
+            v = getattr(self, name)
+            if v is not None and (not _is_int(v) or v < 1):
+                raise ConfigError(f"{name}={v!r} must be a positive integer or None")
+        if self.kv_cache_memory is not None:
+            try:
+                self.kv_cache_memory = parse_size(self.kv_cache_memory)
+            except ValueError as e:
+                raise ConfigError(f"kv_cache_memory: {e}") from None
+            if self.kv_cache_memory < 1:
+                raise ConfigError(f"kv_cache_memory={self.kv_cache_memory!r} must be a positive byte count")
+        if not _is_int(self.seed):
+            raise ConfigError(f"seed={self.seed!r} must be an integer")
+        if not _is_int(self.long_prefill_token_threshold) or self.long_prefill_token_threshold < 0:
+            raise ConfigError(
+                f"long_prefill_token_threshold={self.long_prefill_token_threshold!r} must be >= 0"
+            )
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype={self.dtype!r} is unknown; choose one of {', '.join(DTYPES)}")
+        if self.device not in DEVICES and not str(self.device).startswith("cuda:"):
+            raise ConfigError(f"device={self.device!r} is unknown; choose one of {', '.join(DEVICES)}")
+        if self.scheduling_policy not in POLICIES:
+            raise ConfigError(
+                f"scheduling_policy={self.scheduling_policy!r} is unknown; "
+                f"choose one of {', '.join(POLICIES)}"
+            )
+        if self.prefix_caching_hash_algo not in HASH_ALGOS:
+            raise ConfigError(
+                f"prefix_caching_hash_algo={self.prefix_caching_hash_algo!r} is unknown; "
+                f"choose one of {', '.join(HASH_ALGOS)}"
+            )
+        u = self.gpu_memory_utilization
+        if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0.0 < u <= 1.0:
+            raise ConfigError(f"gpu_memory_utilization={u!r} must be in (0, 1]")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_num_seqs ({self.max_num_seqs}); lower --max-num-seqs or raise the budget"
+            )
+
+    def executor_kwargs(self) -> dict:
+        """Keyword arguments of TorchExecutor (everything but the model path)."""
+        return {
+            "dtype": self.dtype,
+            "device": self.device,
+            "block_size": self.block_size,
+            "max_model_len": self.max_model_len,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_num_seqs": self.max_num_seqs,
+            "num_gpu_blocks": self.num_gpu_blocks_override,
+            "kv_cache_memory": self.kv_cache_memory,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "seed": self.seed,
+            "num_threads": self.num_threads,
+        }
+
+    def create_scheduler_config(self, num_gpu_blocks: int, max_model_len: int) -> SchedulerConfig:
+        """The scheduler's settings, once the executor has sized the KV cache and context."""
+        return SchedulerConfig(
+            num_gpu_blocks=num_gpu_blocks,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs,
+            block_size=self.block_size,
+            enable_prefix_caching=self.enable_prefix_caching,
+            prefix_caching_hash_algo=self.prefix_caching_hash_algo,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
+            policy=self.scheduling_policy,
+            debug=self.debug,
+        )
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser, *, model_help: str | None = None) -> None:
+        """Add the engine flags (``--max-num-batched-tokens`` and the rest) to ``parser``."""
+        g = parser.add_argument_group("engine (vLLM engine arguments)")
+        g.add_argument(
+            "--model",
+            default=None,
+            metavar="DIR",
+            help=model_help
+            or "Hugging Face model folder (config.json, safetensors, tokenizer); default: the embedded "
+            "demo model with random weights",
+        )
+        g.add_argument("--tokenizer", default=None, metavar="DIR", help="tokenizer folder (default: --model)")
+        g.add_argument("--dtype", choices=DTYPES, default="auto")
+        g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+        g.add_argument("--seed", type=int, default=0, help="engine seed (default 0)")
+        g.add_argument("--max-model-len", type=_positive_int, default=None)
+        g.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192)
+        g.add_argument("--max-num-seqs", type=_positive_int, default=256)
+        g.add_argument("--block-size", type=_positive_int, default=16)
+        g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+        g.add_argument("--prefix-caching-hash-algo", choices=list(HASH_ALGOS), default="sha256")
+        g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
+        g.add_argument("--long-prefill-token-threshold", type=int, default=0)
+        g.add_argument("--scheduling-policy", choices=sorted(POLICIES), default="fcfs")
+        g.add_argument(
+            "--num-gpu-blocks-override",
+            "--num-gpu-blocks",
+            dest="num_gpu_blocks_override",
+            type=_positive_int,
+            default=None,
+            help="KV cache blocks (null block included) instead of sizing from memory",
+        )
+        g.add_argument(
+            "--kv-cache-memory",
+            "--kv-cache-memory-bytes",
+            dest="kv_cache_memory",
+            type=_size,
+            default=None,
+            metavar="BYTES",
+            help="KV cache size, e.g. 2GiB (the CPU default is chosen by the executor)",
+        )
+        g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+        g.add_argument("--num-threads", type=_positive_int, default=None, help="torch CPU threads")
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
+        """Build from a namespace parsed with ``add_cli_args``'s flags."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be a positive integer")
+    return v
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

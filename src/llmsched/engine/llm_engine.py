@@ -1,0 +1,330 @@
+"""LLMEngine: prompts in, RequestOutputs out, one scheduler step at a time.
+
+It owns the tokenizer and the per-request text state; scheduling stays in
+the Scheduler and the model in the executor. The executor is built before
+the scheduler, because it decides how many KV blocks fit and the resolved
+context length, and the scheduler is configured from those numbers.
+
+Bad input fails per request: ``add_request`` raises ``RequestRejected`` (a
+ValueError; for ``InvalidSamplingParams`` as well) and leaves the engine
+untouched, so other requests run on. ``LLM.generate`` turns those into
+outputs with finish_reason "error".
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from llmsched.core.errors import RequestRejected
+from llmsched.core.request import Request, RequestStatus
+from llmsched.core.sampling_params import SamplingParams
+from llmsched.core.scheduler import Scheduler
+from llmsched.engine.args import EngineArgs
+from llmsched.engine.detokenizer import IncrementalDetokenizer
+from llmsched.engine.engine_core import EngineCore, EngineStep
+from llmsched.engine.executor import Executor
+from llmsched.engine.model_files import load_model_files
+from llmsched.engine.outputs import RequestMetrics, RequestOutput, RequestOutputKind
+from llmsched.engine.request_state import RequestState
+from llmsched.engine.tokenizer import Tokenizer, load_tokenizer
+
+# (model folder, **EngineArgs.executor_kwargs()) -> an executor that also
+# has ``num_gpu_blocks`` and ``max_model_len``, as TorchExecutor does.
+ExecutorFactory = Callable[..., Executor]
+
+# A prompt: text, {"prompt": text}, or {"prompt_token_ids": [...]}.
+PromptType = str | Mapping[str, Any]
+
+
+def _torch_executor(model: Path, **kwargs: Any) -> Executor:
+    from llmsched.executor.torch import TorchExecutor
+
+    return TorchExecutor(model, **kwargs)
+
+
+class LLMEngine:
+    """Tokenize, schedule, execute, detokenize; ``step()`` returns what changed."""
+
+    def __init__(self, engine_args: EngineArgs, *, executor_factory: ExecutorFactory | None = None) -> None:
+        self.engine_args = engine_args
+        self.model_path, self.is_embedded = _resolve_model(engine_args.model)
+        # Set for the embedded model: whoever faces the user (LLM, the CLI)
+        # must show it, so nobody mistakes its gibberish for a real model's.
+        self.model_notice: str | None = None
+        if self.is_embedded:
+            from llmsched.executor.torch.embedded import random_weights_notice
+
+            self.model_notice = random_weights_notice(self.model_path)
+        files = load_model_files(self.model_path)
+        self.tokenizer: Tokenizer = load_tokenizer(files, engine_args.tokenizer)
+        self.model_config = files.config
+        self.generation_defaults = files.generation_defaults
+        vocab = files.config.get("vocab_size")
+        self.vocab_size: int = vocab if isinstance(vocab, int) and vocab > 0 else self.tokenizer.vocab_size
+        self.eos_token_ids: list[int] = self.tokenizer.eos_token_ids
+        factory = executor_factory if executor_factory is not None else _torch_executor
+        executor = factory(self.model_path, **self._executor_kwargs())
+        try:
+            config = engine_args.create_scheduler_config(
+                num_gpu_blocks=executor.num_gpu_blocks,  # type: ignore[attr-defined]
+                max_model_len=executor.max_model_len,  # type: ignore[attr-defined]
+            )
+            self.engine_core = EngineCore(config, executor)
+        except BaseException:
+            executor.close()
+            raise
+        self.executor = executor
+        self.scheduler_config = config
+        self.max_model_len: int = config.max_model_len
+        self._states: dict[str, RequestState] = {}
+        self._decode = partial(self.tokenizer.decode, skip_special_tokens=True)
+        self._decode_keep_special = partial(self.tokenizer.decode, skip_special_tokens=False)
+        self.last_step: EngineStep | None = None
+        self.num_steps = 0
+
+    def _executor_kwargs(self) -> dict[str, Any]:
+        kwargs = self.engine_args.executor_kwargs()
+        if self.is_embedded and kwargs["num_gpu_blocks"] is None and kwargs["kv_cache_memory"] is None:
+            from llmsched.executor.torch.embedded import KV_CACHE_MEMORY
+
+            kwargs["kv_cache_memory"] = KV_CACHE_MEMORY
+        return kwargs
+
+    @classmethod
+    def from_engine_args(
+        cls, engine_args: EngineArgs, *, executor_factory: ExecutorFactory | None = None
+    ) -> LLMEngine:
+        """Build an engine (vLLM's spelling)."""
+        return cls(engine_args, executor_factory=executor_factory)
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The step scheduler (for tracing and statistics)."""
+        return self.engine_core.scheduler
+
+    def get_tokenizer(self) -> Tokenizer:
+        """The model's tokenizer."""
+        return self.tokenizer
+
+    def default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation_config.json defaults (temperature, top_p, ...)."""
+        try:
+            return SamplingParams(**self.generation_defaults)
+        except (TypeError, ValueError):
+            # A model's odd defaults must not make every request fail.
+            return SamplingParams()
+
+    # ---- requests ------------------------------------------------------------
+
+    def process_prompt(
+        self, request_id: str, prompt: PromptType | Sequence[int]
+    ) -> tuple[str | None, list[int]]:
+        """(prompt text or None, token ids); raises RequestRejected for a malformed prompt."""
+        text: str | None = None
+        if isinstance(prompt, str):
+            text = prompt
+            ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, Mapping):
+            if "prompt_token_ids" in prompt:
+                ids = prompt["prompt_token_ids"]
+            elif isinstance(prompt.get("prompt"), str):
+                text = prompt["prompt"]
+                ids = self.tokenizer.encode(text)
+            else:
+                raise RequestRejected(
+                    f"request {request_id!r}: a dict prompt needs 'prompt' (text) or 'prompt_token_ids'"
+                )
+        elif isinstance(prompt, (list, tuple)):
+            ids = prompt
+        else:
+            raise RequestRejected(
+                f"request {request_id!r}: a prompt must be a string, {{'prompt': str}} or "
+                f"{{'prompt_token_ids': [...]}}, not {type(prompt).__name__}"
+            )
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+            raise RequestRejected(f"request {request_id!r}: prompt_token_ids must be a list of integers")
+        vocab = self.vocab_size
+        for t in ids:
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
+                raise RequestRejected(
+                    f"request {request_id!r}: prompt token id {t!r} is not in the vocabulary [0, {vocab})"
+                )
+        return text, list(ids)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType | Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        arrival_time: float | None = None,
+        priority: int = 0,
+        output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE,
+        cache_salt: str | None = None,
+    ) -> None:
+        """Queue one request, or raise RequestRejected (a ValueError) naming what is wrong with it.
+
+        ``cache_salt`` keeps the request's prefix-cache entries apart from
+        requests with another salt (or none), as vLLM's ``cache_salt`` does.
+        """
+        if not isinstance(request_id, str):
+            raise RequestRejected(f"request id {request_id!r} must be a string")
+        if request_id in self._states:
+            raise RequestRejected(f"request id {request_id!r} is already in use by an unfinished request")
+        if params is None:
+            params = self.default_sampling_params()
+        elif not isinstance(params, SamplingParams):
+            raise RequestRejected(
+                f"request {request_id!r}: sampling params must be llmsched.SamplingParams, "
+                f"not {type(params).__name__}"
+            )
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise RequestRejected(f"request {request_id!r}: cache_salt must be a non-empty string")
+        text, ids = self.process_prompt(request_id, prompt)
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        req = Request(
+            request_id,
+            ids,
+            params,
+            eos_token_ids=self.eos_token_ids,
+            priority=priority,
+            arrival_time=arrival,
+            cache_salt=cache_salt,
+        )
+        self.engine_core.add_request(req)
+        decode = self._decode if params.skip_special_tokens else self._decode_keep_special
+        detok = IncrementalDetokenizer(
+            decode, ids, params.stop, params.include_stop_str_in_output, params.min_tokens
+        )
+        self._states[request_id] = RequestState(
+            request=req,
+            prompt=text,
+            detokenizer=detok,
+            metrics=RequestMetrics(arrival_time=arrival),
+            output_kind=output_kind,
+            logprobs=[] if params.logprobs is not None else None,
+            cumulative_logprob=0.0 if params.logprobs is not None else None,
+        )
+
+    def abort_request(self, request_ids: str | Iterable[str]) -> list[RequestOutput]:
+        """Abort requests; returns their final outputs (finish_reason "abort"). Unknown ids are ignored."""
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        self.engine_core.abort(ids)
+        now = time.monotonic()
+        outs = []
+        for rid in ids:
+            st = self._states.pop(rid, None)
+            if st is None:
+                continue
+            st.request.status = RequestStatus.FINISHED_ABORTED
+            st.metrics.finished_time = now
+            out = st.make_output(True)
+            if out is not None:
+                outs.append(out)
+        return outs
+
+    def has_unfinished_requests(self) -> bool:
+        """True while any request is queued or running."""
+        return bool(self._states)
+
+    def get_num_unfinished_requests(self) -> int:
+        """How many requests are queued or running."""
+        return len(self._states)
+
+    # ---- the step ------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduler step; returns an output for every request that progressed or finished."""
+        core = self.engine_core
+        if not core.has_requests():
+            return []
+        t0 = time.monotonic()
+        es = core.step()
+        now = time.monotonic()
+        self.last_step = es
+        self.num_steps += 1
+        states = self._states
+        so = es.scheduler_output
+        for req in so.admitted:
+            st = states.get(req.request_id)
+            if st is not None and math.isnan(st.metrics.first_scheduled_time):
+                st.metrics.first_scheduled_time = t0
+        logprobs_by_id = self._logprobs_by_id(es)
+        outputs: list[RequestOutput] = []
+        for req in es.outputs.updated:
+            st = states.get(req.request_id)
+            if st is None:
+                continue
+            new = st.new_token_ids()
+            if not new:
+                continue
+            m = st.metrics
+            if math.isnan(m.first_token_time):
+                m.first_token_time = now
+            m.last_token_time = now
+            m.num_generation_tokens += len(new)
+            finished = req.is_finished
+            stop_terminated = finished and req.status is RequestStatus.FINISHED_STOPPED
+            stop = st.detokenizer.update(new, stop_terminated, finished)
+            if stop is not None:
+                if not finished:
+                    core.scheduler.finish_requests(req.request_id, RequestStatus.FINISHED_STOPPED)
+                # A stop string outranks a length cap reached by the same token, as in vLLM.
+                req.status = RequestStatus.FINISHED_STOPPED
+                req.stop_reason = stop
+                finished = True
+            if st.logprobs is not None:
+                entries = logprobs_by_id.get(req.request_id)
+                if entries is not None:
+                    st.add_logprobs(entries, new, self._decode_one)
+            if finished:
+                m.finished_time = now
+                del states[req.request_id]
+            out = st.make_output(finished)
+            if out is not None:
+                outputs.append(out)
+        return outputs
+
+    def _logprobs_by_id(self, es: EngineStep) -> dict[str, Sequence[object]]:
+        lps = es.model_output.logprobs
+        if not lps:
+            return {}
+        out = {}
+        for req, entry in zip(es.scheduler_output.scheduled, lps):
+            if entry is not None:
+                # One entry per sampled token; a single token may come unwrapped.
+                out[req.request_id] = entry if isinstance(entry, list) else [entry]
+        return out
+
+    def _decode_one(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def close(self) -> None:
+        """Release the executor."""
+        self.engine_core.close()
+
+    def __enter__(self) -> LLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _resolve_model(model: str | os.PathLike | None) -> tuple[Path, bool]:
+    """The model folder, and whether it is the embedded random-weights model."""
+    if model is None:
+        from llmsched.executor.torch.embedded import ensure_embedded_model
+
+        return ensure_embedded_model(), True
+    from llmsched.engine.model_files import resolve_model_dir
+
+    path = resolve_model_dir(model)
+    from llmsched.executor.torch.embedded import is_embedded_model
+
+    return path, is_embedded_model(path)

@@ -1,0 +1,153 @@
+"""The engine's per-request bookkeeping: text, logprobs, timestamps, and the outputs made from them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from llmsched.core.request import Request
+from llmsched.engine.detokenizer import IncrementalDetokenizer
+from llmsched.engine.outputs import (
+    CompletionOutput,
+    Logprob,
+    RequestMetrics,
+    RequestOutput,
+    RequestOutputKind,
+    SampleLogprobs,
+)
+
+
+@dataclass(slots=True)
+class RequestState:
+    """One live request as the engine (not the scheduler) tracks it."""
+
+    request: Request
+    prompt: str | None
+    detokenizer: IncrementalDetokenizer
+    metrics: RequestMetrics
+    output_kind: RequestOutputKind
+    # None unless the request asked for logprobs.
+    logprobs: SampleLogprobs | None = None
+    cumulative_logprob: float | None = None
+    # Output tokens already handed to the detokenizer.
+    num_seen: int = 0
+    # Output tokens / logprobs already returned (DELTA outputs).
+    num_sent: int = 0
+
+    def new_token_ids(self) -> list[int]:
+        """Output tokens the scheduler appended since the last call."""
+        req = self.request
+        start = req.num_prompt_tokens + self.num_seen
+        new = req.token_ids[start:]
+        self.num_seen += len(new)
+        return new
+
+    def add_logprobs(
+        self, entries: Sequence[object], sampled: Sequence[int], decode_one: Callable[[int], str] | None
+    ) -> None:
+        """Record the logprobs the executor returned for ``sampled`` tokens."""
+        if self.logprobs is None:
+            return
+        for entry, token in zip(entries, sampled):
+            d = _to_logprob_dict(entry)
+            if decode_one is not None:
+                for tid, lp in d.items():
+                    if lp.decoded_token is None:
+                        lp.decoded_token = decode_one(tid)
+            self.logprobs.append(d)
+            chosen = d.get(token)
+            if chosen is not None and self.cumulative_logprob is not None:
+                self.cumulative_logprob += chosen.logprob
+            elif chosen is None:
+                self.cumulative_logprob = None
+
+    def make_output(self, finished: bool) -> RequestOutput | None:
+        """The RequestOutput to report now, or None when this kind reports nothing yet."""
+        kind = self.output_kind
+        if kind is RequestOutputKind.FINAL_ONLY and not finished:
+            return None
+        det = self.detokenizer
+        req = self.request
+        ids = det.token_ids
+        # Tokens cut after a stop string never reach the output.
+        n_ids = len(ids)
+        logprobs = self.logprobs[:n_ids] if self.logprobs is not None else None
+        if kind is RequestOutputKind.DELTA:
+            text = det.delta_text(finished)
+            token_ids = ids[self.num_sent :]
+            if logprobs is not None:
+                logprobs = logprobs[self.num_sent :]
+            self.num_sent = n_ids
+            if not finished and not text and not token_ids:
+                return None
+        else:
+            text = det.output_text(finished)
+            token_ids = list(ids)
+        completion = CompletionOutput(
+            index=0,
+            text=text,
+            token_ids=token_ids,
+            cumulative_logprob=self.cumulative_logprob,
+            logprobs=logprobs,
+            finish_reason=req.finish_reason if finished else None,
+            stop_reason=req.stop_reason if finished else None,
+        )
+        return RequestOutput(
+            request_id=req.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=req.prompt_token_ids,
+            outputs=[completion],
+            finished=finished,
+            metrics=self.metrics,
+            num_cached_tokens=max(req.num_cached_tokens, 0),
+        )
+
+
+def error_output(
+    request_id: str, prompt: str | None, prompt_token_ids: Sequence[int], message: str, arrival_time: float
+) -> RequestOutput:
+    """A finished output for a request that failed on its own (finish_reason "error")."""
+    metrics = RequestMetrics(arrival_time=arrival_time, finished_time=arrival_time)
+    return RequestOutput(
+        request_id=request_id,
+        prompt=prompt,
+        prompt_token_ids=list(prompt_token_ids),
+        outputs=[CompletionOutput(index=0, text="", token_ids=[], finish_reason="error")],
+        finished=True,
+        metrics=metrics,
+        error=message,
+    )
+
+
+def _to_logprob_dict(entry: object) -> dict[int, Logprob]:
+    """One token's logprobs from the executor, as {token id: Logprob}.
+
+    Accepted: the torch executor's TokenLogprobs (``token_id``, ``logprob``,
+    ``rank``, ``top`` as (id, logprob) pairs, most likely first), a mapping
+    id -> float | Logprob | (logprob, rank), or parallel sequences
+    (ids, logprobs[, ranks]). As in vLLM the sampled token comes first, then
+    the top-N.
+    """
+    top = getattr(entry, "top", None)
+    if top is not None:
+        out = {int(entry.token_id): Logprob(float(entry.logprob), int(entry.rank))}  # type: ignore[attr-defined]
+        for rank, (tid, lp) in enumerate(top, 1):
+            out.setdefault(int(tid), Logprob(float(lp), rank))
+        return out
+    if isinstance(entry, Mapping):
+        out: dict[int, Logprob] = {}
+        for tid, v in entry.items():
+            if isinstance(v, Logprob):
+                out[int(tid)] = v
+            elif isinstance(v, (tuple, list)):
+                out[int(tid)] = Logprob(float(v[0]), int(v[1]) if len(v) > 1 and v[1] is not None else None)
+            else:
+                out[int(tid)] = Logprob(float(v))  # type: ignore[arg-type]
+        return out
+    if isinstance(entry, (tuple, list)) and len(entry) in (2, 3):
+        ids, lps = entry[0], entry[1]
+        ranks = entry[2] if len(entry) == 3 else [None] * len(ids)
+        return {
+            int(t): Logprob(float(lp), int(r) if r is not None else None) for t, lp, r in zip(ids, lps, ranks)
+        }
+    return {}

@@ -1,0 +1,263 @@
+"""Per-request state kept across steps, and turning a SchedulerOutput into model inputs.
+
+The executor keeps, for every request the scheduler has running, its block
+table (a row of one persistent tensor, so a step's decode tables are one
+index_select) and its penalty counters. Each step's SchedulerOutput updates
+that state: finished and preempted requests are dropped (a preempted one
+returns later as an admission with a fresh table), admissions bring their
+whole table, running requests their appended blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+import torch
+
+from llmsched.core.output import SchedulerOutput
+from llmsched.core.request import Request
+from llmsched.executor.torch.attention import AttentionMetadata, DecodeGroup, PrefillChunk
+from llmsched.executor.torch.kv_cache import cdiv
+
+
+@dataclass(slots=True)
+class RequestState:
+    """What the executor remembers about one running request."""
+
+    request: Request
+    row: int
+    num_blocks: int
+    # Sampler state, created on first use: output-token counts over the
+    # vocabulary, how many output tokens they cover, and the prompt's token set.
+    output_counts: torch.Tensor | None = None
+    counted: int = 0
+    prompt_mask: torch.Tensor | None = None
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """A step's model inputs and which scheduled requests sample."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    attn: AttentionMetadata
+    # Rows whose hidden state goes to the LM head, ascending.
+    logits_indices: torch.Tensor
+    # For each logits row, the index into scheduler_output.scheduled.
+    sample_sched_index: list[int] = field(default_factory=list)
+    sample_states: list[RequestState] = field(default_factory=list)
+
+
+class InputBatch:
+    """Request states plus the builder of each step's flattened inputs."""
+
+    def __init__(
+        self,
+        *,
+        block_size: int,
+        max_blocks_per_request: int,
+        max_num_seqs: int,
+        device: torch.device,
+        decode_group_bytes: int,
+        kv_row_bytes: int,
+        matmul_decode: bool,
+        num_kv_heads: int,
+        dtype: torch.dtype,
+    ) -> None:
+        self.block_size = block_size
+        self.max_blocks = max_blocks_per_request
+        self.device = device
+        self.states: dict[str, RequestState] = {}
+        self.block_table = torch.zeros((max_num_seqs, max_blocks_per_request), dtype=torch.int64)
+        self._free_rows = list(range(max_num_seqs - 1, -1, -1))
+        # A decode group's gathered K (one of K, V) aims to fit this many bytes.
+        self.decode_group_bytes = decode_group_bytes
+        # Bytes of one token's K in one layer.
+        self.kv_row_bytes = kv_row_bytes
+        self._arange = torch.arange(max_blocks_per_request * block_size, dtype=torch.int64)
+        # On CUDA one group serves every decode: there is no cache to fit.
+        self._single_group = device.type != "cpu"
+        # The matmul decode path adds a mask in the model dtype, one row per KV
+        # head; SDPA takes a bool one.
+        self.additive_mask = matmul_decode
+        self.num_kv_heads = num_kv_heads
+        self.dtype = dtype
+
+    # ---- state ------------------------------------------------------------------
+
+    def update(self, so: SchedulerOutput) -> None:
+        """Apply a step's finishes, preemptions, admissions and appended blocks."""
+        states = self.states
+        for rid in so.finished_req_ids:
+            self._drop(rid)
+        for req in so.preempted:
+            self._drop(req.request_id)
+        for req, block_ids in zip(so.admitted, so.admitted_block_ids):
+            # An id reused after finishing, or resumed after preemption.
+            self._drop(req.request_id)
+            row = self._take_row()
+            n = len(block_ids)
+            if n > self.max_blocks:
+                raise ValueError(
+                    f"request {req.request_id!r} has {n} KV blocks, more than max_model_len allows "
+                    f"({self.max_blocks}); the scheduler and executor disagree on max_model_len"
+                )
+            if n:
+                self.block_table[row, :n] = torch.tensor(block_ids, dtype=torch.int64)
+            states[req.request_id] = RequestState(req, row, n)
+        for rid, block_ids in so.new_block_ids.items():
+            st = states.get(rid)
+            if st is None:
+                raise KeyError(f"blocks appended to request {rid!r}, which the executor never saw admitted")
+            n, k = st.num_blocks, len(block_ids)
+            if n + k > self.max_blocks:
+                raise ValueError(
+                    f"request {rid!r} grew to {n + k} KV blocks, more than max_model_len allows "
+                    f"({self.max_blocks}); the scheduler and executor disagree on max_model_len"
+                )
+            self.block_table[st.row, n : n + k] = torch.tensor(block_ids, dtype=torch.int64)
+            st.num_blocks = n + k
+
+    def _take_row(self) -> int:
+        if not self._free_rows:
+            # More running requests than max_num_seqs promised: grow rather than fail.
+            old = self.block_table
+            self.block_table = torch.zeros((2 * old.shape[0], old.shape[1]), dtype=torch.int64)
+            self.block_table[: old.shape[0]] = old
+            self._free_rows = list(range(2 * old.shape[0] - 1, old.shape[0] - 1, -1))
+        return self._free_rows.pop()
+
+    def _drop(self, rid: str) -> None:
+        st = self.states.pop(rid, None)
+        if st is not None:
+            # Zeros point padded table entries at the null block.
+            self.block_table[st.row, : st.num_blocks] = 0
+            self._free_rows.append(st.row)
+
+    def clear(self) -> None:
+        """Forget every request."""
+        for rid in list(self.states):
+            self._drop(rid)
+
+    # ---- one step's inputs ----------------------------------------------------------
+
+    def prepare(self, so: SchedulerOutput) -> StepInputs:
+        """Flatten the scheduled chunks: decodes first (by context length), then prefill chunks."""
+        if so.spec_decode_tokens:
+            raise NotImplementedError("the torch executor does not verify speculative draft tokens")
+        states = self.states
+        bs = self.block_size
+        decodes: list[tuple[int, int, RequestState]] = []  # (position, scheduled index, state)
+        prefills: list[tuple[int, int, int, RequestState]] = []  # (start, n, scheduled index, state)
+        for i, (req, n) in enumerate(zip(so.scheduled, so.num_scheduled_tokens)):
+            st = states.get(req.request_id)
+            if st is None:
+                raise KeyError(f"request {req.request_id!r} is scheduled but was never admitted")
+            start = req.num_computed_tokens - n
+            if start + n > st.num_blocks * bs:
+                raise ValueError(
+                    f"request {req.request_id!r} runs up to position {start + n} but holds "
+                    f"only {st.num_blocks} blocks of {bs}"
+                )
+            if n == 1:
+                decodes.append((start, i, st))
+            else:
+                prefills.append((start, n, i, st))
+        decodes.sort(key=_position)
+
+        ids: list[int] = []
+        sample_rows: list[tuple[int, int, RequestState]] = []  # (row, scheduled index, state)
+        nd = len(decodes)
+        for row, (pos, i, st) in enumerate(decodes):
+            req = st.request
+            ids.append(req.token_ids[pos])
+            if pos + 1 >= req.num_tokens:
+                sample_rows.append((row, i, st))
+        table = self.block_table
+        if nd:
+            dpos = torch.tensor([p for p, _, _ in decodes], dtype=torch.int64)
+            drows = torch.tensor([st.row for _, _, st in decodes], dtype=torch.int64)
+            dslots = table[drows, dpos // bs] * bs + dpos % bs
+            groups = self._decode_groups(decodes, drows, dpos)
+        else:
+            groups = []
+        pos_parts = [dpos] if nd else []
+        slot_parts = [dslots] if nd else []
+        chunks: list[PrefillChunk] = []
+        row = nd
+        for start, n, i, st in prefills:
+            req = st.request
+            ids.extend(req.token_ids[start : start + n])
+            pos = self._arange[start : start + n]
+            pos_parts.append(pos)
+            table_row = table[st.row]
+            slot_parts.append(table_row[pos // bs] * bs + pos % bs)
+            chunk = PrefillChunk(row, row + n, start)
+            if start > 0:
+                nb = cdiv(start + n, bs)
+                chunk.block_ids = table_row[:nb].to(self.device)
+                qpos = pos[:, None]
+                chunk.mask = (self._arange[None, : nb * bs] <= qpos).to(self.device)
+            chunks.append(chunk)
+            row += n
+            if start + n >= req.num_tokens:
+                sample_rows.append((row - 1, i, st))
+        if prefills:
+            # Rows must ascend; decodes and prefills each already do.
+            sample_rows.sort(key=_first)
+        dev = self.device
+        positions = pos_parts[0] if len(pos_parts) == 1 else torch.cat(pos_parts)
+        slots = slot_parts[0] if len(slot_parts) == 1 else torch.cat(slot_parts)
+        return StepInputs(
+            input_ids=torch.tensor(ids, dtype=torch.int64).to(dev),
+            positions=positions.to(dev),
+            attn=AttentionMetadata(
+                slot_mapping=slots.to(dev), num_decodes=nd, decode_groups=groups, prefills=chunks
+            ),
+            logits_indices=torch.tensor([r for r, _, _ in sample_rows], dtype=torch.int64).to(dev),
+            sample_sched_index=[i for _, i, _ in sample_rows],
+            sample_states=[st for _, _, st in sample_rows],
+        )
+
+    def _decode_groups(
+        self, decodes: list[tuple[int, int, RequestState]], rows: torch.Tensor, positions: torch.Tensor
+    ) -> list[DecodeGroup]:
+        """Cut the length-sorted decodes into groups whose padded K gather fits the byte budget."""
+        bs = self.block_size
+        n = len(decodes)
+        bounds: list[int] = [0]
+        if not self._single_group:
+            budget = self.decode_group_bytes
+            row_bytes = self.kv_row_bytes
+            start = 0
+            for j in range(n):
+                # Sorted ascending, so the newest member has the longest context.
+                padded = cdiv(decodes[j][0] + 1, bs) * bs
+                if j > start and (j - start + 1) * padded * row_bytes > budget:
+                    bounds.append(j)
+                    start = j
+        bounds.append(n)
+        groups = []
+        dev = self.device
+        for s, e in pairwise(bounds):
+            nb = cdiv(decodes[e - 1][0] + 1, bs)
+            table = self.block_table[:, :nb].index_select(0, rows[s:e])
+            lens = positions[s:e] + 1
+            visible = self._arange[None, : nb * bs] < lens[:, None]
+            if self.additive_mask:
+                mask = torch.zeros(visible.shape, dtype=self.dtype).masked_fill_(~visible, float("-inf"))
+                # KV-head-major rows, as the decode queries are laid out.
+                mask = mask.repeat(self.num_kv_heads, 1).unsqueeze(1)
+            else:
+                mask = visible.view(e - s, 1, 1, nb * bs)
+            groups.append(DecodeGroup(s, e, table.view(-1).to(dev), mask.to(dev)))
+        return groups
+
+
+def _position(item: tuple[int, int, RequestState]) -> int:
+    return item[0]
+
+
+def _first(item: tuple[int, int, RequestState]) -> int:
+    return item[0]

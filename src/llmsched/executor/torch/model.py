@@ -1,0 +1,111 @@
+"""The decoder-only transformer shared by the Llama, Mistral, Qwen2 and Qwen3 families.
+
+Plain tensors and functions rather than nn.Modules: the forward pass is a
+loop over layers with no hooks, no autograd and no per-call module dispatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from llmsched.executor.torch.attention import AttentionMetadata, PagedAttention
+from llmsched.executor.torch.config import ModelConfig
+from llmsched.executor.torch.kv_cache import KVCache
+from llmsched.executor.torch.layers import rms_norm, swiglu
+from llmsched.executor.torch.rope import RotaryEmbedding
+from llmsched.executor.torch.weights import ModelWeights
+
+# Steps of at most this many tokens run their non-matmul ops on one thread.
+NARROW_STEP_TOKENS = 1024
+
+
+class DecoderModel:
+    """Runs a step's flattened tokens through the layers and returns logits for the sampling rows."""
+
+    __slots__ = ("attention", "config", "eps", "kv", "rope", "threads", "weights")
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: ModelWeights,
+        rope: RotaryEmbedding,
+        kv: KVCache,
+        matmul_decode: bool,
+        threads: int = 1,
+    ) -> None:
+        self.config = config
+        self.weights = weights
+        self.rope = rope
+        self.kv = kv
+        self.eps = config.rms_norm_eps
+        self.attention = PagedAttention(
+            config.num_heads, config.num_kv_heads, config.head_dim, kv.block_size, matmul_decode
+        )
+        # CPU intra-op threads; small steps use them for the matmuls only.
+        self.threads = threads
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """Logits [len(logits_indices), vocab] in the model dtype."""
+        ntok = input_ids.shape[0]
+        n = self.threads
+        if n == 1 or ntok > NARROW_STEP_TOKENS:
+            return self._forward(input_ids, positions, meta, logits_indices, F.linear)
+        # A small (decode-heavy) step: every op but the matmuls runs on one
+        # thread. Its elementwise ops and attention gain little from a second
+        # thread, while each parallel region waits for its slowest thread: on
+        # a loaded machine, one descheduled worker stalls the whole step.
+        set_threads = torch.set_num_threads
+
+        def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+            set_threads(n)
+            y = F.linear(x, w, b)
+            set_threads(1)
+            return y
+
+        set_threads(1)
+        try:
+            return self._forward(input_ids, positions, meta, logits_indices, linear)
+        finally:
+            set_threads(n)
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        logits_indices: torch.Tensor,
+        linear: Callable[..., torch.Tensor],
+    ) -> torch.Tensor:
+        cfg = self.config
+        w = self.weights
+        eps = self.eps
+        nh, nkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        ntok = input_ids.shape[0]
+        rope = self.rope
+        attention = self.attention
+        caches = self.kv.blocks
+        cos, sin = rope.lookup(positions)
+        x = F.embedding(input_ids, w.embed)
+        for i, lw in enumerate(w.layers):
+            h = rms_norm(x, lw.input_norm, eps)
+            qkv = linear(h, lw.qkv, lw.qkv_bias).view(ntok, nh + 2 * nkv, d)
+            qk = qkv[:, : nh + nkv]
+            if lw.qk_norm is not None:
+                qk = rms_norm(qk, lw.qk_norm, eps)
+            qk = rope.apply(qk, cos, sin)
+            attn = attention.forward(qk[:, :nh], qk[:, nh:], qkv[:, nh + nkv :], caches[i], meta)
+            x.add_(linear(attn, lw.o_proj, lw.o_bias))
+            h = rms_norm(x, lw.post_norm, eps)
+            x.add_(linear(swiglu(linear(h, lw.gate_up, lw.gate_up_bias)), lw.down, lw.down_bias))
+        if logits_indices.shape[0] != ntok:
+            x = x.index_select(0, logits_indices)
+        return linear(rms_norm(x, w.norm, eps), w.lm_head)

@@ -1,0 +1,133 @@
+"""Shared fixtures: a deterministic stand-in executor, a weightless byte-level model folder,
+and the embedded demo model built once per session into a private cache."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from llmsched.core import ModelRunnerOutput, SchedulerOutput
+
+
+class FakeExecutor:
+    """Samples the byte after the request's last token (wrapping inside printable ASCII).
+
+    ``scripts`` maps a prompt (as a token tuple) to the exact tokens to emit,
+    in order; after the script runs out the byte rule applies again.
+    """
+
+    def __init__(
+        self,
+        model: Path,
+        *,
+        num_gpu_blocks: int | None = None,
+        max_model_len: int | None = None,
+        scripts: dict[tuple[int, ...], Sequence[int]] | None = None,
+        **kwargs: object,
+    ) -> None:
+        self.model = model
+        self.kwargs = kwargs
+        self.num_gpu_blocks = num_gpu_blocks or 512
+        self.max_model_len = max_model_len or 256
+        self.model_config = json.loads((Path(model) / "config.json").read_text())
+        self.scripts = scripts or {}
+        self.calls: list[list[tuple[str, int]]] = []
+        self.finished_ids: list[str] = []
+        self.closed = False
+
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """One token per request whose prompt (or recompute) is fully computed."""
+        self.calls.append(
+            [
+                (r.request_id, n)
+                for r, n in zip(scheduler_output.scheduled, scheduler_output.num_scheduled_tokens)
+            ]
+        )
+        self.finished_ids.extend(scheduler_output.finished_req_ids)
+        sampled: list[list[int]] = []
+        logprobs: list[object] = []
+        for req in scheduler_output.scheduled:
+            if req.num_computed_tokens < req.num_tokens:
+                sampled.append([])
+                logprobs.append(None)
+                continue
+            tok = self.next_token(req.prompt_token_ids, req.token_ids[req.num_prompt_tokens :])
+            sampled.append([tok])
+            want = req.sampling_params.logprobs
+            logprobs.append([{tok: -0.25, (tok + 1) % 256: -1.5}] if want is not None else None)
+        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+
+    def next_token(self, prompt: Sequence[int], output: Sequence[int]) -> int:
+        """The deterministic next token."""
+        script = self.scripts.get(tuple(prompt))
+        if script is not None and len(output) < len(script):
+            return script[len(output)]
+        last = output[-1] if output else prompt[-1]
+        return 32 + (last - 32 + 1) % 95 if 32 <= last < 127 else 65
+
+    def close(self) -> None:
+        """Remember that the engine closed us."""
+        self.closed = True
+
+
+def _fake_factory(**overrides: object) -> Callable[..., FakeExecutor]:
+    """An executor factory that builds FakeExecutors with ``overrides`` applied."""
+    made: list[FakeExecutor] = []
+
+    def factory(model: Path, **kwargs: object) -> FakeExecutor:
+        merged = {k: v for k, v in kwargs.items() if v is not None}
+        merged.update(overrides)
+        ex = FakeExecutor(model, **merged)  # type: ignore[arg-type]
+        made.append(ex)
+        return ex
+
+    factory.made = made  # type: ignore[attr-defined]
+    return factory
+
+
+@pytest.fixture
+def fake_factory() -> Callable[..., Callable[..., FakeExecutor]]:
+    """``fake_factory(**overrides)`` -> an executor factory; ``.made`` lists what it built."""
+    return _fake_factory
+
+
+@pytest.fixture(scope="session")
+def byte_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The embedded model's config and tokenizer files, without weights (FakeExecutor needs none)."""
+    # Imported here: the embedded module's package loads torch.
+    from llmsched.executor.torch.embedded import (
+        CONFIG,
+        ENDOFTEXT_ID,
+        IM_END_ID,
+        tokenizer_config,
+        tokenizer_json,
+    )
+
+    d = tmp_path_factory.mktemp("byte_model")
+    (d / "config.json").write_text(json.dumps(CONFIG))
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [IM_END_ID, ENDOFTEXT_ID]}))
+    (d / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
+    (d / "tokenizer_config.json").write_text(json.dumps(tokenizer_config()))
+    return d
+
+
+@pytest.fixture(scope="session")
+def embedded_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache folder holding the embedded demo model, built once for the whole session."""
+    from llmsched.executor.torch.embedded import ensure_embedded_model
+
+    cache = tmp_path_factory.mktemp("llmsched_cache")
+    ensure_embedded_model(cache)
+    return cache
+
+
+@pytest.fixture
+def use_embedded(embedded_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point LLMSCHED_CACHE_DIR at the session's embedded model; returns the model folder."""
+    from llmsched.executor.torch.embedded import embedded_model_path
+
+    monkeypatch.setenv("LLMSCHED_CACHE_DIR", str(embedded_cache))
+    return embedded_model_path(embedded_cache)

@@ -1,0 +1,128 @@
+"""PagedAttention against a dense per-request reference, for mixed decode / prefill batches."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from llmsched.core import Request, SamplingParams, SchedulerOutput
+from llmsched.executor.torch.attention import PagedAttention
+from llmsched.executor.torch.input_batch import InputBatch
+
+BS = 4
+D = 8
+NB = 96
+
+
+def make_batch(matmul_decode: bool, group_bytes: int, kvh: int) -> InputBatch:
+    return InputBatch(
+        block_size=BS,
+        max_blocks_per_request=32,
+        max_num_seqs=8,
+        device=torch.device("cpu"),
+        decode_group_bytes=group_bytes,
+        kv_row_bytes=kvh * D * 4,
+        matmul_decode=matmul_decode,
+        num_kv_heads=kvh,
+        dtype=torch.float32,
+    )
+
+
+# (context already in the cache, tokens this step): decodes, a fresh prefill,
+# prefills continuing after a prefix hit / an earlier chunk.
+CHUNKS = [(9, 1), (0, 6), (22, 1), (3, 1), (6, 7), (13, 1), (40, 1), (17, 5), (1, 1)]
+
+
+@pytest.mark.parametrize("heads", [(4, 2), (2, 2), (6, 1)])
+@pytest.mark.parametrize("matmul_decode", [True, False])
+@pytest.mark.parametrize("group_bytes", [1, 1 << 20])
+def test_matches_dense_reference(heads, matmul_decode, group_bytes):
+    nh, kvh = heads
+    g = torch.Generator().manual_seed(sum(heads) + group_bytes % 7)
+    cache = torch.zeros(2, kvh, NB, BS, D)
+    key_cache, value_cache = cache[0].permute(1, 2, 0, 3), cache[1].permute(1, 2, 0, 3)
+    free = torch.randperm(NB - 1, generator=g).add(1).tolist()
+    so = SchedulerOutput(step=0)
+    dense_k, dense_v = [], []
+    for i, (ctx, n) in enumerate(CHUNKS):
+        total = ctx + n
+        req = Request(str(i), list(range(total)), SamplingParams(max_tokens=4))
+        req.num_computed_tokens = total
+        blocks = [free.pop() for _ in range(math.ceil(total / BS))]
+        so.scheduled.append(req)
+        so.num_scheduled_tokens.append(n)
+        so.admitted.append(req)
+        so.admitted_block_ids.append(blocks)
+        k = torch.randn(total, kvh, D, generator=g)
+        v = torch.randn(total, kvh, D, generator=g)
+        for p in range(ctx):  # earlier steps' KV
+            key_cache[blocks[p // BS], p % BS] = k[p]
+            value_cache[blocks[p // BS], p % BS] = v[p]
+        dense_k.append(k)
+        dense_v.append(v)
+    batch = make_batch(matmul_decode, group_bytes, kvh)
+    batch.update(so)
+    step = batch.prepare(so)
+    meta = step.attn
+    if group_bytes == 1:
+        assert len(meta.decode_groups) == sum(1 for _, n in CHUNKS if n == 1)
+    else:
+        assert len(meta.decode_groups) == 1
+    # Which request and position each flattened row is.
+    owner = []
+    for i, (ctx, n) in enumerate(CHUNKS):
+        owner += [(i, p) for p in range(ctx, ctx + n)]
+    by_slot = {}
+    for i, p in owner:
+        blocks = so.admitted_block_ids[i]
+        by_slot[blocks[p // BS] * BS + p % BS] = (i, p)
+    rows = [by_slot[s] for s in meta.slot_mapping.tolist()]
+    assert sorted(rows) == sorted(owner)
+    assert step.positions.tolist() == [p for _, p in rows]
+    q = torch.randn(len(rows), nh, D, generator=g)
+    k_new = torch.stack([dense_k[i][p] for i, p in rows])
+    v_new = torch.stack([dense_v[i][p] for i, p in rows])
+    attn = PagedAttention(nh, kvh, D, BS, matmul_decode)
+    out = attn.forward(q, k_new, v_new, cache, meta).view(len(rows), nh, D)
+    grp = nh // kvh
+    for r, (i, p) in enumerate(rows):
+        keys = dense_k[i][: p + 1]
+        vals = dense_v[i][: p + 1]
+        for h in range(nh):
+            w = torch.softmax(keys[:, h // grp] @ q[r, h] / math.sqrt(D), 0)
+            ref = w @ vals[:, h // grp]
+            assert torch.allclose(out[r, h], ref, atol=1e-5), (i, p, h)
+    # New K/V landed in the cache at their slots; the null block stayed zero.
+    for r, (i, p) in enumerate(rows):
+        blocks = so.admitted_block_ids[i]
+        assert torch.equal(key_cache[blocks[p // BS], p % BS], k_new[r])
+        assert torch.equal(value_cache[blocks[p // BS], p % BS], v_new[r])
+    assert not key_cache[0].any() and not value_cache[0].any()
+
+
+def test_bfloat16_decode_is_close_to_float32():
+    nh, kvh = 4, 2
+    g = torch.Generator().manual_seed(3)
+    attn = PagedAttention(nh, kvh, D, BS, matmul_decode=True)
+    so = SchedulerOutput(step=0)
+    req = Request("a", list(range(30)), SamplingParams())
+    req.num_computed_tokens = 30
+    so.scheduled.append(req)
+    so.num_scheduled_tokens.append(1)
+    so.admitted.append(req)
+    so.admitted_block_ids.append(list(range(1, 9)))
+    batch = make_batch(True, 1 << 20, kvh)
+    batch.update(so)
+    meta = batch.prepare(so).attn
+    cache = torch.randn(2, kvh, NB, BS, D, generator=g)
+    q = torch.randn(1, nh, D, generator=g)
+    k = torch.randn(1, kvh, D, generator=g)
+    v = torch.randn(1, kvh, D, generator=g)
+    exact = attn.forward(q, k, v, cache.clone(), meta)
+    batch.dtype = torch.bfloat16
+    meta = batch.prepare(so).attn
+    half = attn.forward(q.bfloat16(), k.bfloat16(), v.bfloat16(), cache.bfloat16(), meta)
+    assert half.dtype is torch.bfloat16
+    assert torch.allclose(half.float(), exact, atol=0.05)
