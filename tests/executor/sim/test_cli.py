@@ -114,6 +114,8 @@ def test_dataset_trace_and_vllm_style_goodput(tmp_path, capsys):
         (["--goodput", "speed:1"], ["--goodput"]),
         (["--dataset", "/nonexistent.jsonl"], ["does not exist"]),
         (["--tensor-parallel-size", "3"], ["must divide the number of attention heads"]),
+        (["--cuda-graph-max-tokens", "-1"], ["cuda_graph_max_tokens=-1 must be >= 0"]),
+        (["--launch-latency-us", "-2"], ["launch_latency_us=-2.0 must be >= 0"]),
     ],
 )
 def test_bad_input_fails_before_simulating(capsys, argv, needles):
@@ -148,3 +150,24 @@ def test_cpu_hardware_uses_the_calibration(tmp_path, monkeypatch, capsys):
     # vLLM's CPU serving defaults: 2048 batched tokens, 128 sequences.
     assert "max_num_batched_tokens 2048, max_num_seqs 128" in out
     assert (tmp_path / calibrate.CACHE_FILE).is_file()
+
+
+def test_launch_flags_reach_the_cost_model(tmp_path, capsys):
+    rj = tmp_path / "r.json"
+    common = ["--model", "qwen3-0.6b", "--num-prompts", "16", "--input-len", "64", "--output-len", "16"]
+    code, out, _ = run(capsys, *common, "--result-json", str(rj))
+    assert code == 0
+    assert "CUDA graphs up to 512 tokens, 5 us per launch" in out
+    graphs = json.loads(rj.read_text())
+    code, out, _ = run(
+        capsys, *common, "--cuda-graph-max-tokens", "0", "--launch-latency-us", "20",
+        "--kernels-per-layer", "12", "--result-json", str(rj),
+    )  # fmt: skip
+    assert code == 0
+    assert "no CUDA graphs, 20 us per launch" in out
+    eager = json.loads(rj.read_text())
+    launch = eager["deployment"]["launch"]
+    assert launch["cuda_graph_max_tokens"] == 0 and launch["launch_latency_us"] == pytest.approx(20.0)
+    assert launch["eager_launches_per_step"] == 28 * 12
+    # Every decode step now pays 28 layers x 12 launches x 20 us = 6.72 ms more.
+    assert eager["mean_tpot_ms"] - graphs["mean_tpot_ms"] == pytest.approx(6.72, rel=0.01)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from llmsched.core.errors import ConfigError
 from llmsched.executor.sim.cost_model import (
+    LAUNCH_EAGER,
+    LAUNCH_GRAPH,
+    LAUNCH_PIECEWISE,
     BatchShape,
     ConstantCostModel,
     CostModel,
@@ -231,3 +236,119 @@ def test_efficiency_parse():
 def test_describe_names_the_setup():
     cm = CostModel(load_model("qwen3-32b"), load_hardware("h100"), Parallelism(8))
     assert "qwen3-32b on 8x h100" in cm.describe() and "TP=8" in cm.describe()
+
+
+# ---- kernel launches: CUDA graphs, piecewise graphs, eager ---------------------------
+
+# One millisecond per launch keeps the launch terms round. TINY in bf16 on one GPU
+# launches per layer: attention 6 (add+RMSNorm, QKV GEMM, rotary, KV-cache write,
+# attention, O GEMM) and MLP 4 (add+RMSNorm, gate_up GEMM, SiLU-and-mul, down GEMM):
+# 2 layers x 10 = 20 eagerly. Piecewise: per layer the attention core (cache write,
+# attention) and one graph replay: 2 x 3 = 6.
+LAUNCH_HW = replace(UNIT_HW, kernel_launch_s=1e-3)
+DECODES = BatchShape.from_chunks([(10, 1), (20, 1)], num_sampled=2)
+
+
+def launch_model(cap: int) -> CostModel:
+    return CostModel(TINY, LAUNCH_HW, efficiency=PERFECT, step_overhead_s=0.0, cuda_graph_max_tokens=cap)
+
+
+def kernels_only(cm: CostModel, batch: BatchShape) -> float:
+    return sum(op.seconds for op in cm.ops(batch) if op.bound != "overhead")
+
+
+def test_a_decode_step_within_the_capture_size_pays_no_launches():
+    cm = launch_model(512)
+    assert (cm.eager_launches, cm.piecewise_launches) == (20, 6)
+    assert cm.launch_mode(DECODES) == LAUNCH_GRAPH
+    assert {op.name for op in cm.ops(DECODES)}.isdisjoint({"eager_launches", "piecewise_launches"})
+    assert cm.step_time(DECODES) == pytest.approx(kernels_only(cm, DECODES))
+    # Exactly at the capture size still replays the graph.
+    assert launch_model(2).launch_mode(DECODES) == LAUNCH_GRAPH
+
+
+def test_a_decode_step_beyond_the_capture_size_or_without_graphs_launches_every_kernel():
+    for cap in (1, 0):
+        cm = launch_model(cap)
+        assert cm.launch_mode(DECODES) == LAUNCH_EAGER
+        assert ops_by_name(cm, DECODES)["eager_launches"].seconds == pytest.approx(20e-3)
+        assert cm.step_time(DECODES) == pytest.approx(kernels_only(cm, DECODES) + 20e-3)
+
+
+def test_a_mixed_step_runs_piecewise_within_the_capture_size_and_eagerly_beyond_it():
+    # BATCH: an 8-token prefill and two decodes, 10 tokens.
+    within = launch_model(10)
+    assert within.launch_mode(BATCH) == LAUNCH_PIECEWISE
+    assert ops_by_name(within, BATCH)["piecewise_launches"].bound == "overhead"
+    assert within.step_time(BATCH) == pytest.approx(kernels_only(within, BATCH) + 6e-3)
+    beyond = launch_model(9)
+    assert beyond.launch_mode(BATCH) == LAUNCH_EAGER
+    assert beyond.step_time(BATCH) == pytest.approx(kernels_only(beyond, BATCH) + 20e-3)
+    # A mode the data-parallel group agreed on overrides the batch's own.
+    assert within.step_time_in_group(BATCH, 10, LAUNCH_EAGER) == pytest.approx(beyond.step_time(BATCH))
+    assert within.step_time_in_group(DECODES, 2, LAUNCH_EAGER) == pytest.approx(
+        within.step_time(DECODES) + 20e-3
+    )
+
+
+def test_kernels_launched_per_layer_follow_the_architecture():
+    h100 = load_hardware("h100")
+    llama = load_model("llama-3-8b")
+    assert CostModel(llama, h100).eager_launches == 32 * 10
+    # TP 2: an all-reduce after attention and after the MLP.
+    assert CostModel(llama, h100, Parallelism(2)).eager_launches == 32 * 12
+    # Qwen3-30B-A3B, bf16, one GPU, 48 MoE layers: attention 6; MoE MLP: add+RMSNorm,
+    # router, top-k (2), routed experts (quantise, permute, 2 grouped GEMMs,
+    # activation, unpermute: 6), add = 11; no shared expert, no all-reduce.
+    assert CostModel(load_model("qwen3-30b-a3b"), h100).eager_launches == 48 * 17
+    # DeepSeek-V3, fp8 (two launches per linear), TP 4 inside DP 4 (EP 16).
+    # Attention: add+RMSNorm 1, fused q_a/kv_a, q_b and O linears 6, latent norms 2,
+    # rotary 1, all-reduce 1, core 9 (cache write, absorption BMM, FlashMLA, value
+    # BMM, kv_b linear 2, FlashAttention, merge) = 20. Dense MLP: 1 + 4 + 1 + 1 = 7.
+    # MoE: 1 + router 1 + top-k 2 + shared expert 5 + routed 6 + dispatch layout,
+    # dispatch, combine 3 + add 1 = 19.
+    dsv3 = CostModel(load_model("deepseek-v3"), h100, Parallelism(4, True, 4))
+    assert dsv3.eager_launches == 61 * 20 + 3 * 7 + 58 * 19 == 2343
+    assert dsv3.piecewise_launches == 61 * (9 + 1)
+    assert dsv3.eager_launch_s == pytest.approx(2343 * 5e-6)
+
+
+def test_launch_parameters_override_the_counts_and_the_hardware():
+    h100 = load_hardware("h100")
+    llama = load_model("llama-3-8b")
+    assert CostModel(llama, h100).launch_latency_s == h100.kernel_launch_s == 5e-6
+    cm = CostModel(llama, h100, launch_latency_s=15e-6, kernels_per_layer=40)
+    assert cm.eager_launches == 32 * 40
+    assert cm.eager_launch_s == pytest.approx(32 * 40 * 15e-6)
+    # The piecewise count stays the attention core's.
+    assert cm.piecewise_launches == 32 * 3
+    assert CostModel(TINY, UNIT_HW).eager_launch_s == 0.0  # a profile without launch costs
+    assert "CUDA graphs up to 512 tokens" in cm.describe()
+    assert "no CUDA graphs" in CostModel(llama, h100, cuda_graph_max_tokens=0).describe()
+    for kwargs in (
+        {"cuda_graph_max_tokens": -1},
+        {"cuda_graph_max_tokens": "64"},
+        {"cuda_graph_max_tokens": True},
+        {"launch_latency_s": -1e-6},
+        {"kernels_per_layer": -3},
+    ):
+        with pytest.raises(ConfigError):
+            CostModel(llama, h100, **kwargs)
+
+
+def test_expert_exchanges_pay_the_same_fixed_latency_in_decode_and_prefill_steps():
+    # DeepEP publishes no fixed latency per mode (low-latency for decode, normal for
+    # prefill), so both kinds of step pay the collective latency per exchange.
+    m = load_model("deepseek-v3")
+    hw = load_hardware("h100")
+    cm = CostModel(m, hw, Parallelism(4, True, 4))
+    decode = BatchShape.from_chunks([(2000, 1)] * 32, 32)
+    prefill = BatchShape.from_chunks([(0, 4096)], 1)
+    for batch, group in ((decode, 128), (prefill, 4096 + 96)):
+        a2a = ops_by_name_in_group(cm, batch, group)["ep_all_to_all"]
+        fixed = a2a.seconds - a2a.comm_bytes / (hw.link_bandwidth * cm.efficiency.network)
+        assert fixed == pytest.approx(3 * m.num_moe_layers * hw.collective_latency_s)
+
+
+def ops_by_name_in_group(cm: CostModel, batch: BatchShape, group: int) -> dict:
+    return {op.name: op for op in cm.ops(batch, group)}

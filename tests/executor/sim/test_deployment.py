@@ -112,3 +112,39 @@ def test_describe_and_json():
     assert data["tensor_parallel_size"] == 8
     assert data["memory"]["num_gpu_blocks"] == d.scheduler_config.num_gpu_blocks
     assert data["efficiency"]["gemm"] == 0.7
+
+
+def test_cuda_graph_capture_size_follows_vllm_and_launch_costs_pass_through(tmp_path):
+    # vLLM's default max_cudagraph_capture_size: 2 x max_num_seqs, at most 512, at most the budget.
+    assert build().cost_model.cuda_graph_max_tokens == 512
+    assert build(max_num_seqs=32).cost_model.cuda_graph_max_tokens == 64
+    assert build(max_num_seqs=200, max_num_batched_tokens=256).cost_model.cuda_graph_max_tokens == 256
+    assert build(cuda_graph_max_tokens=0).cost_model.cuda_graph_max_tokens == 0
+    d = build(launch_latency_us=12.5, kernels_per_layer=20)
+    cm = d.cost_model
+    assert cm.launch_latency_s == pytest.approx(12.5e-6)
+    assert cm.eager_launches == 32 * 20
+    launch = json.loads(json.dumps(d.to_dict()))["launch"]
+    assert launch["cuda_graph_max_tokens"] == 512 and launch["launch_latency_us"] == pytest.approx(12.5)
+    assert launch["eager_step_extra_ms"] == pytest.approx(32 * 20 * 12.5e-3)
+    assert "CUDA graphs up to 512 tokens, 12.5 us per launch" in d.describe()[-1]
+    # The hardware profile's figure by default: 5 us on the built-in GPUs, 0 where a
+    # JSON profile does not say.
+    assert build().cost_model.launch_latency_s == 5e-6
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(
+        json.dumps(
+            {
+                "peak_flops_bf16": 1e15,
+                "mem_bandwidth": 3e12,
+                "mem_capacity": 80 * 2**30,
+                "link_bandwidth": 4e11,
+                "collective_latency_s": 1e-5,
+            }
+        )
+    )
+    assert build(hardware=str(gpu)).cost_model.eager_launch_s == 0.0
+    with pytest.raises(ConfigError, match="launch_latency_us=-1"):
+        build(launch_latency_us=-1.0)
+    with pytest.raises(ConfigError, match="cuda_graph_max_tokens=-4"):
+        build(cuda_graph_max_tokens=-4)

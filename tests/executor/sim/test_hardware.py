@@ -60,6 +60,7 @@ def test_json_profile(tmp_path):
     assert h.name == "mygpu"
     assert h.mem_bandwidth == 5e12
     assert h.peak_flops_fp8 is None
+    assert h.kernel_launch_s == 0.0
 
 
 def test_json_profile_errors_name_the_field(tmp_path):
@@ -70,3 +71,20 @@ def test_json_profile_errors_name_the_field(tmp_path):
     p.write_text(json.dumps({"peak_flops_bf16": 1e15, "warp_speed": 9}))
     with pytest.raises(ConfigError, match="warp_speed"):
         load_hardware(str(p))
+    full = {
+        "peak_flops_bf16": 1e15,
+        "mem_bandwidth": 5e12,
+        "mem_capacity": 2**36,
+        "link_bandwidth": 4e11,
+        "collective_latency_s": 1e-5,
+    }
+    p.write_text(json.dumps({**full, "kernel_launch_s": -1e-6}))
+    with pytest.raises(ConfigError, match="kernel_launch_s"):
+        load_hardware(str(p))
+    p.write_text(json.dumps({**full, "kernel_launch_s": 4e-6}))
+    assert load_hardware(str(p)).kernel_launch_s == 4e-6
+
+
+def test_gpus_launch_kernels_at_a_few_microseconds():
+    for name in ("a100", "h100", "h200", "b200"):
+        assert BUILTIN_HARDWARE[name].kernel_launch_s == 5e-6, name

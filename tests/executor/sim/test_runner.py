@@ -255,3 +255,33 @@ def test_deployment_run_records_series_and_json():
     assert math.isclose(data["duration"], res.sim_duration_s)
     json.dumps(data)
     assert "Simulation Result" in res.table()
+
+
+def test_launch_modes_move_the_clock_but_not_the_decisions():
+    """Graph, piecewise and eager steps each cost what their mode says, and replay
+    still makes the very same decisions."""
+    cfg = SchedulerConfig(num_gpu_blocks=400, max_model_len=256, max_num_batched_tokens=64, max_num_seqs=16)
+    # One millisecond per launch: an eager step adds 320 ms, a piecewise one 96 ms,
+    # far more than any of these small batches' kernels take.
+    cost = CostModel(
+        load_model("llama-3-8b"), load_hardware("h100"), cuda_graph_max_tokens=12, launch_latency_s=1e-3
+    )
+    wl = synthetic_workload(80, 20, 30, request_rate=20.0, range_ratio=0.5, seed=4)
+    buf = io.StringIO()
+    simulate(cfg, wl, cost, trace_out=buf)
+    sim = records(buf)
+    assert_same_steps(sim, replay_records(derived_replay_workload(sim, wl, cfg)))
+    seen = set()
+    for r in sim:
+        if not r["total_tokens"]:
+            continue
+        decode_only = all(n == 1 for _, n in r["sched"])
+        if r["total_tokens"] > 12:
+            mode, low, high = "eager", 0.320, 0.400
+        elif decode_only:
+            mode, low, high = "graph", 0.0, 0.040
+        else:
+            mode, low, high = "piecewise", 0.096, 0.176
+        assert low < r["sim_duration_s"] < high, (r["step"], mode, r["sim_duration_s"])
+        seen.add(mode)
+    assert seen == {"graph", "piecewise", "eager"}

@@ -10,14 +10,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 from llmsched.bench.metrics import parse_goodput
 from llmsched.core.errors import ConfigError
 from llmsched.core.kv.block_hash import HASH_ALGOS
 from llmsched.core.policy import POLICIES
+from llmsched.engine.dp.cli_args import add_dp_args, describe_dp, dp_config_from_args
+from llmsched.engine.dp.sim_transport import DEFAULT_SYNC_S
 from llmsched.executor.sim.cost_model import Efficiency
 from llmsched.executor.sim.deployment import KV_CACHE_DTYPES, DeploymentSpec, build_deployment
+from llmsched.executor.sim.dp_runner import simulate_dp
 from llmsched.executor.sim.hardware import known_hardware
 from llmsched.executor.sim.model_shapes import known_models
 from llmsched.executor.sim.runner import simulate
@@ -52,9 +56,22 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         help=f"{', '.join(known_hardware())} (cpu is calibrated on this machine), or a JSON "
         "profile (default h100)",
     )
-    e.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1)
+    e.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=_positive_int,
+        default=None,
+        help="GPUs per engine rank (default 1; with --data-parallel-size: the smallest that fits)",
+    )
     e.add_argument(
         "--enable-expert-parallel", action="store_true", help="spread MoE experts over the TP group"
+    )
+    d = add_dp_args(p, real=False)
+    d.add_argument(
+        "--dp-sync-ms",
+        type=float,
+        default=DEFAULT_SYNC_S * 1e3,
+        help=f"cost of the ranks' per-step exchange ({DEFAULT_SYNC_S * 1e3:g} ms)",
     )
     e.add_argument("--max-num-batched-tokens", type=_positive_int, default=None)
     e.add_argument("--max-num-seqs", type=_positive_int, default=None)
@@ -84,6 +101,28 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         help="override efficiencies, e.g. gemm=0.6,memory=0.75 (keys: gemm, attention, memory, network)",
     )
     c.add_argument("--step-overhead-ms", type=float, default=0.5, help="fixed cost per engine step (0.5)")
+    c.add_argument(
+        "--cuda-graph-max-tokens",
+        "--max-cudagraph-capture-size",
+        dest="cuda_graph_max_tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="largest step replayed from a CUDA graph (default as vLLM: 2 x max_num_seqs, at most 512); "
+        "0 launches every step's kernels eagerly",
+    )
+    c.add_argument(
+        "--launch-latency-us",
+        type=float,
+        default=None,
+        help="host time per kernel launched outside a CUDA graph (default: the hardware's, 5 on GPUs)",
+    )
+    c.add_argument(
+        "--kernels-per-layer",
+        type=float,
+        default=None,
+        help="kernels one decoder layer launches eagerly (default: counted from the model's modules)",
+    )
     c.add_argument("--recalibrate", action="store_true", help="re-measure the cpu profile")
     w = p.add_argument_group("workload (vLLM benchmark arguments)")
     w.add_argument(
@@ -189,11 +228,16 @@ def run_simulate(args: argparse.Namespace) -> int:
         if v is not None:
             slos[key] = v
     percentiles = _percentiles(args.metric_percentiles)
+    dp_size = args.data_parallel_size
+    tp = args.tensor_parallel_size if args.tensor_parallel_size is not None or dp_size > 1 else 1
+    if args.balance_scheduling and dp_size == 1:
+        raise ConfigError("--balance-scheduling balances data-parallel ranks: set --data-parallel-size > 1")
     spec = DeploymentSpec(
         model=args.model,
         hardware=args.hardware,
-        tensor_parallel_size=args.tensor_parallel_size,
+        tensor_parallel_size=tp,
         enable_expert_parallel=args.enable_expert_parallel,
+        data_parallel_size=dp_size,
         gpu_memory_utilization=args.gpu_memory_utilization,
         num_gpu_blocks=args.num_gpu_blocks,
         max_model_len=args.max_model_len,
@@ -209,9 +253,21 @@ def run_simulate(args: argparse.Namespace) -> int:
         prefix_caching_hash_algo=args.prefix_caching_hash_algo,
         efficiency=Efficiency.parse(args.efficiency),
         step_overhead_ms=args.step_overhead_ms,
+        cuda_graph_max_tokens=args.cuda_graph_max_tokens,
+        launch_latency_us=args.launch_latency_us,
+        kernels_per_layer=args.kernels_per_layer,
         recalibrate=args.recalibrate,
     )
     deployment = build_deployment(spec)
+    dp = None
+    if dp_size > 1:
+        dp = dp_config_from_args(args, deployment.model.is_moe)
+    elif args.prefill_schedule_interval > 1:
+        deployment.scheduler_config = replace(
+            deployment.scheduler_config, prefill_schedule_interval=args.prefill_schedule_interval
+        )
+    if args.dp_sync_ms < 0:
+        raise ConfigError(f"--dp-sync-ms {args.dp_sync_ms} must be >= 0")
     workload = _workload(args)
     # Output folders are made up front so a long run cannot fail at the end.
     for path in (args.result_json, args.trace, args.plot):
@@ -219,22 +275,26 @@ def run_simulate(args: argparse.Namespace) -> int:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
     for line in deployment.describe():
         print(line)
+    if dp is not None:
+        print(f"data       {describe_dp(dp)}")
     print(f"workload   {workload.describe()}")
     print()
     trace = open(args.trace, "w") if args.trace else None  # noqa: SIM115
     try:
-        result = simulate(
-            deployment,
-            workload,
-            max_concurrency=args.max_concurrency,
-            goodput_slos_ms=slos or None,
-            percentiles=percentiles,
-            trace_out=trace,
-            explain=args.explain,
-            record_series=bool(args.plot),
-            progress=not args.disable_tqdm,
-            detailed=args.save_detailed,
-        )
+        kwargs = {
+            "max_concurrency": args.max_concurrency,
+            "goodput_slos_ms": slos or None,
+            "percentiles": percentiles,
+            "trace_out": trace,
+            "explain": args.explain,
+            "record_series": bool(args.plot),
+            "progress": not args.disable_tqdm,
+            "detailed": args.save_detailed,
+        }
+        if dp is not None:
+            result = simulate_dp(deployment, workload, dp, sync_s=args.dp_sync_ms / 1e3, **kwargs)
+        else:
+            result = simulate(deployment, workload, **kwargs)
     finally:
         if trace is not None:
             trace.close()

@@ -17,6 +17,17 @@ Default efficiencies (override with ``Efficiency(...)`` or ``--efficiency``):
 - ``network`` 0.70: NCCL/custom all-reduce bus bandwidth over NVLink.
 - ``step_overhead_s`` 0.5 ms: per-step engine work outside the kernels (input
   preparation, launch gaps, output processing) with CUDA graphs on.
+
+Kernel launches (see ``launch_mode``): vLLM replays a captured CUDA graph
+for a step whose requests all decode one token and whose token count is at
+most the largest capture size (``cuda_graph_max_tokens``); such a step pays
+only the step overhead. A mixed step within that size replays piecewise
+graphs with the attention core launched eagerly, and a larger step launches
+every kernel of every layer; those launches are charged at
+``launch_latency_s`` each on top of the kernels' time. Data-parallel ranks
+in lock step agree on one mode per step, the lowest any rank can use.
+vLLM turns graphs off altogether for data parallelism with DeepEP's
+high-throughput kernels (``cuda_graph_max_tokens=0`` models that).
 """
 
 from __future__ import annotations
@@ -42,6 +53,41 @@ _ROPE_PASSES = 2
 # The gated activation reads gate and up and writes one: 3 passes over the
 # MLP width.
 _ACTIVATION_PASSES = 3
+
+# How a step launches its kernels, ordered as vLLM's CUDAGraphMode (NONE <
+# PIECEWISE < FULL): vLLM's v1/worker/dp_utils.py takes the minimum over the
+# data-parallel ranks, so one rank's prefill makes every rank of the step run
+# without its full graph.
+LAUNCH_EAGER = 0
+LAUNCH_PIECEWISE = 1
+LAUNCH_GRAPH = 2
+LAUNCH_MODE_NAMES = ("eager", "piecewise", "graph")
+
+# Kernels one decoder layer launches outside CUDA graphs, counted from the
+# modules vLLM runs for it (no Inductor fusion assumed). Each linear layer is
+# one GEMM, or two with fp8 block-quantised weights (activation quantisation,
+# then the GEMM); a TP all-reduce is one more where TP > 1.
+# - Around attention: fused residual-add + RMSNorm, the projections (GQA: QKV
+#   and O; MLA: fused q_a/kv_a, q_b and O), MLA's latent RMSNorms (one per
+#   compressed input), rotary embedding, the all-reduce after O.
+# - The attention core (what vLLM's piecewise graphs leave out): the KV-cache
+#   write and the attention kernel for GQA; for MLA in a mixed step the cache
+#   write, the decode path (query absorption BMM, FlashMLA, value up-projection
+#   BMM), and the prefill path (kv_b projection, FlashAttention, output merge).
+# - Dense MLP: RMSNorm, gate_up, SiLU-and-mul, down, all-reduce.
+# - MoE MLP: RMSNorm, router GEMM, grouped top-k (2), the shared expert's
+#   gate_up / activation / down, the routed experts (activation quantisation,
+#   permute, two grouped GEMMs, activation, unpermute-and-reduce: 6), then
+#   dispatch layout, dispatch and combine under expert parallelism (3) or the
+#   TP all-reduce without it, and the add of shared and routed outputs.
+# This gives 10 per layer for Llama-3-8B in bf16 on one GPU and 39 for a
+# DeepSeek-V3 MoE layer in fp8 under TP 4 / EP 16; a profiler trace of the
+# real deployment is the way to refine it (``kernels_per_layer`` overrides).
+_GQA_CORE_KERNELS = 2
+_MLA_CORE_FIXED_KERNELS = 6  # plus the kv_b linear
+_TOPK_KERNELS = 2
+_ROUTED_EXPERT_KERNELS = 6
+_EP_EXCHANGE_KERNELS = 3
 
 
 # The op recorders _ops() hands to _moe_ops(): (name, flops, bytes, rate) and (name, count, bytes).
@@ -96,11 +142,17 @@ class Parallelism:
     # Experts are spread over the TP group (each GPU holds whole experts)
     # instead of every GPU holding a 1/TP slice of every expert.
     enable_expert_parallel: bool = False
+    # Data-parallel ranks sharing the expert-parallel group: experts spread
+    # over all DP x TP GPUs, and the expert layers see every rank's tokens.
+    data_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         tp = self.tensor_parallel_size
         if not isinstance(tp, int) or tp < 1:
             raise ConfigError(f"tensor_parallel_size={tp!r} must be a positive integer")
+        dp = self.data_parallel_size
+        if not isinstance(dp, int) or dp < 1:
+            raise ConfigError(f"data_parallel_size={dp!r} must be a positive integer")
 
 
 @dataclass(slots=True)
@@ -179,6 +231,9 @@ class CostModel:
         efficiency: Efficiency | None = None,
         step_overhead_s: float = 5e-4,
         kv_cache_dtype_bytes: float | None = None,
+        cuda_graph_max_tokens: int = 512,
+        launch_latency_s: float | None = None,
+        kernels_per_layer: float | None = None,
     ) -> None:
         self.model = model
         self.hardware = hardware
@@ -187,10 +242,26 @@ class CostModel:
         if step_overhead_s < 0:
             raise ConfigError(f"step_overhead_s={step_overhead_s} must be >= 0")
         self.step_overhead_s = step_overhead_s
+        # cuda_graph_max_tokens: the largest captured step (0: no graphs);
+        # launch_latency_s: one eager kernel launch (None: the hardware's);
+        # kernels_per_layer: eager launches per layer (None: counted above).
+        if isinstance(cuda_graph_max_tokens, bool) or not isinstance(cuda_graph_max_tokens, int):
+            raise ConfigError(f"cuda_graph_max_tokens={cuda_graph_max_tokens!r} must be an integer >= 0")
+        if cuda_graph_max_tokens < 0:
+            raise ConfigError(f"cuda_graph_max_tokens={cuda_graph_max_tokens} must be >= 0")
+        self.cuda_graph_max_tokens = cuda_graph_max_tokens
+        if launch_latency_s is None:
+            launch_latency_s = hardware.kernel_launch_s
+        if launch_latency_s < 0:
+            raise ConfigError(f"launch_latency_s={launch_latency_s} must be >= 0")
+        self.launch_latency_s = launch_latency_s
+        if kernels_per_layer is not None and kernels_per_layer < 0:
+            raise ConfigError(f"kernels_per_layer={kernels_per_layer} must be >= 0")
+        self.kernels_per_layer_override = kernels_per_layer
         m, hw, eff = model, hardware, self.efficiency
         tp = self.tp = self.parallel.tensor_parallel_size
         ep_on = self.parallel.enable_expert_parallel and m.is_moe
-        self.ep = tp if ep_on else 1
+        self.ep = tp * self.parallel.data_parallel_size if ep_on else 1
         self.act_bytes = m.dtype_bytes
         self.kv_bytes = kv_cache_dtype_bytes if kv_cache_dtype_bytes else m.dtype_bytes
         self.gemm_rate = hw.gemm_peak(m.fp8_weights) * eff.gemm
@@ -254,11 +325,55 @@ class CostModel:
         # Embedding (vocab-parallel lookup) and LM head (vocab-parallel).
         self.lm_head_params = m.vocab_size * m.hidden_size / tp
         self.vocab_per_gpu = m.vocab_size / tp
+        self._precompute_launches()
+
+    def _precompute_launches(self) -> None:
+        m, tp, ep = self.model, self.tp, self.ep
+        lin = 2 if m.fp8_weights else 1
+        ar = 1 if tp > 1 else 0
+        if m.is_mla:
+            core = 1 + _MLA_CORE_FIXED_KERNELS + lin
+            latent_norms = 2 if m.q_lora_rank else 1
+            attn = 1 + 3 * lin + latent_norms + 1 + ar + core
+        else:
+            core = _GQA_CORE_KERNELS
+            attn = 1 + 2 * lin + 1 + ar + core
+        dense = 1 + 2 * lin + 1 + ar
+        moe = 0
+        if m.is_moe:
+            shared = 2 * lin + 1 if m.shared_expert_intermediate_size else 0
+            exchange = _EP_EXCHANGE_KERNELS if ep > 1 else ar
+            moe = 1 + 1 + _TOPK_KERNELS + shared + _ROUTED_EXPERT_KERNELS + exchange + 1
+        L = m.num_layers
+        if self.kernels_per_layer_override is not None:
+            eager = L * self.kernels_per_layer_override
+        else:
+            eager = L * attn + m.num_mlp_dense_layers * dense + m.num_moe_layers * moe
+        self.eager_launches = eager
+        # Piecewise: each layer replays its graph pieces (one launch) and runs
+        # the attention core eagerly.
+        self.piecewise_launches = L * (core + 1)
+        self.eager_launch_s = eager * self.launch_latency_s
+        self.piecewise_launch_s = self.piecewise_launches * self.launch_latency_s
+
+    def launch_mode(self, batch: BatchShape) -> int:
+        """LAUNCH_GRAPH, LAUNCH_PIECEWISE or LAUNCH_EAGER: how vLLM would launch this batch."""
+        if batch.num_tokens > self.cuda_graph_max_tokens:
+            return LAUNCH_EAGER
+        return LAUNCH_GRAPH if batch.prefill_tokens == 0 else LAUNCH_PIECEWISE
 
     # ---- the ops of one step ---------------------------------------------------
 
-    def _ops(self, b: BatchShape) -> list[tuple[str, float, float, float, float, str]]:
-        """(name, flops, bytes, comm_bytes, seconds, bound) per op; one code path for all callers."""
+    def _ops(
+        self, b: BatchShape, group_tokens: int | None = None, mode: int | None = None
+    ) -> list[tuple[str, float, float, float, float, str]]:
+        """(name, flops, bytes, comm_bytes, seconds, bound) per op; one code path for all callers.
+
+        ``group_tokens``: tokens the whole expert-parallel group runs this
+        step (every data-parallel rank's); None means only this batch's.
+        ``mode``: the launch mode the group agreed on; None means this
+        batch's own.
+        """
         m = self.model
         T = b.num_tokens
         S = b.num_sampled
@@ -299,7 +414,7 @@ class CostModel:
             p = self.mlp_params
             roof("mlp", 2 * T * p, p * wb + T * self.mlp_io, gemm)
         if m.is_moe:
-            self._moe_ops(T, roof, comm)
+            self._moe_ops(T, T if group_tokens is None else group_tokens, roof, comm)
         roof(
             "norms_activations",
             2 * T * self.elementwise_token_bytes / a,
@@ -327,9 +442,20 @@ class CostModel:
                 comm("logits_all_gather", 1, (tp - 1) / tp * S * m.vocab_size * _LOGIT_BYTES)
         if self.step_overhead_s:
             ops.append(("step_overhead", 0.0, 0.0, 0.0, self.step_overhead_s, "overhead"))
+        if mode is None:
+            mode = self.launch_mode(b)
+        # Charged in full, as if no launch overlapped a running kernel: exact
+        # when kernels are shorter than their launches (decode-sized work),
+        # an upper bound for the long kernels of a large prefill.
+        if mode == LAUNCH_EAGER and self.eager_launch_s:
+            ops.append(("eager_launches", 0.0, 0.0, 0.0, self.eager_launch_s, "overhead"))
+        elif mode == LAUNCH_PIECEWISE and self.piecewise_launch_s:
+            ops.append(("piecewise_launches", 0.0, 0.0, 0.0, self.piecewise_launch_s, "overhead"))
         return ops
 
-    def _moe_ops(self, T: int, roof: _Roof, comm: _Comm) -> None:
+    def _moe_ops(self, T: int, G: int, roof: _Roof, comm: _Comm) -> None:
+        # T: this engine's tokens (router, shared experts); G: the expert-
+        # parallel group's tokens, which decide the routed experts' work.
         m, tp, ep = self.model, self.tp, self.ep
         L = m.num_moe_layers
         h, a, wb = m.hidden_size, self.act_bytes, m.weight_bytes
@@ -344,7 +470,7 @@ class CostModel:
         # Experts read from memory this step: every expert a token is routed
         # to, bounded by how many there are (an upper bound: skewed routing
         # touches fewer).
-        assignments = T * k
+        assignments = (G if ep > 1 else T) * k
         if ep > 1:
             local = E // ep
             touched = min(local, assignments)
@@ -366,18 +492,32 @@ class CostModel:
                 self.gemm_rate,
             )
         if ep > 1:
-            # Dispatch and combine: each rank sends its 1/EP of the tokens'
+            # Dispatch and combine: each GPU sends its share of the tokens'
             # top-k copies to the experts' owners and gets them back, then
-            # the hidden states are all-gathered across the group.
-            a2a = (T / ep) * k * h * a * (ep - 1) / ep
-            gather = T * h * a * (ep - 1) / ep
+            # the hidden states are all-gathered across the TP group. The
+            # exchange waits for the busiest GPU: the biggest sender, or the
+            # receivers when the group's tokens spread evenly.
+            per_gpu = max(T / tp, G / ep)
+            a2a = per_gpu * k * h * a * (ep - 1) / ep
+            gather = T * h * a * (tp - 1) / tp if tp > 1 else 0.0
+            # Every exchange pays the same fixed latency whether it runs
+            # DeepEP's low-latency (decode) or normal (prefill) kernels:
+            # DeepEP's V1 tables (docs/legacy.md) give the low-latency
+            # kernels' total time at one batch size only (128 tokens: 118 us
+            # dispatch at EP16, which is just its bytes over the quoted 63
+            # GB/s) and only bandwidths for the normal ones, so no fixed
+            # per-mode latency can be separated from them. The normal
+            # kernels' CPU wait for the receive counts is documented there
+            # but not measured either.
             comm("ep_all_to_all", 3 * L, L * (2 * a2a + gather))
 
     # ---- public ----------------------------------------------------------------
 
-    def ops(self, batch: BatchShape) -> list[OpCost]:
+    def ops(
+        self, batch: BatchShape, group_tokens: int | None = None, mode: int | None = None
+    ) -> list[OpCost]:
         """The step's operations with their FLOPs, bytes, seconds and what bounds them."""
-        return [OpCost(*op) for op in self._ops(batch)]
+        return [OpCost(*op) for op in self._ops(batch, group_tokens, mode)]
 
     def step_time(self, batch: BatchShape) -> float:
         """Seconds one step takes on the virtual clock (0 for an empty batch)."""
@@ -388,12 +528,35 @@ class CostModel:
             t += op[4]
         return t
 
+    def step_time_in_group(self, batch: BatchShape, group_tokens: int, mode: int | None = None) -> float:
+        """Seconds of one rank's step when its EP group runs ``group_tokens`` tokens, launched in ``mode``."""
+        if batch.num_tokens == 0:
+            return 0.0
+        t = 0.0
+        for op in self._ops(batch, group_tokens, mode):
+            t += op[4]
+        return t
+
     def describe(self) -> str:
         """One line: model, hardware, parallelism, efficiencies."""
         e = self.efficiency
-        par = f"TP={self.tp}" + (f", EP={self.ep}" if self.ep > 1 else "")
+        dp = self.parallel.data_parallel_size
+        par = (f"DP={dp}, " if dp > 1 else "") + f"TP={self.tp}" + (f", EP={self.ep}" if self.ep > 1 else "")
         return (
-            f"{self.model.name} on {self.tp}x {self.hardware.name} ({par}); efficiencies gemm {e.gemm}, "
+            f"{self.model.name} on {self.tp * dp}x {self.hardware.name} ({par}); efficiencies gemm {e.gemm}, "
             f"attention {e.attention}, memory {e.memory}, network {e.network}; "
-            f"step overhead {self.step_overhead_s * 1e3:g} ms"
+            f"step overhead {self.step_overhead_s * 1e3:g} ms; {self.describe_launches()}"
+        )
+
+    def describe_launches(self) -> str:
+        """One phrase: CUDA-graph size limit and what eager and piecewise steps add."""
+        graphs = (
+            f"CUDA graphs up to {self.cuda_graph_max_tokens} tokens"
+            if self.cuda_graph_max_tokens
+            else "no CUDA graphs"
+        )
+        return (
+            f"{graphs}, {self.launch_latency_s * 1e6:g} us per launch: eager steps +"
+            f"{self.eager_launch_s * 1e3:.2f} ms ({self.eager_launches:g} launches), piecewise +"
+            f"{self.piecewise_launch_s * 1e3:.2f} ms"
         )

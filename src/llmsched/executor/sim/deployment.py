@@ -26,6 +26,8 @@ KV_CACHE_DTYPES = {
     "fp8_e5m2": 1.0,
 }
 QUANTIZATIONS = (None, "fp8")
+# Auto-chosen tensor parallelism stops here (two 8-GPU nodes per rank).
+_MAX_AUTO_TP = 16
 
 
 @dataclass(slots=True)
@@ -34,8 +36,12 @@ class DeploymentSpec:
 
     model: str = "llama-3-8b"
     hardware: str = "h100"
-    tensor_parallel_size: int = 1
+    # None: the smallest power of two that divides the heads and fits the weights.
+    tensor_parallel_size: int | None = 1
     enable_expert_parallel: bool = False
+    # Engine ranks, each with TP GPUs; a MoE model's experts are then spread
+    # over all DP x TP GPUs (expert parallelism is implied).
+    data_parallel_size: int = 1
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks: int | None = None
     max_model_len: int | None = None
@@ -53,6 +59,14 @@ class DeploymentSpec:
     prefix_caching_hash_algo: str = "auto"
     efficiency: Efficiency = field(default_factory=Efficiency)
     step_overhead_ms: float = 0.5
+    # The largest step a CUDA graph is captured for (vLLM's
+    # max_cudagraph_capture_size); None: vLLM's default, 2 x max_num_seqs
+    # capped at 512 and at max_num_batched_tokens; 0: no graphs.
+    cuda_graph_max_tokens: int | None = None
+    # Per eager kernel launch; None: the hardware profile's kernel_launch_s.
+    launch_latency_us: float | None = None
+    # Eager kernel launches per decoder layer; None: counted from the model.
+    kernels_per_layer: float | None = None
     recalibrate: bool = False
 
 
@@ -66,21 +80,42 @@ class Deployment:
     memory: MemoryPlan
     scheduler_config: SchedulerConfig
     cost_model: CostModel
+    # True when TP was chosen because the spec left it to us.
+    tensor_parallel_auto: bool = False
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Engine ranks (1 without data parallelism)."""
+        return self.spec.data_parallel_size
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs of the whole deployment."""
+        return self.cost_model.tp * self.spec.data_parallel_size
 
     def describe(self) -> list[str]:
         """Human-readable lines: model, hardware, memory, scheduler knobs."""
         s, m, c = self.spec, self.memory, self.scheduler_config
-        par = f"TP={s.tensor_parallel_size}" + (", EP" if self.cost_model.ep > 1 else "")
+        cm = self.cost_model
+        par = (f"DP={s.data_parallel_size} x " if s.data_parallel_size > 1 else "") + f"TP={cm.tp}"
+        if self.tensor_parallel_auto:
+            par += " (the smallest TP that fits the weights; set --tensor-parallel-size to choose)"
+        if cm.ep > 1:
+            par += f", EP={cm.ep}"
         blocks = f"{m.num_gpu_blocks} blocks" + (" (--num-gpu-blocks)" if m.num_gpu_blocks_overridden else "")
+        per_rank = " per rank" if s.data_parallel_size > 1 else ""
         return [
             f"model      {self.model.summary()}",
-            f"hardware   {s.tensor_parallel_size}x {self.hardware.description} ({par})",
-            f"memory     {m.weight_bytes / GiB:.2f} GiB weights/GPU, KV cache {blocks} x {c.block_size} "
+            f"hardware   {self.num_gpus}x {self.hardware.description} ({par})",
+            f"memory     {m.weight_bytes / GiB:.2f} GiB weights/GPU, KV cache{per_rank} {blocks} x "
+            f"{c.block_size} "
             f"tokens = {m.kv_cache_tokens} tokens, {m.max_concurrency:.2f}x concurrency at max_model_len "
             f"{c.max_model_len}",
-            f"scheduler  max_num_batched_tokens {c.max_num_batched_tokens}, max_num_seqs {c.max_num_seqs}, "
+            f"scheduler  max_num_batched_tokens {c.max_num_batched_tokens}, max_num_seqs {c.max_num_seqs}"
+            f"{per_rank}, "
             f"policy {c.policy}, prefix caching {'on' if c.enable_prefix_caching else 'off'}, "
             f"chunked prefill {'on' if c.enable_chunked_prefill else 'off'}",
+            f"launches   {cm.describe_launches()}",
         ]
 
     def to_dict(self) -> dict:
@@ -89,7 +124,9 @@ class Deployment:
             "model": self.model.name,
             "model_params": self.model.num_params(),
             "hardware": self.hardware.name,
-            "tensor_parallel_size": self.spec.tensor_parallel_size,
+            "tensor_parallel_size": self.cost_model.tp,
+            "data_parallel_size": self.spec.data_parallel_size,
+            "expert_parallel_size": self.cost_model.ep,
             "enable_expert_parallel": self.cost_model.ep > 1,
             "memory": self.memory.to_dict(),
             "scheduler": self.scheduler_config.to_dict(),
@@ -100,6 +137,14 @@ class Deployment:
                 "network": self.cost_model.efficiency.network,
             },
             "step_overhead_ms": self.spec.step_overhead_ms,
+            "launch": {
+                "cuda_graph_max_tokens": self.cost_model.cuda_graph_max_tokens,
+                "launch_latency_us": self.cost_model.launch_latency_s * 1e6,
+                "eager_launches_per_step": self.cost_model.eager_launches,
+                "piecewise_launches_per_step": self.cost_model.piecewise_launches,
+                "eager_step_extra_ms": self.cost_model.eager_launch_s * 1e3,
+                "piecewise_step_extra_ms": self.cost_model.piecewise_launch_s * 1e3,
+            },
         }
 
 
@@ -128,16 +173,51 @@ def build_deployment(spec: DeploymentSpec) -> Deployment:
         )
     if spec.quantization == "fp8" and model.weight_bytes > 1.0:
         model = replace(model, weight_bytes=1.0)
+    dp = spec.data_parallel_size
+    if not isinstance(dp, int) or isinstance(dp, bool) or dp < 1:
+        raise ConfigError(f"data_parallel_size={dp!r} must be a positive integer")
+    # Data-parallel ranks of a MoE model share their experts: vLLM runs them
+    # as one expert-parallel group over all DP x TP GPUs.
+    ep_on = model.is_moe and (spec.enable_expert_parallel or dp > 1)
+    if spec.tensor_parallel_size is None:
+        return _build_smallest_tp(spec, model, hw, ep_on)
     tp = spec.tensor_parallel_size
     if not isinstance(tp, int) or tp < 1:
         raise ConfigError(f"tensor_parallel_size={tp!r} must be a positive integer")
+    return _build(spec, model, hw, tp, ep_on)
+
+
+def _build_smallest_tp(
+    spec: DeploymentSpec, model: ModelShape, hw: HardwareProfile, ep_on: bool
+) -> Deployment:
+    """The deployment at the smallest power-of-two TP whose weights fit."""
+    error: ConfigError | None = None
+    tp = 1
+    while tp <= min(model.num_heads, _MAX_AUTO_TP):
+        if model.num_heads % tp == 0:
+            try:
+                d = _build(spec, model, hw, tp, ep_on)
+            except ConfigError as e:
+                error = e
+            else:
+                d.spec = replace(spec, tensor_parallel_size=tp)
+                d.tensor_parallel_auto = tp > 1
+                return d
+        tp *= 2
+    assert error is not None
+    raise error
+
+
+def _build(spec: DeploymentSpec, model: ModelShape, hw: HardwareProfile, tp: int, ep_on: bool) -> Deployment:
+    dp = spec.data_parallel_size
     if model.num_heads % tp:
         raise ConfigError(
             f"tensor_parallel_size={tp} must divide the number of attention heads ({model.num_heads})"
         )
-    if spec.enable_expert_parallel and model.is_moe and model.num_experts % tp:
+    ep = tp * dp if ep_on else 1
+    if ep_on and model.num_experts % ep:
         raise ConfigError(
-            f"expert parallelism over {tp} GPUs needs num_experts ({model.num_experts}) divisible by it"
+            f"expert parallelism over {ep} GPUs needs num_experts ({model.num_experts}) divisible by it"
         )
     # vLLM scales the CPU defaults with the world size.
     scale = tp if hw.name == "cpu" else 1
@@ -161,6 +241,7 @@ def build_deployment(spec: DeploymentSpec) -> Deployment:
         max_model_len=spec.max_model_len,
         kv_cache_dtype_bytes=kv_bytes,
         num_gpu_blocks=spec.num_gpu_blocks,
+        expert_parallel_size=ep if ep > tp else None,
     )
     config = SchedulerConfig(
         num_gpu_blocks=memory.num_gpu_blocks,
@@ -176,12 +257,22 @@ def build_deployment(spec: DeploymentSpec) -> Deployment:
     )
     if spec.step_overhead_ms < 0:
         raise ConfigError(f"step_overhead_ms={spec.step_overhead_ms} must be >= 0")
+    graph_max = spec.cuda_graph_max_tokens
+    if graph_max is None:
+        # vLLM's _set_cudagraph_sizes: decodes of up to twice max_num_seqs, at
+        # most 512 tokens, never more than one step's budget.
+        graph_max = min(2 * seqs, 512, budget)
+    if spec.launch_latency_us is not None and spec.launch_latency_us < 0:
+        raise ConfigError(f"launch_latency_us={spec.launch_latency_us} must be >= 0")
     cost = CostModel(
         model,
         hw,
-        Parallelism(tp, spec.enable_expert_parallel),
+        Parallelism(tp, ep_on, dp if ep_on else 1),
         spec.efficiency,
         step_overhead_s=spec.step_overhead_ms / 1000.0,
         kv_cache_dtype_bytes=kv_bytes,
+        cuda_graph_max_tokens=graph_max,
+        launch_latency_s=None if spec.launch_latency_us is None else spec.launch_latency_us / 1e6,
+        kernels_per_layer=spec.kernels_per_layer,
     )
     return Deployment(spec, model, hw, memory, config, cost)

@@ -34,6 +34,14 @@ class HardwareProfile:
     # the fixed cost of one collective (launch + synchronisation).
     link_bandwidth: float
     collective_latency_s: float
+    # Host time per kernel launched outside a CUDA graph. The GPU profiles use
+    # 5 us: a bare launch costs a few microseconds (NVIDIA's "Getting Started
+    # with CUDA Graphs" blog times launch-bound kernels at that scale) and
+    # vLLM's compiled eager path adds wrapper or dispatcher work on top; pure
+    # PyTorch eager (vLLM's enforce_eager) costs more: vllm-omni PR #7881
+    # measured ~2,700 eager launches taking 42-90 ms of host time, 15-33 us
+    # each. 0 means not modelled: the cpu profile, JSON profiles without it.
+    kernel_launch_s: float = 0.0
     # vLLM's serving defaults for this class of device.
     default_max_num_batched_tokens: int = 8192
     default_max_num_seqs: int = 1024
@@ -59,6 +67,7 @@ BUILTIN_HARDWARE: dict[str, HardwareProfile] = {
         mem_capacity=81559 * MiB,
         link_bandwidth=450e9,
         collective_latency_s=8e-6,
+        kernel_launch_s=5e-6,
     ),
     "h200": HardwareProfile(
         name="h200",
@@ -69,6 +78,7 @@ BUILTIN_HARDWARE: dict[str, HardwareProfile] = {
         mem_capacity=143771 * MiB,
         link_bandwidth=450e9,
         collective_latency_s=8e-6,
+        kernel_launch_s=5e-6,
     ),
     "a100": HardwareProfile(
         name="a100",
@@ -79,6 +89,7 @@ BUILTIN_HARDWARE: dict[str, HardwareProfile] = {
         mem_capacity=81920 * MiB,
         link_bandwidth=300e9,
         collective_latency_s=10e-6,
+        kernel_launch_s=5e-6,
         default_max_num_batched_tokens=2048,
         default_max_num_seqs=256,
     ),
@@ -91,6 +102,7 @@ BUILTIN_HARDWARE: dict[str, HardwareProfile] = {
         mem_capacity=183359 * MiB,
         link_bandwidth=900e9,
         collective_latency_s=6e-6,
+        kernel_launch_s=5e-6,
         default_max_num_batched_tokens=16384,
         default_max_num_seqs=1024,
     ),
@@ -131,6 +143,9 @@ def hardware_from_dict(data: dict, source: str = "profile") -> HardwareProfile:
     for key in ("peak_flops_bf16", "mem_bandwidth", "mem_capacity", "link_bandwidth"):
         if not isinstance(data[key], (int, float)) or data[key] <= 0:
             raise ConfigError(f"{source}: {key}={data[key]!r} must be a positive number")
+    launch = data.get("kernel_launch_s", 0.0)
+    if not isinstance(launch, (int, float)) or launch < 0:
+        raise ConfigError(f"{source}: kernel_launch_s={launch!r} must be a number >= 0")
     return HardwareProfile(**data)
 
 

@@ -65,9 +65,17 @@ class MemoryPlan:
         }
 
 
-def weight_bytes_per_gpu(model: ModelShape, tp: int) -> float:
-    """Weights one TP rank holds: sharded linears split, replicated ones whole."""
+def weight_bytes_per_gpu(model: ModelShape, tp: int, ep: int | None = None) -> float:
+    """Weights one TP rank holds: sharded linears split, replicated ones whole.
+
+    ``ep``: GPUs the routed experts are spread over when that group is wider
+    than TP (experts shared by data-parallel ranks); None means TP.
+    """
     total = model.weight_bytes_total()
+    if ep is not None and ep > tp and model.is_moe:
+        experts = model.num_moe_layers * model.num_experts * model.expert_params() * model.weight_bytes
+        # The experts leave the TP split and are counted at their own width.
+        return weight_bytes_per_gpu(model, tp) - experts / tp + experts / ep
     replicated = 0.0
     for _, fin, fout, sharded in model.attention_linears():
         if not sharded:
@@ -105,6 +113,7 @@ def plan_memory(
     max_model_len: int | None = None,
     kv_cache_dtype_bytes: float | None = None,
     num_gpu_blocks: int | None = None,
+    expert_parallel_size: int | None = None,
 ) -> MemoryPlan:
     """Size the KV cache; raise ConfigError (with the numbers) when it cannot work."""
     tp = tensor_parallel_size
@@ -119,12 +128,15 @@ def plan_memory(
             f"({derived}, max_position_embeddings of {model.name})"
         )
     budget = hardware.mem_capacity * gpu_memory_utilization
-    weights = weight_bytes_per_gpu(model, tp)
+    weights = weight_bytes_per_gpu(model, tp, expert_parallel_size)
     acts = activation_bytes(model, tp, max_num_batched_tokens, max_num_seqs)
     reserve = RUNTIME_RESERVE_BYTES if hardware.mem_capacity > 16 * GiB else 0.05 * hardware.mem_capacity
     if weights + acts + reserve >= budget:
+        ep = expert_parallel_size
+        where = f" per data-parallel rank, experts over {ep} GPUs," if ep is not None and ep > tp else ""
         raise ConfigError(
-            f"{model.name} does not fit on {tp}x {hardware.name}: each GPU needs {weights / GiB:.2f} GiB of "
+            f"{model.name} does not fit on {tp}x {hardware.name}{where}: each GPU needs "
+            f"{weights / GiB:.2f} GiB of "
             f"weights + {acts / GiB:.2f} GiB of activations + {reserve / GiB:.2f} GiB runtime reserve = "
             f"{(weights + acts + reserve) / GiB:.2f} GiB, but gpu_memory_utilization "
             f"{gpu_memory_utilization} x {hardware.mem_capacity / GiB:.2f} GiB allows "

@@ -95,6 +95,8 @@ class SimResult:
     max_concurrency: int | None = None
     request_rate: float = math.inf
     percentiles: Sequence[float] = DEFAULT_PERCENTILES
+    # Data-parallel runs: mode, policies and per-rank figures (see dp_runner).
+    data_parallel: dict | None = None
 
     @property
     def wall_us_per_request(self) -> float:
@@ -111,6 +113,8 @@ class SimResult:
         ]
         if self.num_length_capped:
             rows.append(("Outputs cut at max_model_len:", self.num_length_capped))
+        if self.data_parallel is not None:
+            rows.extend(self.data_parallel.get("rows", []))
         rows.append(
             ("Simulated in (s wall):", f"{self.wall_s:.2f} ({self.wall_us_per_request:.1f} us/request)")
         )
@@ -146,6 +150,8 @@ class SimResult:
             "workload": self.workload_description,
             "rejections": [list(r) for r in self.rejections],
         }
+        if self.data_parallel is not None:
+            out["simulation"]["data_parallel"] = {k: v for k, v in self.data_parallel.items() if k != "rows"}
         if self.deployment is not None:
             out["deployment"] = self.deployment.to_dict()
         return out
