@@ -8,8 +8,11 @@ import sys
 from collections.abc import Sequence
 
 import llmsched
+from llmsched.bench.cli import add_bench_parser
 from llmsched.core.errors import ConfigError
+from llmsched.engine.cli import add_generate_parser
 from llmsched.executor.sim.cli import add_simulate_parser
+from llmsched.server.cli import add_serve_parser
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -79,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--summary-json", metavar="PATH", help="write the summary as JSON")
     r.set_defaults(func=_replay)
     add_simulate_parser(sub)
+    add_generate_parser(sub)
+    add_bench_parser(sub)
+    add_serve_parser(sub)
     return p
 
 

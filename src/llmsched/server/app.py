@@ -1,0 +1,41 @@
+"""The FastAPI application: routes, error handlers, API key, and the engine thread's lifetime."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+import llmsched
+from llmsched.server.auth import APIKeyMiddleware
+from llmsched.server.errors import install_error_handlers
+from llmsched.server.openai_routes import openai_router
+from llmsched.server.ops_routes import ops_router
+from llmsched.server.state import ServerState
+
+
+def build_app(state: ServerState) -> FastAPI:
+    """An app serving ``state``; the engine thread starts and stops with the app's lifespan."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.engine.start()
+        try:
+            yield
+        finally:
+            await state.engine.stop()
+
+    app = FastAPI(
+        title="llmsched",
+        version=llmsched.__version__,
+        description="OpenAI-compatible API of the llmsched serving engine",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.include_router(openai_router(state))
+    app.include_router(ops_router(state))
+    if state.args.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=state.args.api_key)
+    app.state.llmsched = state
+    return app

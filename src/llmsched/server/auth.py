@@ -1,0 +1,59 @@
+"""API-key check for /v1 and /debug (health and metrics stay open, as in vLLM).
+
+A pure ASGI middleware rather than Starlette's BaseHTTPMiddleware, which
+would wrap every streamed chunk of every response in extra tasks.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from llmsched.server.errors import error_body
+
+PROTECTED_PREFIXES = ("/v1", "/debug")
+
+
+class APIKeyMiddleware:
+    """Answers 401 unless ``Authorization: Bearer KEY`` (or ``x-api-key: KEY``) carries the key."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self._key = api_key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Check the key on protected HTTP paths, then pass the request on."""
+        if scope["type"] != "http" or scope.get("method") == "OPTIONS":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope.get("path", "")
+        if not path.startswith(PROTECTED_PREFIXES) or self._authorized(scope):
+            await self.app(scope, receive, send)
+            return
+        body = json.dumps(
+            error_body(401, "invalid or missing API key (send 'Authorization: Bearer KEY')")
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b"Bearer"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    def _authorized(self, scope: Scope) -> bool:
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                scheme, _, token = value.partition(b" ")
+                if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key):
+                    return True
+            elif name == b"x-api-key" and hmac.compare_digest(value.strip(), self._key):
+                return True
+        return False

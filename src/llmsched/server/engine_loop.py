@@ -1,0 +1,274 @@
+"""The engine loop: drain commands, admit (after the admission window), step, report.
+
+It owns the LLMEngine and is the only code that touches it; it runs on the
+engine thread or as the main loop of the engine process, and talks to the
+HTTP side only through ``submit`` (commands in, any thread) and ``emit``
+(messages out). Between two steps it drains every queued command, so all
+clients' requests reach the one scheduler, and an abort frees the
+request's KV blocks before the next step.
+
+Admission window: with a window of W ms, new requests are held out of the
+scheduler until the oldest of them is W ms old, then queued together, so a
+burst is admitted in one step. Running requests keep stepping meanwhile;
+the window delays only the requests it holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from llmsched.core.errors import RequestRejected
+from llmsched.engine.llm_engine import LLMEngine
+from llmsched.engine.outputs import RequestOutputKind
+from llmsched.server.engine_messages import (
+    FAILED,
+    REJECTED,
+    Abort,
+    Acks,
+    Add,
+    Dead,
+    EngineInfo,
+    EngineSnapshot,
+    Failed,
+    OutputDelta,
+    Query,
+    Reply,
+    StepBatch,
+    Stop,
+)
+from llmsched.server.step_log import StepLog, StepRecord
+
+log = logging.getLogger("llmsched.server")
+
+Command = Add | Abort | Query | Stop
+Emit = Callable[[object], None]
+
+
+class EngineLoop:
+    """Steps one LLMEngine for many remote submitters."""
+
+    def __init__(
+        self, engine: LLMEngine, emit: Emit, *, admission_window_ms: float = 0.0, trace_steps: int = 256
+    ) -> None:
+        self.engine = engine
+        self.emit = emit
+        self.window_s = admission_window_ms / 1000.0
+        self.step_log = StepLog(trace_steps)
+        if trace_steps:
+            engine.scheduler.enable_trace()
+        self._inbox: deque[Command] = deque()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._held: list[Add] = []
+        self._live: set[str] = set()
+        # Requests queued and aborted since the last step, for its record.
+        self._added: list[str] = []
+        self._aborted: list[str] = []
+
+    def info(self) -> EngineInfo:
+        """The engine's facts for the HTTP side."""
+        e = self.engine
+        return EngineInfo(
+            model_path=str(e.model_path),
+            model_notice=e.model_notice,
+            max_model_len=e.max_model_len,
+            vocab_size=e.vocab_size,
+            max_num_seqs=e.scheduler_config.max_num_seqs,
+            scheduling_policy=e.scheduler_config.policy,
+            generation_defaults=dict(e.generation_defaults),
+            trace_steps=self.step_log.capacity,
+            snapshot=self.snapshot(),
+        )
+
+    def submit(self, cmd: Command) -> None:
+        """Queue a command for the loop; safe from any thread."""
+        self._inbox.append(cmd)
+        self._wake.set()
+
+    def run(self) -> None:
+        """Serve commands until Stop; a crash is reported as Dead, never raised."""
+        core = self.engine.engine_core
+        wake = self._wake
+        try:
+            while not self._stopping:
+                if not self._inbox and not core.has_requests():
+                    timeout = None
+                    if self._held:
+                        timeout = self._held[0].arrival_time + self.window_s - time.monotonic()
+                    if timeout is None or timeout > 0:
+                        wake.wait(timeout)
+                wake.clear()
+                outputs: list[OutputDelta] = []
+                acks = Acks()
+                self._drain(acks, outputs)
+                if self._stopping:
+                    break
+                self._release_held(acks)
+                if acks.items:
+                    self.emit(acks)
+                batch = StepBatch(outputs)
+                ran = self._step(batch) if core.has_requests() else False
+                if ran or outputs:
+                    batch.snapshot = self.snapshot()
+                    self.emit(batch)
+        except BaseException as e:  # the loop must never die silently
+            log.exception("the engine loop failed")
+            self.emit(Dead(f"the engine failed: {e}"))
+            return
+        self.emit(Dead("the server is shutting down"))
+
+    # ---- commands ----------------------------------------------------------
+
+    def _drain(self, acks: Acks, outputs: list[OutputDelta]) -> None:
+        inbox = self._inbox
+        aborts: list[str] = []
+        while inbox:
+            cmd = inbox.popleft()
+            if isinstance(cmd, Add):
+                if self.window_s > 0:
+                    self._held.append(cmd)
+                else:
+                    self._add(cmd, acks)
+            elif isinstance(cmd, Abort):
+                held = next((a for a in self._held if a.request_id == cmd.request_id), None)
+                if held is not None:
+                    # Never queued yet: queue it so the abort takes the ordinary path.
+                    self._held.remove(held)
+                    self._add(held, acks)
+                aborts.append(cmd.request_id)
+            elif isinstance(cmd, Query):
+                steps = [r.to_json(cmd.explain) for r in self.step_log.last(cmd.last)]
+                self.emit(Reply(cmd.token, steps))
+            else:
+                self._stopping = True
+        if aborts:
+            for out in self.engine.abort_request(aborts):
+                self._live.discard(out.request_id)
+                self._aborted.append(out.request_id)
+                outputs.append(OutputDelta.of(out))
+
+    def _release_held(self, acks: Acks) -> None:
+        held = self._held
+        if held and time.monotonic() >= held[0].arrival_time + self.window_s:
+            for cmd in held:
+                self._add(cmd, acks)
+            held.clear()
+
+    def _add(self, cmd: Add, acks: Acks) -> None:
+        try:
+            self.engine.add_request(
+                cmd.request_id,
+                {"prompt_token_ids": cmd.prompt_token_ids},
+                cmd.params,
+                arrival_time=cmd.arrival_time,
+                priority=cmd.priority,
+                output_kind=RequestOutputKind.DELTA,
+                cache_salt=cmd.cache_salt,
+            )
+        except (RequestRejected, ValueError) as e:
+            acks.items.append((cmd.request_id, (REJECTED, str(e))))
+            return
+        except Exception as e:  # a bug, not bad input: report it without stopping the loop
+            log.exception("add_request failed for %s", cmd.request_id)
+            acks.items.append((cmd.request_id, (FAILED, f"the engine could not queue the request: {e}")))
+            return
+        self._live.add(cmd.request_id)
+        self._added.append(cmd.request_id)
+        acks.items.append((cmd.request_id, None))
+
+    # ---- the step ------------------------------------------------------------
+
+    def _step(self, batch: StepBatch) -> bool:
+        eng = self.engine
+        before = eng.num_steps
+        t0 = time.perf_counter()
+        c0 = time.thread_time()
+        try:
+            outs = eng.step()
+        except Exception as e:
+            log.exception("engine step failed; aborting the requests in flight")
+            failed = list(self._live)
+            self._live.clear()
+            # Raises again if the engine cannot even abort: then the loop stops.
+            eng.abort_request(failed)
+            self.emit(Failed(failed, f"the engine failed while running this request: {e}"))
+            return False
+        dt = time.perf_counter() - t0
+        cpu = time.thread_time() - c0
+        vocab = eng.vocab_size
+        bad: list[str] = []
+        out_list = batch.outputs
+        for out in outs:
+            ids = out.outputs[0].token_ids
+            if ids:
+                if not 0 <= min(ids) <= max(ids) < vocab:
+                    bad.append(out.request_id)
+                    continue
+                if math.isnan(batch.token_time) and out.metrics is not None:
+                    batch.token_time = out.metrics.last_token_time
+            if out.finished:
+                self._live.discard(out.request_id)
+            out_list.append(OutputDelta.of(out))
+        if bad:
+            self._fail_bad_tokens(bad)
+        if eng.num_steps == before:
+            return False
+        es = eng.last_step
+        # A step that only told the executor about finished requests explains nothing.
+        if (
+            es is not None
+            and self.step_log.capacity
+            and (es.scheduler_output.scheduled or self._added or self._aborted)
+        ):
+            so = es.scheduler_output
+            self.step_log.append(
+                StepRecord(
+                    step=so.step,
+                    time=time.time(),
+                    duration_ms=dt * 1000.0,
+                    cpu_ms=cpu * 1000.0,
+                    num_running=es.num_running,
+                    num_waiting=es.num_waiting,
+                    kv_usage=es.kv_usage,
+                    num_scheduled_tokens=so.total_num_scheduled_tokens,
+                    added=self._added,
+                    aborted=self._aborted,
+                    admitted=[r.request_id for r in so.admitted],
+                    preempted=[r.request_id for r in so.preempted],
+                    finished=[r.request_id for r in es.outputs.finished],
+                    trace=so.trace,
+                )
+            )
+        self._added, self._aborted = [], []
+        return True
+
+    def _fail_bad_tokens(self, request_ids: list[str]) -> None:
+        # A token outside the vocabulary (NaN logits, say) would crash the next
+        # step for every request in it; only its own request fails.
+        log.error("requests %s sampled a token outside the vocabulary; failing them", request_ids)
+        self.engine.abort_request(request_ids)
+        self._live.difference_update(request_ids)
+        self._aborted.extend(request_ids)
+        self.emit(Failed(request_ids, "the model produced a token outside its vocabulary for this request"))
+
+    def snapshot(self) -> EngineSnapshot:
+        """The scheduler's figures now."""
+        sched = self.engine.scheduler
+        stats = sched.prefix_cache_stats
+        kv = sched.kv
+        return EngineSnapshot(
+            num_running=len(sched.running),
+            num_waiting=len(sched.waiting),
+            kv_usage=kv.usage,
+            num_free_blocks=kv.num_free_blocks,
+            num_usable_blocks=sched.config.num_gpu_blocks - 1,
+            num_preemptions=sched.num_preemptions,
+            prefix_cache_queries=stats.queries,
+            prefix_cache_hits=stats.hits,
+            num_steps=self.engine.num_steps,
+        )

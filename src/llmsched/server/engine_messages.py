@@ -1,0 +1,187 @@
+"""What travels between the HTTP side and the engine loop (across a pipe when the engine is a process).
+
+Everything here is small and picklable. Outputs travel as OutputDelta, not
+RequestOutput: a delta carries only what changed, never the prompt again.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from llmsched.core.sampling_params import SamplingParams
+from llmsched.engine.outputs import Logprob, RequestOutput
+
+# Why an add was refused: the scheduler refused the request (a 400), or the engine failed.
+REJECTED = "rejected"
+FAILED = "failed"
+
+
+@dataclass(slots=True)
+class Add:
+    """Queue a request (token ids already; tokenizing happens on the HTTP side)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    priority: int = 0
+    cache_salt: str | None = None
+
+
+@dataclass(slots=True)
+class Abort:
+    """Abort a request; a no-op once it finished."""
+
+    request_id: str
+
+
+@dataclass(slots=True)
+class Query:
+    """Ask the engine loop for the latest ``last`` step records; answered with a Reply."""
+
+    token: int
+    last: int
+    explain: bool = False
+
+
+@dataclass(slots=True)
+class Stop:
+    """Finish the engine loop (what is in flight fails)."""
+
+
+@dataclass(slots=True)
+class OutputDelta:
+    """One request's new text and tokens from one step; ``final`` timing only when finished.
+
+    ``final`` is (arrival, first scheduled, finished, time per output
+    token, generated tokens), all on the monotonic clock the server shares.
+    """
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict[int, Logprob]] | None
+    finished: bool
+    finish_reason: str | None
+    stop_reason: int | str | None
+    num_cached_tokens: int
+    final: tuple[float, float, float, float, int] | None = None
+
+    @classmethod
+    def of(cls, out: RequestOutput) -> OutputDelta:
+        """The delta of an engine output (RequestOutputKind.DELTA)."""
+        c = out.outputs[0]
+        final = None
+        if out.finished and out.metrics is not None:
+            m = out.metrics
+            final = (m.arrival_time, m.first_scheduled_time, m.finished_time, m.tpot, m.num_generation_tokens)
+        return cls(
+            out.request_id,
+            c.text,
+            c.token_ids,
+            c.logprobs,
+            out.finished,
+            c.finish_reason,
+            c.stop_reason,
+            out.num_cached_tokens,
+            final,
+        )
+
+
+@dataclass(slots=True)
+class EngineSnapshot:
+    """Scheduler figures as of the latest step (replaced whole, never mutated)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_usage: float = 0.0
+    num_free_blocks: int = 0
+    num_usable_blocks: int = 0
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_steps: int = 0
+
+
+@dataclass(slots=True)
+class StepBatch:
+    """One step's outputs, when their tokens were sampled, and the scheduler's state after it."""
+
+    outputs: list[OutputDelta]
+    token_time: float = math.nan
+    snapshot: EngineSnapshot | None = None
+
+
+@dataclass(slots=True)
+class Acks:
+    """Adds processed: (request id, None) or (request id, (REJECTED or FAILED, message))."""
+
+    items: list[tuple[str, tuple[str, str] | None]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Failed:
+    """These requests failed in the engine; the message says why."""
+
+    request_ids: list[str]
+    message: str
+
+
+@dataclass(slots=True)
+class Dead:
+    """The engine loop stopped for good (crash or shutdown)."""
+
+    message: str
+
+
+@dataclass(slots=True)
+class Reply:
+    """The answer to a Query."""
+
+    token: int
+    steps: list[dict]
+
+
+@dataclass(slots=True)
+class EngineInfo:
+    """What the HTTP side needs to know about the engine it talks to."""
+
+    model_path: str
+    model_notice: str | None
+    max_model_len: int
+    vocab_size: int
+    max_num_seqs: int
+    scheduling_policy: str
+    generation_defaults: dict
+    trace_steps: int
+    snapshot: EngineSnapshot
+
+
+# Between processes a step batch travels as plain tuples: pickling a hundred
+# slotted dataclasses costs ten times as much, and it is paid on the engine's side.
+BATCH_TAG = "step"
+
+
+def encode_batch(batch: StepBatch) -> tuple:
+    """A StepBatch as nested plain tuples (for the pipe)."""
+    outs = [
+        (o.request_id, o.text, o.token_ids, o.logprobs, o.finished, o.finish_reason, o.stop_reason,
+         o.num_cached_tokens, o.final)
+        for o in batch.outputs
+    ]  # fmt: skip
+    snap = batch.snapshot
+    snap_t = None
+    if snap is not None:
+        snap_t = (
+            snap.num_running, snap.num_waiting, snap.kv_usage, snap.num_free_blocks, snap.num_usable_blocks,
+            snap.num_preemptions, snap.prefix_cache_queries, snap.prefix_cache_hits, snap.num_steps,
+        )  # fmt: skip
+    return (BATCH_TAG, outs, batch.token_time, snap_t)
+
+
+def decode_batch(data: tuple) -> StepBatch:
+    """The StepBatch ``encode_batch`` encoded."""
+    _, outs, token_time, snap_t = data
+    snapshot = EngineSnapshot(*snap_t) if snap_t is not None else None
+    return StepBatch([OutputDelta(*o) for o in outs], token_time, snapshot)

@@ -1,0 +1,93 @@
+"""POST /v1/completions, POST /v1/chat/completions and GET /v1/models."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.responses import Response
+
+from llmsched.server.errors import APIError
+from llmsched.server.generation import generate
+from llmsched.server.prompts import chat_prompt_ids, completion_prompt_ids
+from llmsched.server.protocol import ChatCompletionRequest, CompletionRequest
+from llmsched.server.responses import ChatFormatter, CompletionFormatter
+from llmsched.server.sampling import (
+    build_sampling_params,
+    check_chat,
+    check_completion,
+    check_prompt_len,
+    resolve_max_tokens,
+)
+from llmsched.server.state import ServerState
+
+_ERRORS = {
+    400: {"description": "Invalid parameters or prompt (OpenAI error shape)"},
+    401: {"description": "Missing or wrong API key"},
+    404: {"description": "Unknown model"},
+    503: {"description": "Overloaded; retry after the Retry-After header's seconds"},
+}
+
+
+def openai_router(state: ServerState) -> APIRouter:
+    """The OpenAI-compatible routes over ``state``."""
+    router = APIRouter()
+
+    @router.get("/v1/models")
+    async def list_models() -> dict:
+        """The served model, under each of its names."""
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": state.created,
+                    "owned_by": "llmsched",
+                    "root": state.model_root,
+                    "parent": None,
+                    "max_model_len": state.limits.max_model_len,
+                }
+                for name in state.served_model_names
+            ],
+        }
+
+    @router.post("/v1/completions", responses=_ERRORS)  # type: ignore[arg-type]
+    async def create_completion(body: CompletionRequest) -> Response:
+        """Complete a prompt (text or token ids); SSE when ``stream`` is true."""
+        state.check_model(body.model)
+        check_completion(body)
+        ids = completion_prompt_ids(body.prompt, state.tokenizer, state.vocab_size)
+        check_prompt_len(len(ids), state.limits, "prompt")
+        max_tokens = resolve_max_tokens(body.max_tokens, len(ids), state.limits, "max_tokens")
+        params = build_sampling_params(
+            body, max_tokens=max_tokens, logprobs=body.logprobs, limits=state.limits
+        )
+        rid = state.engine.new_request_id("cmpl")
+        fmt = CompletionFormatter(rid, state.model_name, len(ids), body.logprobs)
+        return await generate(state, rid, ids, params, body, fmt, "prompt")
+
+    @router.post("/v1/chat/completions", responses=_ERRORS)  # type: ignore[arg-type]
+    async def create_chat_completion(body: ChatCompletionRequest) -> Response:
+        """Answer a chat, rendered with the model's chat template; SSE when ``stream`` is true."""
+        state.check_model(body.model)
+        check_chat(body)
+        if body.continue_final_message:
+            raise APIError(400, "continue_final_message is not supported", "continue_final_message")
+        ids = chat_prompt_ids(
+            body.messages,
+            state.tokenizer,
+            add_generation_prompt=body.add_generation_prompt,
+            template_kwargs=body.chat_template_kwargs,
+        )
+        check_prompt_len(len(ids), state.limits, "messages")
+        if body.max_completion_tokens is not None:
+            requested, param = body.max_completion_tokens, "max_completion_tokens"
+        else:
+            requested, param = body.max_tokens, "max_tokens"
+        max_tokens = resolve_max_tokens(requested, len(ids), state.limits, param)
+        num_top = (body.top_logprobs or 0) if body.logprobs else None
+        params = build_sampling_params(body, max_tokens=max_tokens, logprobs=num_top, limits=state.limits)
+        rid = state.engine.new_request_id("chatcmpl")
+        fmt = ChatFormatter(rid, state.model_name, len(ids), num_top)
+        return await generate(state, rid, ids, params, body, fmt, "messages")
+
+    return router

@@ -1,0 +1,45 @@
+"""GET /health, /metrics and /debug/steps: what operators look at."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Query
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.responses import Response
+
+from llmsched.server.async_engine import EngineDead
+from llmsched.server.errors import APIError
+from llmsched.server.state import ServerState
+
+MAX_DEBUG_STEPS = 100_000
+
+
+def ops_router(state: ServerState) -> APIRouter:
+    """Health, Prometheus metrics and the decision trace over ``state``."""
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health() -> Response:
+        """200 while the engine thread serves requests, else 503."""
+        if not state.engine.is_running:
+            raise APIError(503, state.engine.dead_reason or "the engine is not running")
+        return Response(status_code=200)
+
+    # async: metrics are only touched on the event loop, so the scrape must run there too.
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        """Prometheus text exposition (vLLM's metric names)."""
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @router.get("/debug/steps")
+    async def debug_steps(
+        last: int = Query(10, ge=1, le=MAX_DEBUG_STEPS, description="how many of the latest steps"),
+        explain: bool = Query(False, description="add each step's human-readable explanation"),
+    ) -> dict:
+        """The latest engine steps: what ran, what was admitted, preempted, aborted, and why."""
+        try:
+            steps = await state.engine.steps(last, explain)
+        except (EngineDead, TimeoutError) as e:
+            raise APIError(503, f"the engine did not answer: {e}") from None
+        return {"trace_steps": state.engine.info.trace_steps, "steps": steps}
+
+    return router

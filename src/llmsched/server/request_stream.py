@@ -1,0 +1,78 @@
+"""One request's outputs on their way from the engine loop to its HTTP handler.
+
+Everything here runs on the event loop: the engine loop hands a whole
+step's outputs over in one message, and that message fills these streams. A
+handler that falls behind gets several deltas in one batch and sends them as
+one chunk, so a slow client costs one write per step, never a growing queue
+of writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+
+from llmsched.server.engine_messages import OutputDelta
+
+
+class EngineError(RuntimeError):
+    """The engine failed this request (or is shutting down); the message says why."""
+
+
+class RequestRejectedByEngine(ValueError):
+    """The engine refused the request when it was queued (the message names the reason)."""
+
+
+@dataclass(slots=True)
+class RequestStream:
+    """The per-request mailbox, plus what the server tracks for its metrics and limits."""
+
+    request_id: str
+    prompt_len: int
+    arrival_time: float
+    accepted: asyncio.Future
+    items: list[OutputDelta] = field(default_factory=list)
+    error: BaseException | None = None
+    finished: bool = False
+    # The handler's wait, when it is waiting.
+    waiter: asyncio.Future | None = None
+    # Metrics bookkeeping (event loop only).
+    num_tokens: int = 0
+    last_token_time: float = math.nan
+    counts_as_queued: bool = True
+
+    def put(self, out: OutputDelta) -> None:
+        """Add an engine output; wakes the handler."""
+        self.items.append(out)
+        if out.finished:
+            self.finished = True
+        self._wake()
+
+    def fail(self, error: BaseException) -> None:
+        """End the stream with an error (engine failure or shutdown)."""
+        self.error = error
+        self.finished = True
+        if not self.accepted.done():
+            self.accepted.set_exception(error)
+            # Marks it retrieved: a handler that has gone never will, and asyncio would warn.
+            self.accepted.exception()
+        self._wake()
+
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def next_batch(self) -> list[OutputDelta]:
+        """Every output since the last call (waits for one); raises the stream's error once drained."""
+        while not self.items:
+            if self.error is not None:
+                raise self.error
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        items, self.items = self.items, []
+        return items

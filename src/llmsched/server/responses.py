@@ -1,0 +1,206 @@
+"""Response and stream-chunk bodies of /v1/completions and /v1/chat/completions.
+
+Plain dicts serialised with ``json``: a pydantic model per chunk would cost
+more than the token it carries. One formatter per request keeps what runs
+across chunks (text offsets, whether the role was sent, token counts).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from llmsched.engine.outputs import Logprob
+from llmsched.server.engine_messages import OutputDelta
+from llmsched.server.logprobs import CompletionLogprobs, chat_logprobs
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(obj: dict) -> bytes:
+    """One server-sent event carrying ``obj`` as JSON."""
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+@dataclass(slots=True)
+class Delta:
+    """Several engine outputs of one request, merged into what one chunk reports."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, Logprob]] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0
+
+    def add(self, outs: Sequence[OutputDelta]) -> None:
+        """Append these outputs' text, tokens and logprobs; keep the finish of the last."""
+        for out in outs:
+            self.text += out.text
+            self.token_ids.extend(out.token_ids)
+            if out.logprobs:
+                self.logprobs.extend(out.logprobs)
+            if out.finish_reason is not None:
+                self.finish_reason = out.finish_reason
+                self.stop_reason = out.stop_reason
+            self.num_cached_tokens = out.num_cached_tokens
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    """The usage object (with vLLM's prompt_tokens_details)."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+class Formatter:
+    """What both endpoints share: ids, model name, usage counting."""
+
+    object_final = ""
+    object_chunk = ""
+
+    def __init__(self, request_id: str, model: str, prompt_len: int, num_top_logprobs: int | None) -> None:
+        self.id = request_id
+        self.model = model
+        self.created = int(time.time())
+        self.prompt_len = prompt_len
+        self.num_top = num_top_logprobs
+        self.num_tokens = 0
+        self.num_cached = 0
+
+    def _envelope(self, obj: str, choices: list[dict]) -> dict:
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    def usage(self) -> dict:
+        """Usage so far."""
+        return usage(self.prompt_len, self.num_tokens, self.num_cached)
+
+    def usage_chunk(self) -> dict:
+        """The last chunk of a stream with include_usage: no choices, only usage."""
+        out = self._envelope(self.object_chunk, [])
+        out["usage"] = self.usage()
+        return out
+
+    def _count(self, d: Delta) -> None:
+        self.num_tokens += len(d.token_ids)
+        self.num_cached = d.num_cached_tokens
+
+    def first_chunks(self) -> list[dict]:
+        """Chunks sent before any token (the chat role)."""
+        return []
+
+    def chunk(self, d: Delta) -> dict | None:
+        """The chunk for one merged delta, or None when it has nothing to say."""
+        raise NotImplementedError
+
+    def final(self, d: Delta) -> dict:
+        """The whole (non-streamed) response from the merged outputs."""
+        raise NotImplementedError
+
+
+class CompletionFormatter(Formatter):
+    """text_completion objects."""
+
+    object_final = "text_completion"
+    object_chunk = "text_completion"
+
+    def __init__(self, request_id: str, model: str, prompt_len: int, num_top_logprobs: int | None) -> None:
+        super().__init__(request_id, model, prompt_len, num_top_logprobs)
+        self._lp = CompletionLogprobs(num_top_logprobs) if num_top_logprobs is not None else None
+
+    def _logprobs(self, d: Delta) -> dict | None:
+        if self._lp is None:
+            return None
+        return self._lp.format(d.token_ids, d.logprobs)
+
+    def chunk(self, d: Delta) -> dict | None:
+        """A text_completion chunk."""
+        self._count(d)
+        lp = self._logprobs(d) if d.token_ids else None
+        if not d.text and d.finish_reason is None and not (lp and lp["tokens"]):
+            return None
+        choice = {
+            "index": 0,
+            "text": d.text,
+            "logprobs": lp,
+            "finish_reason": d.finish_reason,
+            "stop_reason": d.stop_reason,
+        }
+        return self._envelope(self.object_chunk, [choice])
+
+    def final(self, d: Delta) -> dict:
+        """The text_completion response."""
+        self._count(d)
+        lp = self._logprobs(d)
+        choice = {
+            "index": 0,
+            "text": d.text,
+            "logprobs": lp,
+            "finish_reason": d.finish_reason,
+            "stop_reason": d.stop_reason,
+        }
+        out = self._envelope(self.object_final, [choice])
+        out["usage"] = self.usage()
+        return out
+
+
+class ChatFormatter(Formatter):
+    """chat.completion objects."""
+
+    object_final = "chat.completion"
+    object_chunk = "chat.completion.chunk"
+
+    def _logprobs(self, d: Delta) -> dict | None:
+        if self.num_top is None:
+            return None
+        return {"content": chat_logprobs(d.token_ids, d.logprobs, self.num_top)}
+
+    def first_chunks(self) -> list[dict]:
+        """The role chunk, as OpenAI sends it first."""
+        choice = {
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+        return [self._envelope(self.object_chunk, [choice])]
+
+    def chunk(self, d: Delta) -> dict | None:
+        """A chat.completion.chunk."""
+        self._count(d)
+        lp = self._logprobs(d) if d.token_ids else None
+        if not d.text and d.finish_reason is None and not (lp and lp["content"]):
+            return None
+        choice = {
+            "index": 0,
+            "delta": {"content": d.text} if d.text or d.finish_reason is None else {},
+            "logprobs": lp,
+            "finish_reason": d.finish_reason,
+            "stop_reason": d.stop_reason,
+        }
+        return self._envelope(self.object_chunk, [choice])
+
+    def final(self, d: Delta) -> dict:
+        """The chat.completion response."""
+        self._count(d)
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": d.text},
+            "logprobs": self._logprobs(d),
+            "finish_reason": d.finish_reason,
+            "stop_reason": d.stop_reason,
+        }
+        out = self._envelope(self.object_final, [choice])
+        out["usage"] = self.usage()
+        return out

@@ -1,0 +1,110 @@
+"""What every route needs: the async engine, the metrics, the model's names, limits and tokenizer."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from llmsched.engine.args import EngineArgs
+from llmsched.engine.llm_engine import ExecutorFactory
+from llmsched.engine.model_files import load_model_files
+from llmsched.engine.tokenizer import Tokenizer, load_tokenizer
+from llmsched.server.args import ServerArgs
+from llmsched.server.async_engine import AsyncEngine, Backend
+from llmsched.server.errors import APIError
+from llmsched.server.metrics import ServerMetrics
+from llmsched.server.sampling import ModelLimits
+
+
+@dataclass(slots=True)
+class ServerState:
+    """The server's shared objects; built once, before the app starts."""
+
+    engine: AsyncEngine
+    metrics: ServerMetrics
+    served_model_names: list[str]
+    model_root: str
+    limits: ModelLimits
+    tokenizer: Tokenizer
+    vocab_size: int
+    args: ServerArgs
+    model_notice: str | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def model_name(self) -> str:
+        """The name responses report."""
+        return self.served_model_names[0]
+
+    def check_model(self, name: str | None) -> None:
+        """404 unless ``name`` is empty or one of the served names."""
+        if name and name not in self.served_model_names:
+            raise APIError(404, f"The model `{name}` does not exist.", "model")
+
+
+def serving_threads() -> int:
+    """Torch CPU threads for a served engine: every usable CPU but one, which the HTTP side needs.
+
+    On a small machine an engine with a thread per CPU competes with the
+    HTTP process for every core, and torch's CPU kernels slow down many
+    times over when one of their threads waits for a core.
+    """
+    return max(1, len(os.sched_getaffinity(0)) - 1) if hasattr(os, "sched_getaffinity") else 1
+
+
+def make_backend(
+    engine_args: EngineArgs, server_args: ServerArgs, executor_factory: ExecutorFactory | None = None
+) -> Backend:
+    """Start the engine where ``server_args.engine_mode`` says (a custom executor needs a thread)."""
+    if engine_args.num_threads is None:
+        engine_args = replace(engine_args, num_threads=serving_threads())
+    if server_args.engine_mode == "thread" or executor_factory is not None:
+        from llmsched.engine.llm_engine import LLMEngine
+        from llmsched.server.thread_backend import ThreadBackend
+
+        engine = LLMEngine(engine_args, executor_factory=executor_factory)
+        return ThreadBackend(
+            engine, admission_window_ms=server_args.admission_window_ms, trace_steps=server_args.trace_steps
+        )
+    from llmsched.server.process_backend import ProcessBackend
+
+    return ProcessBackend(
+        engine_args, admission_window_ms=server_args.admission_window_ms, trace_steps=server_args.trace_steps
+    )
+
+
+def create_state(
+    engine_args: EngineArgs, server_args: ServerArgs, *, executor_factory: ExecutorFactory | None = None
+) -> ServerState:
+    """Start the engine (loads the model) and build everything the routes share."""
+    backend = make_backend(engine_args, server_args, executor_factory)
+    info = backend.info()
+    # The HTTP side tokenizes, so it loads the tokenizer too (never the weights).
+    files = load_model_files(info.model_path)
+    tokenizer = load_tokenizer(files, engine_args.tokenizer)
+    names = list(server_args.served_model_name) or [engine_args.model or Path(info.model_path).name]
+    engine = AsyncEngine(
+        backend,
+        max_num_queued_requests=server_args.queue_limit(info.max_num_seqs),
+        max_num_queued_tokens=server_args.max_num_queued_tokens,
+    )
+    metrics = ServerMetrics(names[0], info.max_model_len, lambda: engine.snapshot, lambda: engine.admission)
+    engine.observer = metrics
+    limits = ModelLimits(
+        max_model_len=info.max_model_len,
+        scheduling_policy=info.scheduling_policy,
+        generation_defaults=dict(info.generation_defaults),
+    )
+    return ServerState(
+        engine=engine,
+        metrics=metrics,
+        served_model_names=names,
+        model_root=info.model_path,
+        limits=limits,
+        tokenizer=tokenizer,
+        vocab_size=info.vocab_size,
+        args=server_args,
+        model_notice=info.model_notice,
+    )
