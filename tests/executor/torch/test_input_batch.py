@@ -171,3 +171,48 @@ def test_speculative_drafts_are_refused():
     b = batch()
     with pytest.raises(NotImplementedError, match="speculative"):
         b.prepare(SchedulerOutput(step=0, spec_decode_tokens={"a": [1]}))
+
+
+def test_recompute_from_grows_the_chunk_back_over_unwritten_blocks():
+    b = batch()
+    so = SchedulerOutput(step=0)
+    # "c": 8 of 14 tokens hit, chunk 8..11 scheduled, the hit's block 4..7 unwritten.
+    chunk = req("c", 14, 12)
+    # "d": a 9-token prompt hit for 8, so one token scheduled; recompute from 4.
+    one = req("d", 9, 9)
+    # "z": a hit whose every block is unwritten: recompute from 0.
+    zero = req("z", 6, 6)
+    # "k": recompute_from at the chunk start changes nothing.
+    kept = req("k", 5, 5)
+    admit(so, chunk, [5, 6, 7, 8], 4)
+    admit(so, one, [1, 2, 3], 1)
+    admit(so, zero, [9, 10], 2)
+    admit(so, kept, [11, 12], 1)
+    so.recompute_from = {"c": 4, "d": 4, "z": 0, "k": 4}
+    b.update(so)
+    step = b.prepare(so)
+    # Only "k" stays a decode; the others are prefills from their recompute position.
+    assert step.attn.num_decodes == 1
+    assert step.positions.tolist() == [4, *range(4, 12), *range(4, 9), *range(6)]
+    assert step.input_ids.tolist() == [104, *range(104, 112), *range(104, 109), *range(100, 106)]
+    assert step.attn.slot_mapping.tolist() == [
+        12 * BS + 0,
+        *[6 * BS + k for k in range(4)],
+        *[7 * BS + k for k in range(4)],
+        *[2 * BS + k for k in range(4)],
+        3 * BS + 0,
+        *[9 * BS + k for k in range(4)],
+        10 * BS + 0,
+        10 * BS + 1,
+    ]
+    chunks = step.attn.prefills
+    assert [(c.start, c.end, c.context_start) for c in chunks] == [(1, 9, 4), (9, 14, 4), (14, 20, 0)]
+    # Grown chunks still attend to the written prefix before them.
+    assert chunks[0].block_ids.tolist() == [5, 6, 7]
+    assert chunks[0].mask.sum(1).tolist() == list(range(5, 13))
+    assert chunks[1].block_ids.tolist() == [1, 2, 3]
+    assert chunks[2].block_ids is None
+    # "c" ends short of its prompt: it samples nothing; the others sample their last row.
+    assert step.logits_indices.tolist() == [0, 13, 19]
+    assert [st.request.request_id for st in step.sample_states] == ["k", "d", "z"]
+    assert step.sample_sched_index == [3, 1, 2]

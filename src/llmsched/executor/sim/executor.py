@@ -39,6 +39,10 @@ class SimExecutor:
         samplers: list[Request] = []
         num_tokens = prefill_tokens = prefill_pairs = prefill_context = 0
         num_decodes = decode_context = 0
+        # recompute_from is not charged: the cost model prices the step vLLM
+        # would run, and vLLM never recomputes a withdrawn chunk's blocks (it
+        # reads them as cached). The extra tokens are this project's torch
+        # executor's repair, and rare.
         for req, n in zip(scheduler_output.scheduled, scheduler_output.num_scheduled_tokens):
             end = req.num_computed_tokens
             num_tokens += n

@@ -143,18 +143,30 @@ class InputBatch:
     # ---- one step's inputs ----------------------------------------------------------
 
     def prepare(self, so: SchedulerOutput) -> StepInputs:
-        """Flatten the scheduled chunks: decodes first (by context length), then prefill chunks."""
+        """Flatten the scheduled chunks (grown back to ``recompute_from``): decodes first, then prefills."""
         if so.spec_decode_tokens:
             raise NotImplementedError("the torch executor does not verify speculative draft tokens")
         states = self.states
         bs = self.block_size
         decodes: list[tuple[int, int, RequestState]] = []  # (position, scheduled index, state)
         prefills: list[tuple[int, int, int, RequestState]] = []  # (start, n, scheduled index, state)
+        recompute = so.recompute_from
         for i, (req, n) in enumerate(zip(so.scheduled, so.num_scheduled_tokens)):
             st = states.get(req.request_id)
             if st is None:
                 raise KeyError(f"request {req.request_id!r} is scheduled but was never admitted")
             start = req.num_computed_tokens - n
+            if recompute:
+                p = recompute.get(req.request_id)
+                if p is not None and p < start:
+                    # Its prefix-cache hit covers blocks a withdrawn chunk
+                    # registered but never wrote: the KV there is garbage, so
+                    # the chunk grows back to p and rewrites those slots (as a
+                    # prefill, even for one scheduled token). Every layer
+                    # writes the step's K/V before attending, so others hitting
+                    # the same blocks in this step read the rewritten KV.
+                    n += start - p
+                    start = p
             if start + n > st.num_blocks * bs:
                 raise ValueError(
                     f"request {req.request_id!r} runs up to position {start + n} but holds "
