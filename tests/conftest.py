@@ -3,8 +3,9 @@ and the embedded demo model built once per session into a private cache."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,21 @@ def use_embedded(embedded_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
     monkeypatch.setenv("LLMSCHED_CACHE_DIR", str(embedded_cache))
     return embedded_model_path(embedded_cache)
+
+
+@pytest.fixture(scope="session")
+def embedded_server(embedded_cache: Path) -> Callable[..., contextlib.AbstractContextManager]:
+    """Starts a real server on the embedded model: ``with embedded_server(engine_args, server_args) as s``."""
+    from llmsched.server.launch import ServerThread
+
+    @contextlib.contextmanager
+    def start(engine_args: object, server_args: object) -> Iterator[ServerThread]:
+        mp = pytest.MonkeyPatch()
+        mp.setenv("LLMSCHED_CACHE_DIR", str(embedded_cache))
+        try:
+            with ServerThread(engine_args, server_args) as s:
+                yield s
+        finally:
+            mp.undo()
+
+    return start

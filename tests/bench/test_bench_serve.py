@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
@@ -18,17 +19,12 @@ from llmsched.server.launch import ServerThread
 
 
 @pytest.fixture(scope="module")
-def server(embedded_cache: Path) -> Iterator[ServerThread]:
+def server(embedded_server: Callable[..., AbstractContextManager]) -> Iterator[ServerThread]:
     """The embedded model behind a real server."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("LLMSCHED_CACHE_DIR", str(embedded_cache))
-    try:
-        with ServerThread(
-            EngineArgs(max_model_len=128, num_gpu_blocks_override=512), ServerArgs(log_level="critical")
-        ) as s:
-            yield s
-    finally:
-        mp.undo()
+    with embedded_server(
+        EngineArgs(max_model_len=128, num_gpu_blocks_override=512), ServerArgs(log_level="critical")
+    ) as s:
+        yield s
 
 
 def test_reports_latencies_and_throughput_under_bench_throughputs_keys(

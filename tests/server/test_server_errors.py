@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import httpx
@@ -17,17 +18,12 @@ CHAT = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
-def server(embedded_cache: Path) -> Iterator[ServerThread]:
+def server(embedded_server: Callable[..., AbstractContextManager]) -> Iterator[ServerThread]:
     """The embedded model with a 64-token context."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("LLMSCHED_CACHE_DIR", str(embedded_cache))
-    try:
-        with ServerThread(
-            EngineArgs(max_model_len=64, num_gpu_blocks_override=256), ServerArgs(log_level="critical")
-        ) as s:
-            yield s
-    finally:
-        mp.undo()
+    with embedded_server(
+        EngineArgs(max_model_len=64, num_gpu_blocks_override=256), ServerArgs(log_level="critical")
+    ) as s:
+        yield s
 
 
 def assert_error(resp: httpx.Response, status: int, param: str | None = None, *words: str) -> dict:
@@ -162,8 +158,8 @@ def test_past_the_queue_limits_requests_get_503_with_retry_after(
         t.join(60)
         metrics = httpx.get(server.base_url + "/metrics").text
         assert (
-            'llmsched:admission_rejections_total{model_name="embedded-qwen3-v1",reason="max_num_queued_reqs"} 1.0'
-            in metrics
+            'llmsched:admission_rejections_total{model_name="embedded-qwen3-v1",'
+            'reason="max_num_queued_reqs"} 1.0' in metrics
         )
         assert 'reason="max_num_queued_tokens"} 1.0' in metrics
         assert httpx.post(url, json={"prompt": "fine", "max_tokens": 2}, timeout=60).status_code == 200

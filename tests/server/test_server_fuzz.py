@@ -8,8 +8,8 @@ each accepted request short.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 
 import httpx
 import pytest
@@ -32,17 +32,12 @@ SETTINGS = settings(
 
 
 @pytest.fixture(scope="module")
-def server(embedded_cache: Path) -> Iterator[ServerThread]:
+def server(embedded_server: Callable[..., AbstractContextManager]) -> Iterator[ServerThread]:
     """The embedded model with a 32-token context."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("LLMSCHED_CACHE_DIR", str(embedded_cache))
-    try:
-        with ServerThread(
-            EngineArgs(max_model_len=32, num_gpu_blocks_override=256), ServerArgs(log_level="critical")
-        ) as s:
-            yield s
-    finally:
-        mp.undo()
+    with embedded_server(
+        EngineArgs(max_model_len=32, num_gpu_blocks_override=256), ServerArgs(log_level="critical")
+    ) as s:
+        yield s
 
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])

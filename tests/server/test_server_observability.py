@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 
 import httpx
 import pytest
@@ -20,16 +20,11 @@ WINDOW_MS = 1000
 
 
 @pytest.fixture(scope="module")
-def server(embedded_cache: Path) -> Iterator[ServerThread]:
+def server(embedded_server: Callable[..., AbstractContextManager]) -> Iterator[ServerThread]:
     """The embedded model with an admission window and a short decision-trace buffer."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("LLMSCHED_CACHE_DIR", str(embedded_cache))
     args = ServerArgs(admission_window_ms=WINDOW_MS, trace_steps=64, log_level="critical")
-    try:
-        with ServerThread(EngineArgs(max_model_len=128, num_gpu_blocks_override=512), args) as s:
-            yield s
-    finally:
-        mp.undo()
+    with embedded_server(EngineArgs(max_model_len=128, num_gpu_blocks_override=512), args) as s:
+        yield s
 
 
 def complete(server: ServerThread, prompt: str, max_tokens: int = 4) -> dict:

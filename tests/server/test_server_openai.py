@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import httpx
@@ -18,17 +19,12 @@ MODEL = "llmsched-test"
 
 
 @pytest.fixture(scope="module")
-def server(embedded_cache: Path) -> Iterator[ServerThread]:
+def server(embedded_server: Callable[..., AbstractContextManager]) -> Iterator[ServerThread]:
     """The embedded model behind a real server with an API key and two served names."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("LLMSCHED_CACHE_DIR", str(embedded_cache))
     engine_args = EngineArgs(max_model_len=256, num_gpu_blocks_override=1024, max_num_seqs=64)
     server_args = ServerArgs(api_key=KEY, served_model_name=[MODEL, "alias"], log_level="warning")
-    try:
-        with ServerThread(engine_args, server_args) as s:
-            yield s
-    finally:
-        mp.undo()
+    with embedded_server(engine_args, server_args) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")

@@ -159,7 +159,7 @@ class ServerMetrics:
             success.add_metric([*values, reason], n)
         yield success
         rejected = CounterMetricFamily(
-            "vllm:admission_rejections",
+            "llmsched:admission_rejections",
             "Number of admission attempts rejected by a queue limit, by reason.",
             labels=["model_name", "reason"],
         )
