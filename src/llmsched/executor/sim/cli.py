@@ -251,7 +251,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         kv_cache_dtype=args.kv_cache_dtype,
         quantization=args.quantization,
         prefix_caching_hash_algo=args.prefix_caching_hash_algo,
-        efficiency=Efficiency.parse(args.efficiency),
+        efficiency=Efficiency.overrides(args.efficiency),
         step_overhead_ms=args.step_overhead_ms,
         cuda_graph_max_tokens=args.cuda_graph_max_tokens,
         launch_latency_us=args.launch_latency_us,

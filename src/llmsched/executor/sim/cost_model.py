@@ -113,8 +113,13 @@ class Efficiency:
     @classmethod
     def parse(cls, spec: str | Iterable[str] | None) -> Efficiency:
         """From 'gemm=0.6,memory=0.75' (or a list of such items); names the bad key."""
+        return cls(**cls.overrides(spec))
+
+    @classmethod
+    def overrides(cls, spec: str | Iterable[str] | None) -> dict[str, float]:
+        """The KEY=VALUE items of ``spec`` as a dict (unchecked ranges); names the bad key."""
         if not spec:
-            return cls()
+            return {}
         items = spec.split(",") if isinstance(spec, str) else [p for s in spec for p in s.split(",")]
         names = {f.name for f in fields(cls)}
         values: dict[str, float] = {}
@@ -131,7 +136,7 @@ class Efficiency:
                 values[key] = float(val)
             except ValueError:
                 raise ConfigError(f"--efficiency {key}={val!r} is not a number") from None
-        return cls(**values)
+        return values
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +243,7 @@ class CostModel:
         self.model = model
         self.hardware = hardware
         self.parallel = parallel or Parallelism()
-        self.efficiency = efficiency or Efficiency()
+        self.efficiency = efficiency or Efficiency(**(hardware.efficiency or {}))
         if step_overhead_s < 0:
             raise ConfigError(f"step_overhead_s={step_overhead_s} must be >= 0")
         self.step_overhead_s = step_overhead_s
@@ -267,6 +272,8 @@ class CostModel:
         self.gemm_rate = hw.gemm_peak(m.fp8_weights) * eff.gemm
         self.attn_rate = hw.peak_flops_bf16 * eff.attention
         self.mem_rate = hw.mem_bandwidth * eff.memory
+        self.kv_read_rate = hw.decode_kv_bandwidth or self.mem_rate
+        self.layer_overhead_s = model.num_layers * hw.layer_overhead_s
         self.link_rate = hw.link_bandwidth * eff.network
         self.latency = hw.collective_latency_s
         self._precompute()
@@ -381,7 +388,7 @@ class CostModel:
         gemm, attn, mem = self.gemm_rate, self.attn_rate, self.mem_rate
         ops: list[tuple[str, float, float, float, float, str]] = []
 
-        def roof(name: str, flops: float, nbytes: float, rate: float) -> None:
+        def roof(name: str, flops: float, nbytes: float, rate: float, mem: float = mem) -> None:
             tc, tm = flops / rate, nbytes / mem
             ops.append((name, flops, nbytes, 0.0, tc if tc > tm else tm, "compute" if tc > tm else "memory"))
 
@@ -409,6 +416,7 @@ class CostModel:
                 (b.decode_context + b.num_decodes) * self.kv_token_bytes
                 + b.num_decodes * self.qo_token_bytes,
                 attn,
+                self.kv_read_rate,
             )
         if self.mlp_params:
             p = self.mlp_params
@@ -442,6 +450,8 @@ class CostModel:
                 comm("logits_all_gather", 1, (tp - 1) / tp * S * m.vocab_size * _LOGIT_BYTES)
         if self.step_overhead_s:
             ops.append(("step_overhead", 0.0, 0.0, 0.0, self.step_overhead_s, "overhead"))
+        if self.layer_overhead_s:
+            ops.append(("layer_overhead", 0.0, 0.0, 0.0, self.layer_overhead_s, "overhead"))
         if mode is None:
             mode = self.launch_mode(b)
         # Charged in full, as if no launch overlapped a running kernel: exact

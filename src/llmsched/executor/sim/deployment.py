@@ -8,7 +8,7 @@ simulated run starts from what ``vllm serve`` would have done.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from llmsched.core.config import SchedulerConfig
 from llmsched.core.errors import ConfigError
@@ -57,11 +57,14 @@ class DeploymentSpec:
     # "auto": xxh3_128 when the xxhash package is installed, else sha256.
     # The hash only names cached blocks; decisions do not depend on it.
     prefix_caching_hash_algo: str = "auto"
-    efficiency: Efficiency = field(default_factory=Efficiency)
+    # An Efficiency, or a dict of overrides on the hardware's defaults (the
+    # measured cpu profile has its own); None: the hardware's defaults.
+    efficiency: Efficiency | dict | None = None
     step_overhead_ms: float = 0.5
     # The largest step a CUDA graph is captured for (vLLM's
     # max_cudagraph_capture_size); None: vLLM's default, 2 x max_num_seqs
-    # capped at 512 and at max_num_batched_tokens; 0: no graphs.
+    # capped at 512 and at max_num_batched_tokens (0 on hardware without
+    # CUDA graphs); 0: no graphs.
     cuda_graph_max_tokens: int | None = None
     # Per eager kernel launch; None: the hardware profile's kernel_launch_s.
     launch_latency_us: float | None = None
@@ -157,6 +160,13 @@ def resolve_hash_algo(name: str) -> str:
     except ImportError:
         return "sha256"
     return "xxh3_128"
+
+
+def resolve_efficiency(efficiency: Efficiency | dict | None, hw: HardwareProfile) -> Efficiency:
+    """The efficiencies to use: given whole, or overrides on the hardware's defaults."""
+    if isinstance(efficiency, Efficiency):
+        return efficiency
+    return Efficiency(**{**(hw.efficiency or {}), **(efficiency or {})})
 
 
 def build_deployment(spec: DeploymentSpec) -> Deployment:
@@ -261,14 +271,14 @@ def _build(spec: DeploymentSpec, model: ModelShape, hw: HardwareProfile, tp: int
     if graph_max is None:
         # vLLM's _set_cudagraph_sizes: decodes of up to twice max_num_seqs, at
         # most 512 tokens, never more than one step's budget.
-        graph_max = min(2 * seqs, 512, budget)
+        graph_max = min(2 * seqs, 512, budget) if hw.cuda_graphs else 0
     if spec.launch_latency_us is not None and spec.launch_latency_us < 0:
         raise ConfigError(f"launch_latency_us={spec.launch_latency_us} must be >= 0")
     cost = CostModel(
         model,
         hw,
         Parallelism(tp, ep_on, dp if ep_on else 1),
-        spec.efficiency,
+        resolve_efficiency(spec.efficiency, hw),
         step_overhead_s=spec.step_overhead_ms / 1000.0,
         kv_cache_dtype_bytes=kv_bytes,
         cuda_graph_max_tokens=graph_max,

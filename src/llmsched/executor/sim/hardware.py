@@ -45,6 +45,23 @@ class HardwareProfile:
     # vLLM's serving defaults for this class of device.
     default_max_num_batched_tokens: int = 8192
     default_max_num_seqs: int = 1024
+    # False where the runtime has no CUDA graphs (the cpu profile runs plain
+    # PyTorch eagerly): deployments then default to launching every step
+    # eagerly, and the host cost is layer_overhead_s below.
+    cuda_graphs: bool = True
+    # Host time one decoder layer costs per step whatever the batch: Python
+    # and operator dispatch of the layer's few dozen eager ops. A CPU pays it
+    # on the same cores that do the math, so nothing hides it. 0 on GPUs,
+    # whose host costs are the kernel launches above.
+    layer_overhead_s: float = 0.0
+    # Bytes/s at which decode attention streams the cached KV. None: the
+    # memory bandwidth at the memory efficiency (GPU paged-attention kernels
+    # stream at close to HBM speed); a CPU's eager gather-then-matmul
+    # attention reaches a measured fraction of it.
+    decode_kv_bandwidth: float | None = None
+    # Default efficiencies measured for this device (Efficiency field
+    # names); keys not given keep Efficiency's defaults.
+    efficiency: dict | None = None
 
     def gemm_peak(self, fp8: bool) -> float:
         """Matmul peak for bf16, or fp8 when the weights are fp8 and the device has fp8 units."""
@@ -143,9 +160,16 @@ def hardware_from_dict(data: dict, source: str = "profile") -> HardwareProfile:
     for key in ("peak_flops_bf16", "mem_bandwidth", "mem_capacity", "link_bandwidth"):
         if not isinstance(data[key], (int, float)) or data[key] <= 0:
             raise ConfigError(f"{source}: {key}={data[key]!r} must be a positive number")
-    launch = data.get("kernel_launch_s", 0.0)
-    if not isinstance(launch, (int, float)) or launch < 0:
-        raise ConfigError(f"{source}: kernel_launch_s={launch!r} must be a number >= 0")
+    for key in ("kernel_launch_s", "layer_overhead_s"):
+        v = data.get(key, 0.0)
+        if not isinstance(v, (int, float)) or v < 0:
+            raise ConfigError(f"{source}: {key}={v!r} must be a number >= 0")
+    kv_bw = data.get("decode_kv_bandwidth")
+    if kv_bw is not None and (not isinstance(kv_bw, (int, float)) or kv_bw <= 0):
+        raise ConfigError(f"{source}: decode_kv_bandwidth={kv_bw!r} must be a positive number")
+    eff = data.get("efficiency")
+    if eff is not None and not isinstance(eff, dict):
+        raise ConfigError(f"{source}: efficiency must be an object of Efficiency fields")
     return HardwareProfile(**data)
 
 

@@ -1,0 +1,196 @@
+"""Microbenchmarks of what a plain-PyTorch LLM step does on a CPU, for the ``cpu`` profile.
+
+A CPU runs a model eagerly, op by op, on the cores that also run Python, so
+besides the matmul peak and the memory bandwidth three things decide its
+step time, and each is measured here in bfloat16 (the models' dtype) with
+the threads torch will use:
+
+- prefill attention: a causal ``scaled_dot_product_attention`` over a 1024
+  token prompt reaches a small fraction of the matmul peak (it is not one
+  big GEMM); that fraction becomes the attention efficiency;
+- decode attention: paged KV has to be gathered from scattered blocks and
+  each request's few query rows multiply against it as tiny batched
+  matmuls, so decodes stream the KV cache well below the copy bandwidth;
+  the KV bytes per second of a gather + baddbmm + softmax + bmm decode is
+  the profile's decode KV bandwidth;
+- weight streaming: a decode step's linears have a few rows, so they
+  stream their weights, at a measured fraction of the copy bandwidth (the
+  profile's memory efficiency);
+- host overhead: one decoder layer of a small batch issues a few dozen ops,
+  each costing microseconds of Python and dispatch; a Llama-style layer at
+  toy sizes (so its arithmetic is negligible) measures that per layer.
+
+Each figure is the best of a few repeats: the machine may be shared and
+the best run is the closest to what it can do undisturbed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+_REPEATS = 5
+_DTYPE = torch.bfloat16
+# Gathered K and V of one decode group: about a core's L2 cache.
+_GATHER_BYTES = 1 << 20
+
+
+def _best(fn: Callable[[], object], repeats: int = _REPEATS) -> float:
+    """Fastest wall time of ``repeats`` calls, after one warm-up call."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def matmul_flops(n: int = 1024) -> float:
+    """Dense bfloat16 matmul FLOP/s (square, large enough to be compute bound)."""
+    a = torch.rand(n, n).to(_DTYPE)
+    b = torch.rand(n, n).to(_DTYPE)
+
+    def run() -> None:
+        for _ in range(4):
+            torch.mm(a, b)
+
+    return 4 * 2 * n**3 / _best(run)
+
+
+def copy_bandwidth(nbytes: int = 128 << 20) -> float:
+    """Bytes/s (read + write) of a tensor copy larger than the last-level cache."""
+    src = torch.ones(nbytes // 2, dtype=_DTYPE)
+    dst = torch.empty_like(src)
+    return 2 * nbytes / _best(lambda: dst.copy_(src))
+
+
+def weight_stream_bandwidth(rows: int = 4, hidden: int = 2048, width: int = 4096, mats: int = 4) -> float:
+    """Weight bytes/s of small-batch linears (decode GEMMs) over weights larger than the caches."""
+    x = torch.randn(rows, hidden).to(_DTYPE)
+    ws = [torch.randn(width, hidden).to(_DTYPE) for _ in range(mats)]
+
+    def run() -> None:
+        for w in ws:
+            F.linear(x, w)
+
+    return mats * width * hidden * 2 / _best(run)
+
+
+def prefill_attention_flops(tokens: int = 1024, heads: int = 8, head_dim: int = 64) -> float:
+    """FLOP/s of causal SDPA over one prompt (4 x heads x head_dim per visible pair)."""
+    q, k, v = (torch.randn(1, heads, tokens, head_dim).to(_DTYPE) for _ in range(3))
+    t = _best(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), 3)
+    pairs = tokens * (tokens + 1) / 2
+    return 4 * heads * head_dim * pairs / t
+
+
+def decode_kv_bandwidth(
+    num_seqs: int = 32,
+    context: int = 512,
+    kv_heads: int = 4,
+    group: int = 2,
+    head_dim: int = 64,
+    block_size: int = 16,
+    layers: int = 4,
+) -> float:
+    """Cached-KV bytes/s of eager paged decode attention: gather blocks, then tiny batched matmuls.
+
+    Every layer has its own cache, larger together than the last-level
+    cache, with the requests spread over it, as in a serving run.
+    Requests go in groups whose gathered K/V fits ``_GATHER_BYTES`` (so the
+    matmuls that read it back find it in the core's cache) into one reused
+    buffer (a fresh one would page-fault on every call).
+    """
+    per_seq = context // block_size
+    pool = 4 * num_seqs * per_seq
+    gen = torch.Generator().manual_seed(0)
+    caches = [torch.randn(2 * kv_heads, pool, block_size * head_dim).to(_DTYPE) for _ in range(layers)]
+    # Each request's blocks lie together (a block pool hands out free blocks
+    # in order), the requests in a random order over a pool four times larger.
+    starts = [torch.randperm(4 * num_seqs, generator=gen)[:num_seqs] * per_seq for _ in range(layers)]
+    run_ids = torch.arange(per_seq)
+    tables = [(st[:, None] + run_ids).reshape(-1) for st in starts]
+    g = max(1, _GATHER_BYTES // (2 * kv_heads * context * head_dim * 2))
+    buf = torch.empty(2 * kv_heads, g * per_seq, block_size * head_dim, dtype=_DTYPE)
+    qt = torch.randn(kv_heads * g, head_dim, group).to(_DTYPE)
+    scale = head_dim**-0.5
+
+    def run() -> None:
+        for cache, table in zip(caches, tables):
+            for s in range(0, num_seqs - g + 1, g):
+                torch.index_select(cache, 1, table[s * per_seq : (s + g) * per_seq], out=buf)
+                kv = buf.view(2, kv_heads * g, context, head_dim)
+                # Keys times the transposed queries: no copy of the gathered K.
+                scores = torch.bmm(kv[0], qt).mul_(scale)
+                torch.bmm(torch.softmax(scores, dim=1).transpose(1, 2), kv[1])
+
+    kv_bytes = layers * num_seqs * context * 2 * kv_heads * head_dim * 2
+    return kv_bytes / _best(run)
+
+
+def _rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
+
+
+def layer_overhead(tokens: int = 4, hidden: int = 64, heads: int = 4, kv_heads: int = 2) -> float:
+    """Seconds of one eager Llama-style decoder layer at toy sizes: its host (Python, dispatch) cost."""
+    d = hidden // heads
+    inter = 2 * hidden
+    context = 32
+
+    def w(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape).to(_DTYPE)
+
+    qkv_w, o_w = w((heads + 2 * kv_heads) * d, hidden), w(hidden, heads * d)
+    gate_up_w, down_w = w(2 * inter, hidden), w(hidden, inter)
+    n1, n2 = w(hidden), w(hidden)
+    cos, sin = w(tokens, 1, d // 2), w(tokens, 1, d // 2)
+    cache = w(2 * kv_heads, context, d)
+    slots = torch.arange(context - tokens, context)
+    x = w(tokens, hidden)
+    grp = heads // kv_heads
+
+    def rope(t: torch.Tensor) -> torch.Tensor:
+        a, b = t[..., : d // 2], t[..., d // 2 :]
+        return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+
+    def layer() -> torch.Tensor:
+        h = _rms_norm(x, n1)
+        q, k, v = F.linear(h, qkv_w).split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+        q = rope(q.view(tokens, heads, d))
+        k = rope(k.view(tokens, kv_heads, d))
+        cache[:kv_heads].index_copy_(1, slots, k.transpose(0, 1))
+        cache[kv_heads:].index_copy_(1, slots, v.view(tokens, kv_heads, d).transpose(0, 1))
+        kv = torch.index_select(cache, 1, torch.arange(context))
+        qh = q.view(tokens, kv_heads, grp, d).permute(1, 0, 2, 3).reshape(kv_heads, tokens * grp, d)
+        scores = torch.softmax(torch.bmm(qh, kv[:kv_heads].transpose(1, 2)) * d**-0.5, dim=-1)
+        attn = torch.bmm(scores, kv[kv_heads:]).view(kv_heads, tokens, grp, d).permute(1, 0, 2, 3)
+        r = x + F.linear(attn.reshape(tokens, heads * d), o_w)
+        gate, up = F.linear(_rms_norm(r, n2), gate_up_w).chunk(2, dim=-1)
+        return r + F.linear(F.silu(gate) * up, down_w)
+
+    def run() -> None:
+        for _ in range(20):
+            layer()
+
+    with torch.inference_mode():
+        return _best(run) / 20
+
+
+def measure_torch() -> dict:
+    """All the figures above, keyed as the calibration stores them."""
+    peak = matmul_flops()
+    bandwidth = copy_bandwidth()
+    return {
+        "peak_flops": peak,
+        "mem_bandwidth": bandwidth,
+        "memory_efficiency": min(1.0, weight_stream_bandwidth() / bandwidth),
+        "attention_efficiency": min(1.0, prefill_attention_flops() / peak),
+        "decode_kv_bandwidth": decode_kv_bandwidth(),
+        "layer_overhead_s": layer_overhead(),
+    }
