@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import IO
 
-import llmsched
 from llmsched.bench.metrics import DEFAULT_PERCENTILES, MetricsCollector
 from llmsched.bench.replay import step_record
 from llmsched.core.config import SchedulerConfig
@@ -34,7 +33,15 @@ from llmsched.executor.sim.cost_model import (
     StepCostModel,
 )
 from llmsched.executor.sim.deployment import Deployment
-from llmsched.executor.sim.runner import SimRequest, SimResult, StepSeries, _progress_bar
+from llmsched.executor.sim.runner import (
+    SimRequest,
+    SimResult,
+    StepSeries,
+    _progress_bar,
+    record_finish,
+    resolve_run,
+    write_header,
+)
 from llmsched.executor.sim.workload import Workload
 
 _PROGRESS_EVERY = 64
@@ -67,16 +74,7 @@ def simulate_dp(
     rank's queue is short enough for the scheduler to reach it (as the
     single-engine loop holds requests back), so memory stays bounded.
     """
-    deployment = config if isinstance(config, Deployment) else None
-    if deployment is not None:
-        sched_config = deployment.scheduler_config
-        cost_model = cost_model or deployment.cost_model
-    else:
-        sched_config = config
-        if cost_model is None:
-            raise ValueError("simulate_dp() needs a cost_model with a bare SchedulerConfig")
-    if max_concurrency is not None and max_concurrency < 1:
-        raise ValueError(f"max_concurrency={max_concurrency} must be >= 1")
+    deployment, sched_config, cost_model = resolve_run(config, cost_model, max_concurrency, "simulate_dp")
     sched_config = replace(sched_config, prefill_schedule_interval=dp.rank_prefill_interval)
     transport = SimTransport(sched_config, cost_model, dp, sync_s=sync_s)
     engine = DPEngine(transport, keep_results=False)
@@ -85,14 +83,8 @@ def simulate_dp(
         for r in ranks:
             r.scheduler.enable_trace()
     if trace_out is not None:
-        header = {
-            "llmsched_version": llmsched.__version__,
-            "resolved": sched_config.to_dict(),
-            "num_requests": len(workload),
-            "data_parallel": _dp_dict(dp),
-            "simulator": deployment.to_dict() if deployment is not None else {"cost_model": repr(cost_model)},
-        }
-        trace_out.write(json.dumps({"header": header}) + "\n")
+        dp_info = _dp_dict(dp)
+        write_header(trace_out, sched_config, len(workload), deployment, cost_model, data_parallel=dp_info)
 
     n = len(workload)
     arrivals = workload.arrivals
@@ -220,13 +212,7 @@ def simulate_dp(
                         r.last_token_time = end
                     if out.finish_reason is not None:
                         del live[out.request_id]
-                        metrics.add_request(
-                            r.sent_time, r.first_token_time, end, r.num_prompt_tokens, r.num_output_tokens
-                        )
-                        if r.num_tokens - r.num_prompt_tokens < r.max_tokens:
-                            capped += 1
-                        if slots is not None:
-                            slots.append(end)
+                        capped += record_finish(metrics, r, end, slots)
                         done_pending += 1
                 if tokens:
                     metrics.add_tokens_at(end, tokens)

@@ -178,29 +178,14 @@ def simulate(
     ``config`` is a resolved Deployment (its scheduler config and cost model
     are used) or a bare SchedulerConfig together with ``cost_model``.
     """
-    deployment = config if isinstance(config, Deployment) else None
-    if deployment is not None:
-        sched_config = deployment.scheduler_config
-        cost_model = cost_model or deployment.cost_model
-    else:
-        sched_config = config
-        if cost_model is None:
-            raise ValueError("simulate() needs a cost_model with a bare SchedulerConfig")
-    if max_concurrency is not None and max_concurrency < 1:
-        raise ValueError(f"max_concurrency={max_concurrency} must be >= 1")
+    deployment, sched_config, cost_model = resolve_run(config, cost_model, max_concurrency, "simulate")
     ex = SimExecutor(cost_model)
     engine = EngineCore(sched_config, ex)
     sched = engine.scheduler
     if explain:
         sched.enable_trace()
     if trace_out is not None:
-        header = {
-            "llmsched_version": llmsched.__version__,
-            "resolved": sched_config.to_dict(),
-            "num_requests": len(workload),
-            "simulator": deployment.to_dict() if deployment is not None else {"cost_model": repr(cost_model)},
-        }
-        trace_out.write(json.dumps({"header": header}) + "\n")
+        write_header(trace_out, sched_config, len(workload), deployment, cost_model)
 
     n = len(workload)
     arrivals = workload.arrivals
@@ -308,13 +293,7 @@ def simulate(
             finished = es.outputs.finished
             if finished:
                 for r in finished:
-                    metrics.add_request(
-                        r.sent_time, r.first_token_time, end, r.num_prompt_tokens, r.num_output_tokens
-                    )
-                    if r.num_tokens - r.num_prompt_tokens < r.max_tokens:
-                        capped += 1
-                    if slots is not None:
-                        slots.append(end)
+                    capped += record_finish(metrics, r, end, slots)
                 done_pending += len(finished)
             so = es.scheduler_output
             held = bisect_right(arrivals, now, nxt) - nxt if hold and nxt < n else 0
@@ -374,6 +353,53 @@ def simulate(
         request_rate=workload.request_rate,
         percentiles=percentiles,
     )
+
+
+def resolve_run(
+    config: SchedulerConfig | Deployment,
+    cost_model: StepCostModel | None,
+    max_concurrency: int | None,
+    caller: str,
+) -> tuple[Deployment | None, SchedulerConfig, StepCostModel]:
+    """The deployment (if any), scheduler config and cost model a simulation runs with."""
+    deployment = config if isinstance(config, Deployment) else None
+    if deployment is not None:
+        sched_config = deployment.scheduler_config
+        cost_model = cost_model or deployment.cost_model
+    else:
+        sched_config = config
+        if cost_model is None:
+            raise ValueError(f"{caller}() needs a cost_model with a bare SchedulerConfig")
+    if max_concurrency is not None and max_concurrency < 1:
+        raise ValueError(f"max_concurrency={max_concurrency} must be >= 1")
+    return deployment, sched_config, cost_model
+
+
+def write_header(
+    out: IO[str],
+    sched_config: SchedulerConfig,
+    num_requests: int,
+    deployment: Deployment | None,
+    cost_model: StepCostModel,
+    **extra: object,
+) -> None:
+    """The step trace's first line: version, resolved config, the simulated deployment."""
+    header = {
+        "llmsched_version": llmsched.__version__,
+        "resolved": sched_config.to_dict(),
+        "num_requests": num_requests,
+        **extra,
+        "simulator": deployment.to_dict() if deployment is not None else {"cost_model": repr(cost_model)},
+    }
+    out.write(json.dumps({"header": header}) + "\n")
+
+
+def record_finish(metrics: MetricsCollector, r: SimRequest, end: float, slots: deque[float] | None) -> int:
+    """Count a finished request's latencies, free its client slot; 1 if max_model_len cut it short."""
+    metrics.add_request(r.sent_time, r.first_token_time, end, r.num_prompt_tokens, r.num_output_tokens)
+    if slots is not None:
+        slots.append(end)
+    return 1 if r.num_tokens - r.num_prompt_tokens < r.max_tokens else 0
 
 
 def _progress_bar(total: int, enabled: bool) -> tqdm | None:
