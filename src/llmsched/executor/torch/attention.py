@@ -73,6 +73,8 @@ class PagedAttention:
 
     __slots__ = (
         "_buf",
+        "_offsets",
+        "_offsets_key",
         "block_size",
         "group",
         "head_dim",
@@ -94,6 +96,10 @@ class PagedAttention:
         self.matmul_decode = matmul_decode
         # Gather buffer, grown on demand, reused by every layer and step.
         self._buf = torch.empty(0)
+        # Row offset of each K/V head in the flattened cache, [2 * kv_heads, 1],
+        # and the (blocks, device) it was made for.
+        self._offsets = torch.empty(0, dtype=torch.int64)
+        self._offsets_key: tuple[int, torch.device] | None = None
 
     def _gather(self, cache: torch.Tensor, block_ids: torch.Tensor, num_seqs: int) -> torch.Tensor:
         """K and V of ``num_seqs`` equal-length block lists: [2, kv_heads, num_seqs, tokens, head_dim]."""
@@ -105,7 +111,14 @@ class PagedAttention:
         if buf.numel() < numel or buf.dtype != cache.dtype or buf.device != cache.device:
             buf = self._buf = torch.empty(numel, dtype=cache.dtype, device=cache.device)
         out = buf[:numel].view(kv2, n, row)
-        torch.index_select(cache.view(kv2, nblocks, row), 1, block_ids, out=out)
+        if self._offsets_key != (nblocks, cache.device):
+            self._offsets = torch.arange(0, kv2 * nblocks, nblocks, device=cache.device)[:, None]
+            self._offsets_key = (nblocks, cache.device)
+        # The block list repeated for every K/V head, offset into the flattened
+        # cache: one index_select along dim 0, the form PyTorch's CPU kernel
+        # runs in parallel (along dim 1 it copies on one thread).
+        rows = (block_ids + self._offsets).view(-1)
+        torch.index_select(cache.view(kv2 * nblocks, row), 0, rows, out=out.view(kv2 * n, row))
         return out.view(2, self.num_kv_heads, num_seqs, (n // num_seqs) * self.block_size, self.head_dim)
 
     def forward(

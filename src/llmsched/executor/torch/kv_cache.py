@@ -15,6 +15,7 @@ import torch
 
 from llmsched.core.errors import ConfigError
 from llmsched.executor.torch.config import ModelConfig
+from llmsched.executor.torch.cpu_tuning import zeros_huge_pages
 from llmsched.executor.torch.device import available_host_memory
 from llmsched.executor.torch.errors import KVCacheTooSmall
 
@@ -147,6 +148,9 @@ class KVCache:
         shape = (2, config.num_kv_heads, plan.num_blocks, plan.block_size, config.head_dim)
         self.num_blocks = plan.num_blocks
         self.block_size = plan.block_size
-        self.blocks = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        if device.type == "cpu":
+            self.blocks = [zeros_huge_pages(shape, dtype) for _ in range(config.num_layers)]
+        else:
+            self.blocks = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
         self.key = [b[0].permute(1, 2, 0, 3) for b in self.blocks]
         self.value = [b[1].permute(1, 2, 0, 3) for b in self.blocks]

@@ -58,22 +58,28 @@ class DecoderModel:
         ntok = input_ids.shape[0]
         n = self.threads
         if n == 1 or ntok > NARROW_STEP_TOKENS:
-            return self._forward(input_ids, positions, meta, logits_indices, F.linear)
-        # A small (decode-heavy) step: every op but the matmuls runs on one
-        # thread. Its elementwise ops and attention gain little from a second
+            return self._forward(input_ids, positions, meta, logits_indices, F.linear, self.attention.forward)
+        # A small (decode-heavy) step: the matmuls and attention (KV gathers
+        # and batched matmuls over the whole batch) run on every thread, the
+        # many small elementwise ops on one. Those gain little from a second
         # thread, while each parallel region waits for its slowest thread: on
         # a loaded machine, one descheduled worker stalls the whole step.
         set_threads = torch.set_num_threads
 
-        def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-            set_threads(n)
-            y = F.linear(x, w, b)
-            set_threads(1)
-            return y
+        def wide(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+            def call(*args: torch.Tensor | AttentionMetadata | None) -> torch.Tensor:
+                set_threads(n)
+                y = fn(*args)
+                set_threads(1)
+                return y
+
+            return call
 
         set_threads(1)
         try:
-            return self._forward(input_ids, positions, meta, logits_indices, linear)
+            return self._forward(
+                input_ids, positions, meta, logits_indices, wide(F.linear), wide(self.attention.forward)
+            )
         finally:
             set_threads(n)
 
@@ -84,6 +90,7 @@ class DecoderModel:
         meta: AttentionMetadata,
         logits_indices: torch.Tensor,
         linear: Callable[..., torch.Tensor],
+        attend: Callable[..., torch.Tensor],
     ) -> torch.Tensor:
         cfg = self.config
         w = self.weights
@@ -91,7 +98,6 @@ class DecoderModel:
         nh, nkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         ntok = input_ids.shape[0]
         rope = self.rope
-        attention = self.attention
         caches = self.kv.blocks
         cos, sin = rope.lookup(positions)
         x = F.embedding(input_ids, w.embed)
@@ -102,7 +108,7 @@ class DecoderModel:
             if lw.qk_norm is not None:
                 qk = rms_norm(qk, lw.qk_norm, eps)
             qk = rope.apply(qk, cos, sin)
-            attn = attention.forward(qk[:, :nh], qk[:, nh:], qkv[:, nh + nkv :], caches[i], meta)
+            attn = attend(qk[:, :nh], qk[:, nh:], qkv[:, nh + nkv :], caches[i], meta)
             x.add_(linear(attn, lw.o_proj, lw.o_bias))
             h = rms_norm(x, lw.post_norm, eps)
             x.add_(linear(swiglu(linear(h, lw.gate_up, lw.gate_up_bias)), lw.down, lw.down_bias))
