@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from llmsched.executor.torch import ModelConfig, ModelLoadError, WeightsMismatch
+from llmsched.executor.torch.layers import can_prepack_linears
 from llmsched.executor.torch.weights import (
     INDEX_FILE,
     check_names_and_shapes,
@@ -55,6 +56,12 @@ def test_biases_and_tied_head(tiny_models):
     assert w.layers[0].o_bias is None
     assert w.lm_head.data_ptr() == w.embed.data_ptr()
     assert w.embed.dtype is torch.bfloat16
+    if can_prepack_linears(torch.device("cpu"), torch.bfloat16):
+        dense = w.num_bytes()
+        w.prepack_linears()
+        assert w.packed and w.layers[0].qkv.is_mkldnn and not w.embed.is_mkldnn
+        # The tied head now has its own blocked copy.
+        assert w.num_bytes() == dense + w.lm_head.numel() * 2
 
 
 def test_sharded_checkpoint_with_index(tmp_path):

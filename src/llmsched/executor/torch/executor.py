@@ -14,6 +14,7 @@ from llmsched.executor.torch.cpu_tuning import tune_cpu_allocator
 from llmsched.executor.torch.device import configure_threads, resolve_device, resolve_dtype
 from llmsched.executor.torch.input_batch import InputBatch
 from llmsched.executor.torch.kv_cache import KVCache, KVCachePlan, cdiv, plan_kv_cache
+from llmsched.executor.torch.layers import can_prepack_linears
 from llmsched.executor.torch.model import DecoderModel
 from llmsched.executor.torch.rope import RotaryEmbedding
 from llmsched.executor.torch.sampler import Sampler
@@ -74,6 +75,8 @@ class TorchExecutor:
             tune_cpu_allocator()
         with torch.inference_mode():
             self.weights = load_weights(cfg, self.dtype, self.device)
+            if can_prepack_linears(self.device, self.dtype):
+                self.weights.prepack_linears()
             self.kv_plan: KVCachePlan = plan_kv_cache(
                 cfg,
                 device=self.device,

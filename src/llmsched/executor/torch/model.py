@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from llmsched.executor.torch.attention import AttentionMetadata, PagedAttention
 from llmsched.executor.torch.config import ModelConfig
 from llmsched.executor.torch.kv_cache import KVCache
-from llmsched.executor.torch.layers import rms_norm, swiglu
+from llmsched.executor.torch.layers import packed_linear, rms_norm, swiglu
 from llmsched.executor.torch.rope import RotaryEmbedding
 from llmsched.executor.torch.weights import ModelWeights
 
@@ -25,7 +25,7 @@ NARROW_STEP_TOKENS = 1024
 class DecoderModel:
     """Runs a step's flattened tokens through the layers and returns logits for the sampling rows."""
 
-    __slots__ = ("attention", "config", "eps", "kv", "rope", "threads", "weights")
+    __slots__ = ("attention", "config", "eps", "kv", "linear", "rope", "threads", "weights")
 
     def __init__(
         self,
@@ -46,6 +46,7 @@ class DecoderModel:
         )
         # CPU intra-op threads; small steps use them for the matmuls only.
         self.threads = threads
+        self.linear: Callable[..., torch.Tensor] = packed_linear if weights.packed else F.linear
 
     def forward(
         self,
@@ -58,7 +59,9 @@ class DecoderModel:
         ntok = input_ids.shape[0]
         n = self.threads
         if n == 1 or ntok > NARROW_STEP_TOKENS:
-            return self._forward(input_ids, positions, meta, logits_indices, F.linear, self.attention.forward)
+            return self._forward(
+                input_ids, positions, meta, logits_indices, self.linear, self.attention.forward
+            )
         # A small (decode-heavy) step: the matmuls and attention (KV gathers
         # and batched matmuls over the whole batch) run on every thread, the
         # many small elementwise ops on one. Those gain little from a second
@@ -78,7 +81,7 @@ class DecoderModel:
         set_threads(1)
         try:
             return self._forward(
-                input_ids, positions, meta, logits_indices, wide(F.linear), wide(self.attention.forward)
+                input_ids, positions, meta, logits_indices, wide(self.linear), wide(self.attention.forward)
             )
         finally:
             set_threads(n)

@@ -16,6 +16,7 @@ from safetensors import safe_open
 
 from llmsched.executor.torch.config import ModelConfig
 from llmsched.executor.torch.errors import ModelLoadError, WeightsMismatch
+from llmsched.executor.torch.layers import prepack_linear
 
 INDEX_FILE = "model.safetensors.index.json"
 # Buffers some checkpoints carry that the model recomputes itself.
@@ -49,16 +50,33 @@ class ModelWeights:
     layers: list[LayerWeights]
     norm: torch.Tensor
     lm_head: torch.Tensor
+    # True once the linear weights are oneDNN-blocked (see prepack_linears).
+    packed: bool = False
 
     def num_bytes(self) -> int:
         """Bytes held, counting a tied LM head once."""
         seen: set[int] = set()
         total = 0
         for t in self._tensors():
-            if t.data_ptr() not in seen:
-                seen.add(t.data_ptr())
+            # Blocked oneDNN tensors have no data_ptr; none of them is shared.
+            key = id(t) if t.is_mkldnn else t.data_ptr()
+            if key not in seen:
+                seen.add(key)
                 total += t.numel() * t.element_size()
         return total
+
+    def prepack_linears(self) -> None:
+        """Swap every linear weight for its oneDNN-blocked copy (CPU bf16; see layers.py)."""
+        if self.packed:
+            return
+        for lw in self.layers:
+            lw.qkv = prepack_linear(lw.qkv)
+            lw.o_proj = prepack_linear(lw.o_proj)
+            lw.gate_up = prepack_linear(lw.gate_up)
+            lw.down = prepack_linear(lw.down)
+        # A tied head gets its own blocked copy; the embedding lookup keeps the dense one.
+        self.lm_head = prepack_linear(self.lm_head)
+        self.packed = True
 
     def _tensors(self) -> Iterator[torch.Tensor]:
         yield self.embed
