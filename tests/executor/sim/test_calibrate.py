@@ -64,3 +64,34 @@ def test_corrupt_cache_is_remeasured(cache, monkeypatch):
     monkeypatch.setattr(calibrate, "measure", lambda: dict(FAKE))
     assert calibrate.calibration()["peak_flops"] == FAKE["peak_flops"]
     assert json.loads(cache.read_text())
+
+
+def test_cpu_profile_carries_the_measured_host_costs(cache, monkeypatch):
+    figures = dict(
+        FAKE,
+        step_overhead_s=2e-3,
+        layer_overhead_s=3e-4,
+        request_overhead_s=1e-5,
+        decode_kv_bandwidth=6e9,
+    )
+    monkeypatch.setattr(calibrate, "measure", lambda: figures)
+    h = load_hardware("cpu")
+    assert (h.step_overhead_s, h.layer_overhead_s, h.request_overhead_s) == (2e-3, 3e-4, 1e-5)
+    assert h.decode_kv_bandwidth == 6e9
+
+
+def test_profile_without_host_figures_keeps_the_defaults(cache, monkeypatch):
+    monkeypatch.setattr(calibrate, "measure", lambda: dict(FAKE))
+    h = load_hardware("cpu")
+    assert h.step_overhead_s is None
+    assert (h.layer_overhead_s, h.request_overhead_s) == (0.0, 0.0)
+
+
+def test_a_failing_executor_probe_gives_none(monkeypatch):
+    class Done:
+        returncode = 1
+        stdout = ""
+        stderr = "ModuleNotFoundError: No module named 'safetensors'\n"
+
+    monkeypatch.setattr(calibrate.subprocess, "run", lambda *a, **k: Done())
+    assert calibrate._executor_figures({"peak_flops": 1e9}) is None

@@ -352,3 +352,18 @@ def test_expert_exchanges_pay_the_same_fixed_latency_in_decode_and_prefill_steps
 
 def ops_by_name_in_group(cm: CostModel, batch: BatchShape, group: int) -> dict:
     return {op.name: op for op in cm.ops(batch, group)}
+
+
+def test_host_costs_of_the_hardware_are_charged_per_step_layer_and_request():
+    hw = replace(UNIT_HW, step_overhead_s=0.003, layer_overhead_s=0.01, request_overhead_s=0.002)
+    cm = CostModel(TINY, hw, efficiency=PERFECT)
+    ops = ops_by_name(cm, BATCH)
+    assert BATCH.num_prefills == 1
+    assert ops["step_overhead"].seconds == 0.003
+    assert ops["layer_overhead"].seconds == pytest.approx(2 * 0.01)
+    # One prefill chunk and two decodes.
+    assert ops["request_overhead"].seconds == pytest.approx(3 * 0.002)
+    # An explicit step overhead wins over the hardware's; without either, 0.5 ms.
+    assert ops_by_name(CostModel(TINY, hw, step_overhead_s=0.0), BATCH).get("step_overhead") is None
+    assert CostModel(TINY, UNIT_HW).step_overhead_s == 5e-4
+    assert "request_overhead" not in ops_by_name(CostModel(TINY, UNIT_HW), BATCH)

@@ -1,21 +1,28 @@
 """The ``cpu`` hardware profile, measured on this machine and cached on disk.
 
-With torch installed the profile describes plain PyTorch running a model
-eagerly on this CPU, measured by ``calibrate_torch``: the bfloat16 matmul
-peak, the copy bandwidth, the efficiency of prefill attention, the rate at
-which paged decode attention streams the KV cache, and the host overhead
-of one decoder layer. Without torch only the matmul throughput (numpy, else
-pure Python) and the memory bandwidth (a large buffer copy) are measured.
+With torch installed the profile describes this project's torch executor
+running a model eagerly on this CPU: ``calibrate_torch`` measures the
+bfloat16 matmul peak, the copy bandwidth, the weight-streaming and prefill
+attention efficiencies, then ``calibrate_executor`` times decode steps of a
+throwaway model through the executor itself (in a child process) and fits
+its host costs (per step, per layer, per request) and the rate at which its
+decode attention reads the KV cache. Should that fail (no safetensors, say),
+single-op microbenchmarks stand in for the last two. Without torch only the
+matmul throughput (numpy, else pure Python) and the memory bandwidth (a
+large buffer copy) are measured.
 The result is cached per machine and backend in
 ``$LLMSCHED_CACHE_DIR/cpu-calibration.json`` (default ``~/.cache/llmsched``),
-so only the first simulation on a machine pays the second or so it takes.
+so only the first simulation on a machine pays the few seconds it takes.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +32,12 @@ from llmsched.executor.sim.hardware import HardwareProfile
 CACHE_FILE = "cpu-calibration.json"
 # Bumped when the measurements change meaning, so older cached entries are
 # measured again rather than read with the wrong sense.
-_VERSION = 2
+_VERSION = 3
+# The executor probe runs a few seconds; beyond this something is wrong.
+_PROBE_TIMEOUT_S = 300
+
+log = logging.getLogger(__name__)
+
 # Each measurement keeps the best of a few repeats: the machine is shared and
 # the best run is the closest to what the hardware can do.
 _REPEATS = 3
@@ -131,14 +143,50 @@ def _total_memory() -> float:
         return float(16 << 30)
 
 
+def _executor_figures(figures: dict) -> dict | None:
+    """The executor probe's fit, run in a child process; None if it could not run."""
+    import llmsched
+
+    # A child keeps the executor's process-wide settings (malloc thresholds,
+    # thread pool) and its memory out of this process, where they would skew
+    # any microbenchmark measured later.
+    env = dict(os.environ)
+    src = str(Path(llmsched.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "llmsched.executor.sim.calibrate_executor"],
+            input=json.dumps(figures),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=_PROBE_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log.warning("executor calibration did not run (%s); using microbenchmarks", e)
+        return None
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        log.warning("executor calibration failed (%s); using microbenchmarks", tail[0])
+        return None
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        log.warning("executor calibration printed no figures; using microbenchmarks")
+        return None
+
+
 def measure() -> dict:
     """Run the microbenchmarks now; returns the figures (no caching)."""
     name = backend()
     t = time.perf_counter()
     if name == "torch":
-        from llmsched.executor.sim.calibrate_torch import measure_torch
+        from llmsched.executor.sim.calibrate_torch import host_figures, measure_torch
 
         figures = measure_torch()
+        probe = _executor_figures(figures)
+        figures.update(probe if probe is not None else host_figures())
     else:
         figures = {"peak_flops": _matmul_flops(name), "mem_bandwidth": _copy_bandwidth()}
     return {
@@ -175,6 +223,19 @@ def calibration(recalibrate: bool = False) -> dict:
     return result
 
 
+def _summary(c: dict) -> str:
+    """The measured figures in a few words, for the profile's description."""
+    parts = [f"{c['peak_flops'] / 1e9:.1f} GFLOP/s", f"{c['mem_bandwidth'] / 1e9:.1f} GB/s"]
+    if c.get("decode_kv_bandwidth"):
+        parts.append(f"decode KV {c['decode_kv_bandwidth'] / 1e9:.1f} GB/s")
+    if "step_overhead_s" in c:
+        parts.append(
+            f"host {c['step_overhead_s'] * 1e3:.2f} ms/step + {c.get('layer_overhead_s', 0.0) * 1e3:.2f} "
+            f"ms/layer + {c.get('request_overhead_s', 0.0) * 1e6:.0f} us/request"
+        )
+    return ", ".join(parts)
+
+
 def cpu_profile(recalibrate: bool = False) -> HardwareProfile:
     """This machine's CPU as a hardware profile: measured peaks, attention rates and host overhead."""
     c = calibration(recalibrate)
@@ -187,8 +248,7 @@ def cpu_profile(recalibrate: bool = False) -> HardwareProfile:
         efficiency = {"attention": c["attention_efficiency"], "memory": c["memory_efficiency"]}
     return HardwareProfile(
         name="cpu",
-        description=f"this machine's CPU, calibrated with {c['backend']} "
-        f"({c['peak_flops'] / 1e9:.1f} GFLOP/s, {c['mem_bandwidth'] / 1e9:.1f} GB/s)",
+        description=f"this machine's CPU, calibrated with {c['backend']} ({_summary(c)})",
         peak_flops_bf16=c["peak_flops"],
         peak_flops_fp8=None,
         mem_bandwidth=c["mem_bandwidth"],
@@ -199,9 +259,12 @@ def cpu_profile(recalibrate: bool = False) -> HardwareProfile:
         default_max_num_batched_tokens=2048,
         default_max_num_seqs=128,
         # PyTorch on a CPU has no graphs to replay: every step runs eagerly
-        # and pays the measured per-layer host cost instead of launches.
+        # and pays the measured host costs (per step, layer and request)
+        # instead of launches.
         cuda_graphs=False,
         layer_overhead_s=c.get("layer_overhead_s", 0.0),
+        step_overhead_s=c.get("step_overhead_s"),
+        request_overhead_s=c.get("request_overhead_s", 0.0),
         decode_kv_bandwidth=c.get("decode_kv_bandwidth"),
         efficiency=efficiency,
     )

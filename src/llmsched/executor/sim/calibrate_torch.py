@@ -20,6 +20,10 @@ the threads torch will use:
   each costing microseconds of Python and dispatch; a Llama-style layer at
   toy sizes (so its arithmetic is negligible) measures that per layer.
 
+The last two are stand-ins: ``calibrate_executor`` measures both (and the
+per-step and per-request host costs) on the executor's real code path, and
+the calibration uses these only when that probe cannot run.
+
 Each figure is the best of a few repeats: the machine may be shared and
 the best run is the closest to what it can do undisturbed.
 """
@@ -183,7 +187,7 @@ def layer_overhead(tokens: int = 4, hidden: int = 64, heads: int = 4, kv_heads: 
 
 
 def measure_torch() -> dict:
-    """All the figures above, keyed as the calibration stores them."""
+    """The peaks and efficiencies above, keyed as the calibration stores them."""
     peak = matmul_flops()
     bandwidth = copy_bandwidth()
     return {
@@ -191,6 +195,9 @@ def measure_torch() -> dict:
         "mem_bandwidth": bandwidth,
         "memory_efficiency": min(1.0, weight_stream_bandwidth() / bandwidth),
         "attention_efficiency": min(1.0, prefill_attention_flops() / peak),
-        "decode_kv_bandwidth": decode_kv_bandwidth(),
-        "layer_overhead_s": layer_overhead(),
     }
+
+
+def host_figures() -> dict:
+    """Decode KV rate and per-layer host cost from single ops (when the executor probe cannot run)."""
+    return {"decode_kv_bandwidth": decode_kv_bandwidth(), "layer_overhead_s": layer_overhead()}

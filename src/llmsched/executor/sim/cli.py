@@ -100,7 +100,12 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         metavar="KEY=VALUE",
         help="override efficiencies, e.g. gemm=0.6,memory=0.75 (keys: gemm, attention, memory, network)",
     )
-    c.add_argument("--step-overhead-ms", type=float, default=0.5, help="fixed cost per engine step (0.5)")
+    c.add_argument(
+        "--step-overhead-ms",
+        type=float,
+        default=None,
+        help="fixed cost per engine step (default: the hardware's measured one, else 0.5)",
+    )
     c.add_argument(
         "--cuda-graph-max-tokens",
         "--max-cudagraph-capture-size",

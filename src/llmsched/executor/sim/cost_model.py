@@ -16,7 +16,12 @@ Default efficiencies (override with ``Efficiency(...)`` or ``--efficiency``):
 - ``memory`` 0.80: weight and KV streaming kernels reach ~80% of HBM peak.
 - ``network`` 0.70: NCCL/custom all-reduce bus bandwidth over NVLink.
 - ``step_overhead_s`` 0.5 ms: per-step engine work outside the kernels (input
-  preparation, launch gaps, output processing) with CUDA graphs on.
+  preparation, launch gaps, output processing) with CUDA graphs on; a
+  hardware profile that measured its own (``cpu``) supplies it instead.
+
+Host work that grows with the step (the ``cpu`` profile measures it, GPU
+profiles leave it at 0): ``layer_overhead_s`` per decoder layer and
+``request_overhead_s`` per scheduled request.
 
 Kernel launches (see ``launch_mode``): vLLM replays a captured CUDA graph
 for a step whose requests all decode one token and whose token count is at
@@ -177,6 +182,9 @@ class BatchShape:
     prefill_context: int = 0
     num_decodes: int = 0
     decode_context: int = 0
+    # Prefill chunks (requests scheduled more than one token): with the
+    # decodes, the requests whose per-request host work the step pays.
+    num_prefills: int = 0
 
     @classmethod
     def from_chunks(cls, chunks: Iterable[tuple[int, int]], num_sampled: int) -> BatchShape:
@@ -188,6 +196,7 @@ class BatchShape:
                 b.num_decodes += 1
                 b.decode_context += start + 1
             else:
+                b.num_prefills += 1
                 b.prefill_tokens += n
                 b.prefill_pairs += n * start + n * (n + 1) // 2
                 b.prefill_context += start
@@ -234,7 +243,7 @@ class CostModel:
         hardware: HardwareProfile,
         parallel: Parallelism | None = None,
         efficiency: Efficiency | None = None,
-        step_overhead_s: float = 5e-4,
+        step_overhead_s: float | None = None,
         kv_cache_dtype_bytes: float | None = None,
         cuda_graph_max_tokens: int = 512,
         launch_latency_s: float | None = None,
@@ -244,6 +253,8 @@ class CostModel:
         self.hardware = hardware
         self.parallel = parallel or Parallelism()
         self.efficiency = efficiency or Efficiency(**(hardware.efficiency or {}))
+        if step_overhead_s is None:
+            step_overhead_s = 5e-4 if hardware.step_overhead_s is None else hardware.step_overhead_s
         if step_overhead_s < 0:
             raise ConfigError(f"step_overhead_s={step_overhead_s} must be >= 0")
         self.step_overhead_s = step_overhead_s
@@ -274,6 +285,7 @@ class CostModel:
         self.mem_rate = hw.mem_bandwidth * eff.memory
         self.kv_read_rate = hw.decode_kv_bandwidth or self.mem_rate
         self.layer_overhead_s = model.num_layers * hw.layer_overhead_s
+        self.request_overhead_s = hw.request_overhead_s
         self.link_rate = hw.link_bandwidth * eff.network
         self.latency = hw.collective_latency_s
         self._precompute()
@@ -452,6 +464,9 @@ class CostModel:
             ops.append(("step_overhead", 0.0, 0.0, 0.0, self.step_overhead_s, "overhead"))
         if self.layer_overhead_s:
             ops.append(("layer_overhead", 0.0, 0.0, 0.0, self.layer_overhead_s, "overhead"))
+        if self.request_overhead_s:
+            n = b.num_decodes + b.num_prefills
+            ops.append(("request_overhead", 0.0, 0.0, 0.0, n * self.request_overhead_s, "overhead"))
         if mode is None:
             mode = self.launch_mode(b)
         # Charged in full, as if no launch overlapped a running kernel: exact

@@ -60,7 +60,8 @@ class DeploymentSpec:
     # An Efficiency, or a dict of overrides on the hardware's defaults (the
     # measured cpu profile has its own); None: the hardware's defaults.
     efficiency: Efficiency | dict | None = None
-    step_overhead_ms: float = 0.5
+    # None: the hardware profile's measured step overhead, else 0.5 ms.
+    step_overhead_ms: float | None = None
     # The largest step a CUDA graph is captured for (vLLM's
     # max_cudagraph_capture_size); None: vLLM's default, 2 x max_num_seqs
     # capped at 512 and at max_num_batched_tokens (0 on hardware without
@@ -139,7 +140,7 @@ class Deployment:
                 "memory": self.cost_model.efficiency.memory,
                 "network": self.cost_model.efficiency.network,
             },
-            "step_overhead_ms": self.spec.step_overhead_ms,
+            "step_overhead_ms": self.cost_model.step_overhead_s * 1e3,
             "launch": {
                 "cuda_graph_max_tokens": self.cost_model.cuda_graph_max_tokens,
                 "launch_latency_us": self.cost_model.launch_latency_s * 1e6,
@@ -265,7 +266,7 @@ def _build(spec: DeploymentSpec, model: ModelShape, hw: HardwareProfile, tp: int
         long_prefill_token_threshold=spec.long_prefill_token_threshold,
         policy=spec.scheduling_policy,
     )
-    if spec.step_overhead_ms < 0:
+    if spec.step_overhead_ms is not None and spec.step_overhead_ms < 0:
         raise ConfigError(f"step_overhead_ms={spec.step_overhead_ms} must be >= 0")
     graph_max = spec.cuda_graph_max_tokens
     if graph_max is None:
@@ -279,7 +280,7 @@ def _build(spec: DeploymentSpec, model: ModelShape, hw: HardwareProfile, tp: int
         hw,
         Parallelism(tp, ep_on, dp if ep_on else 1),
         resolve_efficiency(spec.efficiency, hw),
-        step_overhead_s=spec.step_overhead_ms / 1000.0,
+        step_overhead_s=None if spec.step_overhead_ms is None else spec.step_overhead_ms / 1000.0,
         kv_cache_dtype_bytes=kv_bytes,
         cuda_graph_max_tokens=graph_max,
         launch_latency_s=None if spec.launch_latency_us is None else spec.launch_latency_us / 1e6,

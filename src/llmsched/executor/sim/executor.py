@@ -38,7 +38,7 @@ class SimExecutor:
         sampled: list[tuple[int, ...]] = []
         samplers: list[Request] = []
         num_tokens = prefill_tokens = prefill_pairs = prefill_context = 0
-        num_decodes = decode_context = 0
+        num_decodes = decode_context = num_prefills = 0
         # recompute_from is not charged: the cost model prices the step vLLM
         # would run, and vLLM never recomputes a withdrawn chunk's blocks (it
         # reads them as cached). The extra tokens are this project's torch
@@ -51,6 +51,7 @@ class SimExecutor:
                 decode_context += end
             else:
                 start = end - n
+                num_prefills += 1
                 prefill_tokens += n
                 prefill_pairs += n * start + (n * (n + 1) >> 1)
                 prefill_context += start
@@ -67,6 +68,7 @@ class SimExecutor:
             prefill_context,
             num_decodes,
             decode_context,
+            num_prefills,
         )
         duration = self.cost_model.step_time(batch) if num_tokens else 0.0
         self.now += duration

@@ -54,6 +54,15 @@ class HardwareProfile:
     # on the same cores that do the math, so nothing hides it. 0 on GPUs,
     # whose host costs are the kernel launches above.
     layer_overhead_s: float = 0.0
+    # Host time of one step outside the layers whatever the batch: building
+    # the step's input tensors and attention metadata, launching the
+    # sampler, turning its output into token lists. None: the deployment's
+    # default (0.5 ms, vLLM with CUDA graphs); the cpu profile measures it.
+    step_overhead_s: float | None = None
+    # Host time per request scheduled in a step: its row of the inputs and
+    # block table, its sampling state, its output list. A CPU pays it on
+    # the cores that do the math; 0 on GPUs, where it overlaps the kernels.
+    request_overhead_s: float = 0.0
     # Bytes/s at which decode attention streams the cached KV. None: the
     # memory bandwidth at the memory efficiency (GPU paged-attention kernels
     # stream at close to HBM speed); a CPU's eager gather-then-matmul
@@ -160,8 +169,10 @@ def hardware_from_dict(data: dict, source: str = "profile") -> HardwareProfile:
     for key in ("peak_flops_bf16", "mem_bandwidth", "mem_capacity", "link_bandwidth"):
         if not isinstance(data[key], (int, float)) or data[key] <= 0:
             raise ConfigError(f"{source}: {key}={data[key]!r} must be a positive number")
-    for key in ("kernel_launch_s", "layer_overhead_s"):
+    for key in ("kernel_launch_s", "layer_overhead_s", "step_overhead_s", "request_overhead_s"):
         v = data.get(key, 0.0)
+        if v is None and key == "step_overhead_s":
+            continue
         if not isinstance(v, (int, float)) or v < 0:
             raise ConfigError(f"{source}: {key}={v!r} must be a number >= 0")
     kv_bw = data.get("decode_kv_bandwidth")

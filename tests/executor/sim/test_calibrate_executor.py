@@ -1,0 +1,74 @@
+"""The executor probe: the fit recovers known host costs, and the probe runs on the real executor."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from llmsched.executor.sim import calibrate_executor as ce
+from llmsched.executor.sim.calibrate_executor import StepSample, fit_host_costs
+from llmsched.executor.sim.hardware import HardwareProfile
+
+STEP, LAYER, REQUEST, RATE = 2e-3, 3e-4, 2e-5, 6e9
+
+
+def synthetic(step: float = STEP, layer: float = LAYER, request: float = REQUEST, rate: float = RATE):
+    out = []
+    for layers in (1, 4):
+        for decodes in (1, 32):
+            for context in (32, 512):
+                kv = layers * decodes * context * 1024.0
+                t = step + layers * layer + decodes * request + kv / rate
+                out.append(StepSample(layers, decodes, kv, t))
+    return out
+
+
+def test_fit_recovers_known_costs():
+    fit = fit_host_costs(synthetic())
+    assert fit.step_overhead_s == pytest.approx(STEP, rel=1e-6)
+    assert fit.layer_overhead_s == pytest.approx(LAYER, rel=1e-6)
+    assert fit.request_overhead_s == pytest.approx(REQUEST, rel=1e-6)
+    assert fit.decode_kv_bandwidth == pytest.approx(RATE, rel=1e-6)
+
+
+def test_a_term_the_data_pushes_below_zero_is_dropped_not_negative():
+    samples = synthetic(request=0.0)
+    # Noise that makes the big batches look slightly cheaper per request.
+    noisy = [StepSample(s.layers, s.decodes, s.kv_bytes, s.residual_s - (2e-6 * s.decodes)) for s in samples]
+    fit = fit_host_costs(noisy)
+    assert fit.request_overhead_s == 0.0
+    assert min(fit.step_overhead_s, fit.layer_overhead_s) >= 0.0
+    assert fit.decode_kv_bandwidth > 0.0
+
+
+def test_no_kv_dependence_means_an_unbounded_rate():
+    fit = fit_host_costs(synthetic(rate=math.inf))
+    # Rounding may leave a vanishing per-byte cost: reading the KV is free.
+    assert fit.decode_kv_bandwidth > 1e20
+    assert fit.step_overhead_s == pytest.approx(STEP, rel=1e-6)
+
+
+def test_probe_runs_on_the_torch_executor(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    monkeypatch.setattr(ce, "PROBE_BATCHES", ((1, 16), (4, 48)))
+    monkeypatch.setattr(ce, "PROBE_STEPS", 2)
+    hw = HardwareProfile(
+        name="probe",
+        description="",
+        peak_flops_bf16=1e11,
+        peak_flops_fp8=None,
+        mem_bandwidth=1e10,
+        mem_capacity=1e10,
+        link_bandwidth=1e10,
+        collective_latency_s=0.0,
+        cuda_graphs=False,
+    )
+    folder = tmp_path / "probe"
+    ce.write_probe_model(folder, 2)
+    samples = ce.time_decode_steps(folder, 2, hw)
+    assert [(s.layers, s.decodes) for s in samples] == [(2, 1), (2, 4)]
+    # Four requests read more cached KV than one with a shorter context.
+    assert samples[1].kv_bytes > samples[0].kv_bytes > 0
+    assert all(math.isfinite(s.residual_s) for s in samples)
