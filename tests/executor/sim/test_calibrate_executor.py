@@ -54,6 +54,7 @@ def test_probe_runs_on_the_torch_executor(tmp_path, monkeypatch):
     pytest.importorskip("safetensors")
     monkeypatch.setattr(ce, "PROBE_BATCHES", ((1, 16), (4, 48)))
     monkeypatch.setattr(ce, "PROBE_STEPS", 2)
+    monkeypatch.setattr(ce, "PROBE_PASSES", 1)
     hw = HardwareProfile(
         name="probe",
         description="",
