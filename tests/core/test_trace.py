@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import zlib
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,6 @@ from llmsched.bench.workload import load_workload, parse_workload
 from llmsched.core import (
     ModelRunnerOutput,
     Reason,
-    Request,
-    SamplingParams,
     Scheduler,
     SchedulerConfig,
     SchedulerOutput,
@@ -24,6 +21,7 @@ from llmsched.core import (
     TraceEntry,
 )
 from llmsched.core.trace import MAX_LISTED_WAITING
+from support.scheduling import make_req
 
 PARITY = Path(__file__).resolve().parents[1] / "data" / "parity"
 
@@ -43,13 +41,6 @@ def make_sched(trace: bool = True, **overrides: object) -> Scheduler:
     if trace:
         s.enable_trace()
     return s
-
-
-def make_req(rid: str, prompt_len: int, max_tokens: int = 16, **kwargs: object) -> Request:
-    """A request whose prompt is unique to its id (no accidental prefix-cache hits)."""
-    base = (zlib.crc32(rid.encode()) % 100_000) * 1_000
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    return Request(rid, [base + j for j in range(prompt_len)], params, **kwargs)
 
 
 def run_step(sched: Scheduler, drafts: list[list[int]] | None = None) -> tuple[SchedulerOutput, StepOutputs]:
