@@ -9,25 +9,9 @@ from llmsched.core import (
     Request,
     RequestStatus,
     Scheduler,
-    SchedulerConfig,
     SchedulerOutput,
 )
-from support.scheduling import make_req, ran, run_step, running_ids, waiting_ids
-
-
-def make_sched(**overrides: object) -> Scheduler:
-    """A scheduler over 4-token blocks with invariants checked after every step."""
-    settings: dict[str, object] = {
-        "num_gpu_blocks": 257,
-        "max_model_len": 256,
-        "max_num_batched_tokens": 64,
-        "max_num_seqs": 16,
-        "block_size": 4,
-        "debug": True,
-    }
-    settings.update(overrides)
-    return Scheduler(SchedulerConfig(**settings))
-
+from support.scheduling import make_req, make_sched, ran, run_step, running_ids, waiting_ids
 
 # ---- order and budget ----------------------------------------------------------
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import zlib
-
 import pytest
 
 from llmsched.core import (
@@ -13,45 +11,14 @@ from llmsched.core import (
     RequestStatus,
     SamplingParams,
     Scheduler,
-    SchedulerConfig,
-    SchedulerOutput,
-    StepOutputs,
 )
+from support.scheduling import make_req, run_step
+from support.scheduling import make_sched as base_sched
 
 
 def make_sched(**overrides: object) -> Scheduler:
-    """A scheduler over 4-token blocks with invariants checked after every step."""
-    settings: dict[str, object] = {
-        "num_gpu_blocks": 65,
-        "max_model_len": 64,
-        "max_num_batched_tokens": 64,
-        "max_num_seqs": 16,
-        "block_size": 4,
-        "debug": True,
-    }
-    settings.update(overrides)
-    return Scheduler(SchedulerConfig(**settings))
-
-
-def make_req(
-    rid: str,
-    prompt_len: int,
-    max_tokens: int = 16,
-    params: SamplingParams | None = None,
-    **kwargs: object,
-) -> Request:
-    """A request whose prompt is unique to its id; EOS ignored unless ``params`` say otherwise."""
-    base = (zlib.crc32(rid.encode()) % 100_000) * 1_000
-    if params is None:
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    return Request(rid, [base + j for j in range(prompt_len)], params, **kwargs)
-
-
-def run_step(sched: Scheduler, token: int = 7) -> tuple[SchedulerOutput, StepOutputs]:
-    """schedule(), then ``token`` for each request that finished its known tokens."""
-    out = sched.schedule()
-    sampled = [[token] if r.num_computed_tokens >= r.num_tokens else [] for r in out.scheduled]
-    return out, sched.update_from_output(out, ModelRunnerOutput(sampled))
+    """The shared test scheduler with a 64-token context and 64 blocks."""
+    return base_sched(**{"num_gpu_blocks": 65, "max_model_len": 64, **overrides})
 
 
 def snapshot(sched: Scheduler) -> tuple:

@@ -13,20 +13,12 @@ from llmsched.core import (
 from llmsched.engine import EngineCore
 from llmsched.executor.replay import ReplayExecutor
 from support.scheduling import make_req, ran, run_step, running_ids, waiting_ids
+from support.scheduling import make_sched as base_sched
 
 
 def make_sched(**overrides: object) -> Scheduler:
-    """A scheduler over 4-token blocks with invariants checked after every step."""
-    settings: dict[str, object] = {
-        "num_gpu_blocks": 257,
-        "max_model_len": 64,
-        "max_num_batched_tokens": 64,
-        "max_num_seqs": 16,
-        "block_size": 4,
-        "debug": True,
-    }
-    settings.update(overrides)
-    return Scheduler(SchedulerConfig(**settings))
+    """The shared test scheduler with a 64-token context."""
+    return base_sched(**{"max_model_len": 64, **overrides})
 
 
 def preempted_ids(out: SchedulerOutput) -> list[str]:

@@ -14,7 +14,6 @@ from llmsched.core import (
     ModelRunnerOutput,
     Reason,
     Scheduler,
-    SchedulerConfig,
     SchedulerOutput,
     StepOutputs,
     StepTrace,
@@ -22,22 +21,14 @@ from llmsched.core import (
 )
 from llmsched.core.trace import MAX_LISTED_WAITING
 from support.scheduling import make_req
+from support.scheduling import make_sched as base_sched
 
 PARITY = Path(__file__).resolve().parents[1] / "data" / "parity"
 
 
 def make_sched(trace: bool = True, **overrides: object) -> Scheduler:
-    """A scheduler over 4-token blocks, tracing on unless told otherwise."""
-    settings: dict[str, object] = {
-        "num_gpu_blocks": 257,
-        "max_model_len": 256,
-        "max_num_batched_tokens": 64,
-        "max_num_seqs": 16,
-        "block_size": 4,
-        "debug": True,
-    }
-    settings.update(overrides)
-    s = Scheduler(SchedulerConfig(**settings))
+    """The shared test scheduler, tracing on unless told otherwise."""
+    s = base_sched(**overrides)
     if trace:
         s.enable_trace()
     return s

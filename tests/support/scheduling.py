@@ -4,13 +4,42 @@ from __future__ import annotations
 
 import zlib
 
-from llmsched.core import ModelRunnerOutput, Request, SamplingParams, Scheduler, SchedulerOutput, StepOutputs
+from llmsched.core import (
+    ModelRunnerOutput,
+    Request,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutput,
+    StepOutputs,
+)
 
 
-def make_req(rid: str, prompt_len: int, max_tokens: int = 16, **kwargs: object) -> Request:
-    """A request whose prompt is unique to its id (no accidental prefix-cache hits)."""
+def make_sched(**overrides: object) -> Scheduler:
+    """A scheduler over 4-token blocks with invariants checked after every step."""
+    settings: dict[str, object] = {
+        "num_gpu_blocks": 257,
+        "max_model_len": 256,
+        "max_num_batched_tokens": 64,
+        "max_num_seqs": 16,
+        "block_size": 4,
+        "debug": True,
+    }
+    settings.update(overrides)
+    return Scheduler(SchedulerConfig(**settings))
+
+
+def make_req(
+    rid: str,
+    prompt_len: int,
+    max_tokens: int = 16,
+    params: SamplingParams | None = None,
+    **kwargs: object,
+) -> Request:
+    """A request with a prompt unique to its id (no prefix hits); EOS ignored unless ``params`` say so."""
     base = (zlib.crc32(rid.encode()) % 100_000) * 1_000
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    if params is None:
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     return Request(rid, [base + j for j in range(prompt_len)], params, **kwargs)
 
 
