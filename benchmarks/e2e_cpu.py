@@ -123,10 +123,14 @@ def measure_machine() -> dict:
     return {"bf16_matmul_peak_gflops": peak / 1e9, "memory_bandwidth_gbs": bandwidth / 1e9}
 
 
-def run_llmsched(model_dir: Path, wl: Workload, seed: int) -> dict:
+def run_llmsched(model_dir: Path, wl: Workload, seed: int, block_size: int | None) -> dict:
     """The workload through EngineCore + TorchExecutor; wall time and per-step records."""
-    ex = TorchExecutor(model_dir, dtype="bfloat16", seed=seed, max_num_batched_tokens=8192, max_num_seqs=256)
+    kw = {} if block_size is None else {"block_size": block_size}
+    ex = TorchExecutor(
+        model_dir, dtype="bfloat16", seed=seed, max_num_batched_tokens=8192, max_num_seqs=256, **kw
+    )
     config = SchedulerConfig(
+        block_size=ex.block_size,
         num_gpu_blocks=ex.num_gpu_blocks,
         max_model_len=ex.max_model_len,
         max_num_batched_tokens=8192,
@@ -167,7 +171,13 @@ def run_llmsched(model_dir: Path, wl: Workload, seed: int) -> dict:
     produced = sum(r.num_output_tokens for r in reqs)
     assert produced == wl.useful_tokens, (produced, wl.useful_tokens)
     ex.close()
+    prefill = [s for s in steps if not s[2]]
     return {
+        "block_size": ex.block_size,
+        "prefill_steps": len(prefill),
+        "prefill_steps_s": sum(s[4] for s in prefill) / 1e3,
+        "decode_steps": len(steps) - len(prefill),
+        "decode_steps_s": sum(s[4] for s in steps if s[2]) / 1e3,
         "elapsed_s": elapsed,
         "useful_tokens": produced,
         "tokens_per_s": produced / elapsed,
@@ -255,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all usable CPUs)")
     ap.add_argument("--json", default=str(ROOT / "results" / "e2e_cpu.json"))
+    ap.add_argument("--block-size", type=int, default=None, help="KV block size (default: the executor's)")
     ap.add_argument("--skip-transformers", action="store_true", help="llmsched only (no ratio)")
     args = ap.parse_args(argv)
 
@@ -273,10 +284,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="llmsched_e2e_") as tmp:
         model_dir = Path(tmp) / "small-llama"
         build_model(model_dir, args.seed)
-        ours = run_llmsched(model_dir, wl, args.seed)
+        ours = run_llmsched(model_dir, wl, args.seed, args.block_size)
         print(
             f"llmsched:     {ours['tokens_per_s']:8.1f} useful tokens/s  "
             f"({ours['useful_tokens']} tokens in {ours['elapsed_s']:.1f} s, {ours['num_steps']} steps)"
+        )
+        print(
+            f"  {ours['prefill_steps']} steps with prefill chunks: {ours['prefill_steps_s']:.1f} s; "
+            f"{ours['decode_steps']} decode-only steps: {ours['decode_steps_s']:.1f} s "
+            f"(KV blocks of {ours['block_size']} tokens)"
         )
         decode = decode_roofline(ours["steps"], len(wl.prompts), machine)
         if decode["steps"]:

@@ -254,6 +254,7 @@ def run_scenario(sc: Scenario, model_dir: Path, seed: int, repeats: int) -> dict
     spec = DeploymentSpec(
         model=str(model_dir),
         hardware="cpu",
+        block_size=ex.block_size,
         num_gpu_blocks=ex.num_gpu_blocks,
         max_model_len=ex.max_model_len,
         max_num_batched_tokens=sc.max_num_batched_tokens,

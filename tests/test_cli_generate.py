@@ -95,6 +95,17 @@ def test_model_errors_from_the_executor_are_reported_cleanly(
     err = capsys.readouterr().err
     assert "GPT2LMHeadModel" in err and "Qwen3ForCausalLM" in err
     # A KV cache that cannot hold one max_model_len request says how many blocks it needs.
-    assert main(["generate", "--prompt", "hi", "--num-gpu-blocks", "4", "--max-model-len", "256"]) == 2
+    argv = [
+        "generate",
+        "--prompt",
+        "hi",
+        "--num-gpu-blocks",
+        "4",
+        "--max-model-len",
+        "256",
+        "--block-size",
+        "16",
+    ]
+    assert main(argv) == 2
     err = capsys.readouterr().err
     assert "needs 16 blocks" in err

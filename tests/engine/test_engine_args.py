@@ -21,7 +21,9 @@ def parse(argv: list[str]) -> EngineArgs:
 def test_defaults_follow_vllm() -> None:
     a = EngineArgs()
     assert a.model is None
-    assert (a.max_num_batched_tokens, a.max_num_seqs, a.block_size) == (8192, 256, 16)
+    assert (a.max_num_batched_tokens, a.max_num_seqs) == (8192, 256)
+    # The block size is the executor's: 128 tokens on CPU, 16 on CUDA.
+    assert a.block_size is None
     assert a.enable_prefix_caching and a.enable_chunked_prefill
     assert a.scheduling_policy == "fcfs" and a.long_prefill_token_threshold == 0
     assert a.gpu_memory_utilization == 0.9
@@ -81,6 +83,13 @@ def test_scheduler_config_carries_the_engine_args() -> None:
     cfg = a.create_scheduler_config(num_gpu_blocks=50, max_model_len=512)
     assert (cfg.num_gpu_blocks, cfg.max_model_len, cfg.max_num_batched_tokens) == (50, 512, 1024)
     assert (cfg.max_num_seqs, cfg.policy, cfg.block_size) == (8, "priority", 32)
+
+
+def test_scheduler_config_takes_the_executors_block_size_unless_one_was_given() -> None:
+    assert EngineArgs().create_scheduler_config(50, 512, block_size=128).block_size == 128
+    assert EngineArgs(block_size=32).create_scheduler_config(50, 512, block_size=32).block_size == 32
+    with pytest.raises(ConfigError, match="block_size"):
+        EngineArgs(block_size=0)
 
 
 def test_executor_kwargs_match_the_torch_executor_signature() -> None:

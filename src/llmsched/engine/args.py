@@ -57,7 +57,8 @@ class EngineArgs:
     max_model_len: int | None = None
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
-    block_size: int = 16
+    # None: the executor's default (128 tokens on CPU, 16 on CUDA, as vLLM).
+    block_size: int | None = None
     enable_prefix_caching: bool = True
     prefix_caching_hash_algo: str = "sha256"
     enable_chunked_prefill: bool = True
@@ -71,11 +72,11 @@ class EngineArgs:
     debug: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("max_num_batched_tokens", "max_num_seqs", "block_size"):
+        for name in ("max_num_batched_tokens", "max_num_seqs"):
             v = getattr(self, name)
             if not _is_int(v) or v < 1:
                 raise ConfigError(f"{name}={v!r} must be a positive integer")
-        for name in ("max_model_len", "num_gpu_blocks_override", "num_threads"):
+        for name in ("block_size", "max_model_len", "num_gpu_blocks_override", "num_threads"):
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or v < 1):
                 raise ConfigError(f"{name}={v!r} must be a positive integer or None")
@@ -131,14 +132,20 @@ class EngineArgs:
             "num_threads": self.num_threads,
         }
 
-    def create_scheduler_config(self, num_gpu_blocks: int, max_model_len: int) -> SchedulerConfig:
-        """The scheduler's settings, once the executor has sized the KV cache and context."""
+    def create_scheduler_config(
+        self, num_gpu_blocks: int, max_model_len: int, block_size: int | None = None
+    ) -> SchedulerConfig:
+        """The scheduler's settings, once the executor has sized the KV cache and context.
+
+        ``block_size`` is the one the executor chose when ``self.block_size`` is None.
+        """
+        bs = self.block_size or block_size
         return SchedulerConfig(
             num_gpu_blocks=num_gpu_blocks,
             max_model_len=max_model_len,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_num_seqs=self.max_num_seqs,
-            block_size=self.block_size,
+            **({} if bs is None else {"block_size": bs}),
             enable_prefix_caching=self.enable_prefix_caching,
             prefix_caching_hash_algo=self.prefix_caching_hash_algo,
             enable_chunked_prefill=self.enable_chunked_prefill,
@@ -166,7 +173,12 @@ class EngineArgs:
         g.add_argument("--max-model-len", type=_positive_int, default=None)
         g.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192)
         g.add_argument("--max-num-seqs", type=_positive_int, default=256)
-        g.add_argument("--block-size", type=_positive_int, default=16)
+        g.add_argument(
+            "--block-size",
+            type=_positive_int,
+            default=None,
+            help="KV cache block size in tokens (default: 128 on CPU, 16 on CUDA, as vLLM)",
+        )
         g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
         g.add_argument("--prefix-caching-hash-algo", choices=list(HASH_ALGOS), default="sha256")
         g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)

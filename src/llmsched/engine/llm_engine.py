@@ -74,6 +74,7 @@ class LLMEngine:
             config = engine_args.create_scheduler_config(
                 num_gpu_blocks=executor.num_gpu_blocks,  # type: ignore[attr-defined]
                 max_model_len=executor.max_model_len,  # type: ignore[attr-defined]
+                block_size=getattr(executor, "block_size", None),
             )
             self.engine_core = EngineCore(config, executor)
         except BaseException:

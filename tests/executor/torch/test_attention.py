@@ -10,13 +10,14 @@ import torch
 from llmsched.core import Request, SamplingParams, SchedulerOutput
 from llmsched.executor.torch.attention import PagedAttention
 from llmsched.executor.torch.input_batch import InputBatch
+from llmsched.executor.torch.kv_cache import key_view
 
 BS = 4
 D = 8
 NB = 96
 
 
-def make_batch(matmul_decode: bool, group_bytes: int, kvh: int) -> InputBatch:
+def make_batch(keys_transposed: bool, group_bytes: int, kvh: int) -> InputBatch:
     return InputBatch(
         block_size=BS,
         max_blocks_per_request=32,
@@ -24,7 +25,7 @@ def make_batch(matmul_decode: bool, group_bytes: int, kvh: int) -> InputBatch:
         device=torch.device("cpu"),
         decode_group_bytes=group_bytes,
         kv_row_bytes=kvh * D * 4,
-        matmul_decode=matmul_decode,
+        keys_transposed=keys_transposed,
         num_kv_heads=kvh,
         dtype=torch.float32,
     )
@@ -36,13 +37,13 @@ CHUNKS = [(9, 1), (0, 6), (22, 1), (3, 1), (6, 7), (13, 1), (40, 1), (17, 5), (1
 
 
 @pytest.mark.parametrize("heads", [(4, 2), (2, 2), (6, 1)])
-@pytest.mark.parametrize("matmul_decode", [True, False])
+@pytest.mark.parametrize("keys_transposed", [True, False])
 @pytest.mark.parametrize("group_bytes", [1, 1 << 20])
-def test_matches_dense_reference(heads, matmul_decode, group_bytes):
+def test_matches_dense_reference(heads, keys_transposed, group_bytes):
     nh, kvh = heads
     g = torch.Generator().manual_seed(sum(heads) + group_bytes % 7)
     cache = torch.zeros(2, kvh, NB, BS, D)
-    key_cache, value_cache = cache[0].permute(1, 2, 0, 3), cache[1].permute(1, 2, 0, 3)
+    key_cache, value_cache = key_view(cache, keys_transposed), cache[1].permute(1, 2, 0, 3)
     free = torch.randperm(NB - 1, generator=g).add(1).tolist()
     so = SchedulerOutput(step=0)
     dense_k, dense_v = [], []
@@ -62,7 +63,7 @@ def test_matches_dense_reference(heads, matmul_decode, group_bytes):
             value_cache[blocks[p // BS], p % BS] = v[p]
         dense_k.append(k)
         dense_v.append(v)
-    batch = make_batch(matmul_decode, group_bytes, kvh)
+    batch = make_batch(keys_transposed, group_bytes, kvh)
     batch.update(so)
     step = batch.prepare(so)
     meta = step.attn
@@ -84,7 +85,7 @@ def test_matches_dense_reference(heads, matmul_decode, group_bytes):
     q = torch.randn(len(rows), nh, D, generator=g)
     k_new = torch.stack([dense_k[i][p] for i, p in rows])
     v_new = torch.stack([dense_v[i][p] for i, p in rows])
-    attn = PagedAttention(nh, kvh, D, BS, matmul_decode)
+    attn = PagedAttention(nh, kvh, D, BS, keys_transposed)
     out = attn.forward(q, k_new, v_new, cache, meta).view(len(rows), nh, D)
     grp = nh // kvh
     for r, (i, p) in enumerate(rows):
@@ -105,7 +106,7 @@ def test_matches_dense_reference(heads, matmul_decode, group_bytes):
 def test_bfloat16_decode_is_close_to_float32():
     nh, kvh = 4, 2
     g = torch.Generator().manual_seed(3)
-    attn = PagedAttention(nh, kvh, D, BS, matmul_decode=True)
+    attn = PagedAttention(nh, kvh, D, BS, keys_transposed=True)
     so = SchedulerOutput(step=0)
     req = Request("a", list(range(30)), SamplingParams())
     req.num_computed_tokens = 30

@@ -19,7 +19,7 @@ def batch(max_num_seqs: int = 4) -> InputBatch:
         device=torch.device("cpu"),
         decode_group_bytes=1 << 20,
         kv_row_bytes=64,
-        matmul_decode=True,
+        keys_transposed=True,
         num_kv_heads=2,
         dtype=torch.float32,
     )
@@ -155,10 +155,10 @@ def test_prepare_orders_decodes_first_and_maps_samples_back():
     (group,) = step.attn.decode_groups
     assert (group.start, group.end) == (0, 2)
     assert group.block_table.view(2, -1).tolist() == [[8, 0, 0], [3, 4, 5]]
-    # One additive mask row per KV head and request, KV-head-major.
-    assert group.mask.shape == (4, 1, 12)
-    visible = group.mask.view(2, 2, 12) == 0
-    assert visible.sum(2).tolist() == [[3, 9], [3, 9]]
+    # One additive mask row per request, broadcast over KV heads and queries.
+    assert group.mask.shape == (1, 2, 1, 12)
+    visible = group.mask.view(2, 12) == 0
+    assert visible.sum(1).tolist() == [3, 9]
     assert step.attn.num_decodes == 2
     chunks = step.attn.prefills
     assert [(c.start, c.end, c.context_start) for c in chunks] == [(2, 6, 2), (6, 9, 4)]

@@ -89,7 +89,7 @@ class TorchEngineFactory:
             kwargs["kv_cache_memory"] = self.default_kv_cache_memory
         ex = TorchExecutor(args.model, **kwargs)
         try:
-            cfg = args.create_scheduler_config(ex.num_gpu_blocks, ex.max_model_len)
+            cfg = args.create_scheduler_config(ex.num_gpu_blocks, ex.max_model_len, ex.block_size)
             cfg = replace(cfg, prefill_schedule_interval=prefill_schedule_interval)
             return EngineCore(cfg, ex)
         except BaseException:

@@ -74,7 +74,6 @@ PROBE_WARMUP = 2
 # fastest counts: on a shared machine a neighbour's burst can slow a whole
 # batch's consecutive steps, rarely both passes.
 PROBE_PASSES = 2
-BLOCK_SIZE = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,15 +218,18 @@ def time_decode_steps(folder: Path, layers: int, hardware: HardwareProfile) -> l
     from llmsched.executor.sim.executor import SimExecutor
     from llmsched.executor.sim.model_shapes import shape_from_hf_config
     from llmsched.executor.torch import TorchExecutor
+    from llmsched.executor.torch.device import DEFAULT_BLOCK_SIZE
 
+    # The block size the executor runs with on CPU by default.
+    block_size = DEFAULT_BLOCK_SIZE["cpu"]
     seqs = max(b for b, _ in PROBE_BATCHES)
     longest = max(c for _, c in PROBE_BATCHES) + PROBE_WARMUP + PROBE_STEPS + 1
-    blocks = seqs * -(-longest // BLOCK_SIZE) + 1
+    blocks = seqs * -(-longest // block_size) + 1
     tokens = max(b * c for b, c in PROBE_BATCHES)
     ex = TorchExecutor(
         folder,
         dtype="bfloat16",
-        block_size=BLOCK_SIZE,
+        block_size=block_size,
         max_model_len=longest,
         max_num_batched_tokens=tokens,
         max_num_seqs=seqs,
@@ -238,7 +240,7 @@ def time_decode_steps(folder: Path, layers: int, hardware: HardwareProfile) -> l
         max_model_len=ex.max_model_len,
         max_num_batched_tokens=tokens,
         max_num_seqs=seqs,
-        block_size=BLOCK_SIZE,
+        block_size=block_size,
         enable_prefix_caching=False,
     )
     shape = shape_from_hf_config(dict(PROBE_CONFIG, num_hidden_layers=layers), "probe")

@@ -21,6 +21,18 @@ _DTYPES = {
 }
 
 
+# KV block size when none is given: vLLM's own defaults, 16 tokens on CUDA and
+# 128 on CPU. On CPU, decode attention reads every block of a request as
+# separate rows; measured on a 2-core Zen4 at batch 64, 16-token blocks made
+# decode steps ~8% slower than 32-128-token ones.
+DEFAULT_BLOCK_SIZE = {"cpu": 128, "cuda": 16}
+
+
+def default_block_size(device: torch.device) -> int:
+    """The KV block size used on ``device`` when none is given."""
+    return DEFAULT_BLOCK_SIZE[device.type]
+
+
 def resolve_device(device: str | torch.device) -> torch.device:
     """'auto' is CUDA when present, else CPU; anything else must exist here."""
     if isinstance(device, torch.device):

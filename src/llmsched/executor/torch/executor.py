@@ -11,7 +11,12 @@ from llmsched.core.errors import ConfigError
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput
 from llmsched.executor.torch.config import ModelConfig
 from llmsched.executor.torch.cpu_tuning import tune_cpu_allocator
-from llmsched.executor.torch.device import configure_threads, resolve_device, resolve_dtype
+from llmsched.executor.torch.device import (
+    configure_threads,
+    default_block_size,
+    resolve_device,
+    resolve_dtype,
+)
 from llmsched.executor.torch.input_batch import InputBatch
 from llmsched.executor.torch.kv_cache import KVCache, KVCachePlan, cdiv, plan_kv_cache
 from llmsched.executor.torch.layers import can_prepack_linears
@@ -29,8 +34,8 @@ log = logging.getLogger(__name__)
 DECODE_GROUP_BYTES = 4 << 20
 
 
-def use_matmul_decode(device: torch.device) -> bool:
-    """Decode attention as plain matmuls (CPU, see attention.py) rather than SDPA (CUDA)."""
+def use_transposed_keys(device: torch.device) -> bool:
+    """K blocks stored [head_dim, block_size] for the embedding_bag decode (CPU, see attention.py)."""
     return device.type == "cpu"
 
 
@@ -47,7 +52,7 @@ class TorchExecutor:
         *,
         dtype: str = "auto",
         device: str = "auto",
-        block_size: int = 16,
+        block_size: int | None = None,
         max_model_len: int | None = None,
         max_num_batched_tokens: int = 8192,
         max_num_seqs: int = 256,
@@ -58,7 +63,7 @@ class TorchExecutor:
         num_threads: int | None = None,
     ) -> None:
         for name, v in (
-            ("block_size", block_size),
+            ("block_size", 1 if block_size is None else block_size),
             ("max_num_batched_tokens", max_num_batched_tokens),
             ("max_num_seqs", max_num_seqs),
         ):
@@ -68,6 +73,8 @@ class TorchExecutor:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, cfg, self.device)
         self.max_model_len = self._resolve_max_model_len(cfg, max_model_len)
+        if block_size is None:
+            block_size = default_block_size(self.device)
         self.block_size = block_size
         self.num_threads = None
         if self.device.type == "cpu":
@@ -90,11 +97,11 @@ class TorchExecutor:
                 gpu_memory_utilization=gpu_memory_utilization,
             )
             self.num_gpu_blocks = self.kv_plan.num_blocks
-            self.kv_cache = KVCache(cfg, self.kv_plan, self.dtype, self.device)
+            keys_transposed = use_transposed_keys(self.device)
+            self.kv_cache = KVCache(cfg, self.kv_plan, self.dtype, self.device, keys_transposed)
             rope = RotaryEmbedding(cfg, self.max_model_len, self.dtype, self.device)
-            matmul_decode = use_matmul_decode(self.device)
             self.model = DecoderModel(
-                cfg, self.weights, rope, self.kv_cache, matmul_decode, threads=self.num_threads or 1
+                cfg, self.weights, rope, self.kv_cache, keys_transposed, threads=self.num_threads or 1
             )
         elem = torch.empty((), dtype=self.dtype).element_size()
         self.batch = InputBatch(
@@ -104,7 +111,7 @@ class TorchExecutor:
             device=self.device,
             decode_group_bytes=DECODE_GROUP_BYTES,
             kv_row_bytes=cfg.kv_size * elem,
-            matmul_decode=matmul_decode,
+            keys_transposed=keys_transposed,
             num_kv_heads=cfg.num_kv_heads,
             dtype=self.dtype,
         )

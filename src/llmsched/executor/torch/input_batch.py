@@ -61,7 +61,7 @@ class InputBatch:
         device: torch.device,
         decode_group_bytes: int,
         kv_row_bytes: int,
-        matmul_decode: bool,
+        keys_transposed: bool,
         num_kv_heads: int,
         dtype: torch.dtype,
     ) -> None:
@@ -78,9 +78,9 @@ class InputBatch:
         self._arange = torch.arange(max_blocks_per_request * block_size, dtype=torch.int64)
         # On CUDA one group serves every decode: there is no cache to fit.
         self._single_group = device.type != "cpu"
-        # The matmul decode path adds a mask in the model dtype, one row per KV
-        # head; SDPA takes a bool one.
-        self.additive_mask = matmul_decode
+        # The CPU decode path (transposed K blocks) adds a mask in the model
+        # dtype and writes K by (block, offset); SDPA takes a bool mask.
+        self.keys_transposed = keys_transposed
         self.num_kv_heads = num_kv_heads
         self.dtype = dtype
 
@@ -221,12 +221,16 @@ class InputBatch:
         dev = self.device
         positions = pos_parts[0] if len(pos_parts) == 1 else torch.cat(pos_parts)
         slots = slot_parts[0] if len(slot_parts) == 1 else torch.cat(slot_parts)
+        attn = AttentionMetadata(
+            slot_mapping=slots.to(dev), num_decodes=nd, decode_groups=groups, prefills=chunks
+        )
+        if self.keys_transposed:
+            attn.slot_blocks = (slots // bs).to(dev)
+            attn.slot_offsets = (slots % bs).to(dev)
         return StepInputs(
             input_ids=torch.tensor(ids, dtype=torch.int64).to(dev),
             positions=positions.to(dev),
-            attn=AttentionMetadata(
-                slot_mapping=slots.to(dev), num_decodes=nd, decode_groups=groups, prefills=chunks
-            ),
+            attn=attn,
             logits_indices=torch.tensor([r for r, _, _ in sample_rows], dtype=torch.int64).to(dev),
             sample_sched_index=[i for _, i, _ in sample_rows],
             sample_states=[st for _, _, st in sample_rows],
@@ -257,10 +261,10 @@ class InputBatch:
             table = self.block_table[:, :nb].index_select(0, rows[s:e])
             lens = positions[s:e] + 1
             visible = self._arange[None, : nb * bs] < lens[:, None]
-            if self.additive_mask:
+            if self.keys_transposed:
                 mask = torch.zeros(visible.shape, dtype=self.dtype).masked_fill_(~visible, float("-inf"))
-                # KV-head-major rows, as the decode queries are laid out.
-                mask = mask.repeat(self.num_kv_heads, 1).unsqueeze(1)
+                # Broadcast over KV heads and queries: scores are [kv_heads, G, group, tokens].
+                mask = mask.view(1, e - s, 1, nb * bs)
             else:
                 mask = visible.view(e - s, 1, 1, nb * bs)
             groups.append(DecodeGroup(s, e, table.view(-1).to(dev), mask.to(dev)))

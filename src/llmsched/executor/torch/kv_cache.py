@@ -130,27 +130,43 @@ def plan_kv_cache(
     return KVCachePlan(num_blocks=blocks, block_size=block_size, bytes_per_block=per_block, source=source)
 
 
+def key_view(layer: torch.Tensor, keys_transposed: bool) -> torch.Tensor:
+    """A layer's K plane as [num_blocks, block_size, kv_heads, head_dim], whichever way it is stored."""
+    kvh, nblocks, bs, d = layer.shape[1:]
+    if keys_transposed:
+        return layer[0].view(kvh, nblocks, d, bs).permute(1, 3, 0, 2)
+    return layer[0].permute(1, 2, 0, 3)
+
+
 class KVCache:
     """Per-layer key and value tensors of [num_blocks, block_size, kv_heads, head_dim], zero-filled.
 
     Physically a layer is one [2, kv_heads, num_blocks, block_size, head_dim]
     allocation (``blocks[layer]``, K then V, each KV head contiguous); ``key``
     and ``value`` are views of it in the block-major shape. Gathering a
-    request's blocks then yields each KV head's keys as one contiguous
-    [tokens, head_dim] matrix, ready for a batched matmul without a transpose.
+    request's blocks then yields each KV head's values as one contiguous
+    [tokens, head_dim] matrix. With ``keys_transposed`` (the CPU layout) each
+    K block's [block_size, head_dim] memory holds the block transposed, as
+    [head_dim, block_size], which the CPU decode attention reads in place.
     """
 
-    __slots__ = ("block_size", "blocks", "key", "num_blocks", "value")
+    __slots__ = ("block_size", "blocks", "key", "keys_transposed", "num_blocks", "value")
 
     def __init__(
-        self, config: ModelConfig, plan: KVCachePlan, dtype: torch.dtype, device: torch.device
+        self,
+        config: ModelConfig,
+        plan: KVCachePlan,
+        dtype: torch.dtype,
+        device: torch.device,
+        keys_transposed: bool = False,
     ) -> None:
         shape = (2, config.num_kv_heads, plan.num_blocks, plan.block_size, config.head_dim)
         self.num_blocks = plan.num_blocks
         self.block_size = plan.block_size
+        self.keys_transposed = keys_transposed
         if device.type == "cpu":
             self.blocks = [zeros_huge_pages(shape, dtype) for _ in range(config.num_layers)]
         else:
             self.blocks = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
-        self.key = [b[0].permute(1, 2, 0, 3) for b in self.blocks]
+        self.key = [key_view(b, keys_transposed) for b in self.blocks]
         self.value = [b[1].permute(1, 2, 0, 3) for b in self.blocks]

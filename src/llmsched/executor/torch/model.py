@@ -33,7 +33,7 @@ class DecoderModel:
         weights: ModelWeights,
         rope: RotaryEmbedding,
         kv: KVCache,
-        matmul_decode: bool,
+        keys_transposed: bool,
         threads: int = 1,
     ) -> None:
         self.config = config
@@ -42,7 +42,7 @@ class DecoderModel:
         self.kv = kv
         self.eps = config.rms_norm_eps
         self.attention = PagedAttention(
-            config.num_heads, config.num_kv_heads, config.head_dim, kv.block_size, matmul_decode
+            config.num_heads, config.num_kv_heads, config.head_dim, kv.block_size, keys_transposed
         )
         # CPU intra-op threads; small steps use them for the matmuls only.
         self.threads = threads
