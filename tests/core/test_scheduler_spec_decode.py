@@ -14,25 +14,15 @@ from llmsched.core import (
     RequestStatus,
     SamplingParams,
     Scheduler,
-    SchedulerConfig,
     SchedulerOutput,
     StepOutputs,
 )
+from support.scheduling import make_sched as base_sched
 
 
 def make_sched(**overrides: object) -> Scheduler:
-    """A scheduler over 4-token blocks, 3 draft tokens, invariants checked every step."""
-    settings: dict[str, object] = {
-        "num_gpu_blocks": 257,
-        "max_model_len": 256,
-        "max_num_batched_tokens": 64,
-        "max_num_seqs": 16,
-        "block_size": 4,
-        "num_speculative_tokens": 3,
-        "debug": True,
-    }
-    settings.update(overrides)
-    return Scheduler(SchedulerConfig(**settings))
+    """The shared test scheduler (4-token blocks, invariants checked) with 3 draft tokens."""
+    return base_sched(**{"num_speculative_tokens": 3, **overrides})
 
 
 def make_req(rid: str, prompt_len: int, max_tokens: int = 32, **kwargs: object) -> Request:
