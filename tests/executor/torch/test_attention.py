@@ -26,7 +26,6 @@ def make_batch(keys_transposed: bool, group_bytes: int, kvh: int) -> InputBatch:
         decode_group_bytes=group_bytes,
         kv_row_bytes=kvh * D * 4,
         keys_transposed=keys_transposed,
-        num_kv_heads=kvh,
         dtype=torch.float32,
     )
 

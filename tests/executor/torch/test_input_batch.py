@@ -20,7 +20,6 @@ def batch(max_num_seqs: int = 4) -> InputBatch:
         decode_group_bytes=1 << 20,
         kv_row_bytes=64,
         keys_transposed=True,
-        num_kv_heads=2,
         dtype=torch.float32,
     )
 

@@ -100,9 +100,7 @@ class TorchExecutor:
             keys_transposed = use_transposed_keys(self.device)
             self.kv_cache = KVCache(cfg, self.kv_plan, self.dtype, self.device, keys_transposed)
             rope = RotaryEmbedding(cfg, self.max_model_len, self.dtype, self.device)
-            self.model = DecoderModel(
-                cfg, self.weights, rope, self.kv_cache, keys_transposed, threads=self.num_threads or 1
-            )
+            self.model = DecoderModel(cfg, self.weights, rope, self.kv_cache, threads=self.num_threads or 1)
         elem = torch.empty((), dtype=self.dtype).element_size()
         self.batch = InputBatch(
             block_size=block_size,
@@ -112,7 +110,6 @@ class TorchExecutor:
             decode_group_bytes=DECODE_GROUP_BYTES,
             kv_row_bytes=cfg.kv_size * elem,
             keys_transposed=keys_transposed,
-            num_kv_heads=cfg.num_kv_heads,
             dtype=self.dtype,
         )
         self.sampler = Sampler(self.device, seed)

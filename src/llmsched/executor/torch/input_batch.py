@@ -62,7 +62,6 @@ class InputBatch:
         decode_group_bytes: int,
         kv_row_bytes: int,
         keys_transposed: bool,
-        num_kv_heads: int,
         dtype: torch.dtype,
     ) -> None:
         self.block_size = block_size
@@ -81,7 +80,6 @@ class InputBatch:
         # The CPU decode path (transposed K blocks) adds a mask in the model
         # dtype and writes K by (block, offset); SDPA takes a bool mask.
         self.keys_transposed = keys_transposed
-        self.num_kv_heads = num_kv_heads
         self.dtype = dtype
 
     # ---- state ------------------------------------------------------------------

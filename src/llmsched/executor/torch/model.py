@@ -33,7 +33,6 @@ class DecoderModel:
         weights: ModelWeights,
         rope: RotaryEmbedding,
         kv: KVCache,
-        keys_transposed: bool,
         threads: int = 1,
     ) -> None:
         self.config = config
@@ -42,7 +41,7 @@ class DecoderModel:
         self.kv = kv
         self.eps = config.rms_norm_eps
         self.attention = PagedAttention(
-            config.num_heads, config.num_kv_heads, config.head_dim, kv.block_size, keys_transposed
+            config.num_heads, config.num_kv_heads, config.head_dim, kv.block_size, kv.keys_transposed
         )
         # CPU intra-op threads; small steps use them for the matmuls only.
         self.threads = threads
