@@ -19,6 +19,9 @@ Run from the repository root with the project's virtualenv::
     # only workloads aimed at preemptions in the middle of a step
     .venv/bin/python tools/parity_fuzz.py fuzz --seed 2 --count 3000 --profile preempt --jobs 2
 
+    # async scheduling only (vLLM's AsyncScheduler, REPLAY_ASYNC.md); --mode mixed draws both
+    .venv/bin/python tools/parity_fuzz.py fuzz --seed 3 --count 10000 --mode async --jobs 2
+
     # re-check saved or hand-written workloads
     .venv/bin/python tools/parity_fuzz.py check /tmp/parity_fuzz/fail-*/shrunk/workload.json
 
@@ -89,6 +92,7 @@ RESOLVED_KEYS = (
     "block_size",
     "num_gpu_blocks",
     "enable_prefix_caching",
+    "async_scheduling",
 )
 
 # Runs inside the vLLM interpreter: loads the driver once and serves jobs
@@ -266,14 +270,25 @@ def _install_probes() -> None:
     from llmsched.core.scheduler import Scheduler
 
     schedule, unschedule, preempt = Scheduler.schedule, Scheduler._unschedule, Scheduler._preempt
+    remove_stopped = Scheduler._remove_stopped
     cache_block, uncache, touch = BlockPool.cache_block, BlockPool._uncache, BlockPool.touch
     allocate_slots, allocate_new = KVCacheManager.allocate_slots, KVCacheManager.allocate_new
 
-    def p_schedule(self):
+    def p_schedule(self, *args, **kwargs):
         _PROBE.allocating = None  # victims are counted per request within one step
         # The threshold only applies while more than one request is in the engine.
         _PROBE.threshold_on = len(self.running) + len(self.waiting) > 1
-        return schedule(self)
+        for r in self.running:
+            p = r.num_output_placeholders
+            if p and r.num_computed_tokens + 2 - p >= r.num_prompt_tokens + r.max_tokens:
+                _hit("path:async_max_tokens_in_flight")
+                break
+        return schedule(self, *args, **kwargs)
+
+    def p_remove_stopped(self, finished, stopped_waiting):
+        if stopped_waiting:
+            _hit("path:async_stale_output_finished")
+        return remove_stopped(self, finished, stopped_waiting)
 
     def p_unschedule(self, out, victim):
         _hit("path:preempt_already_scheduled")
@@ -286,6 +301,8 @@ def _install_probes() -> None:
             _hit("path:several_victims_for_one_request")
         if req is getattr(_PROBE, "allocating", None):
             _hit("path:self_preemption")
+        if req.num_in_flight_tokens:
+            _hit("path:async_preempted_in_flight")
         return preempt(self, req)
 
     def p_cache_block(self, block, block_hash):
@@ -351,6 +368,7 @@ def _install_probes() -> None:
         return res
 
     Scheduler.schedule, Scheduler._unschedule, Scheduler._preempt = p_schedule, p_unschedule, p_preempt
+    Scheduler._remove_stopped = p_remove_stopped
     BlockPool.cache_block, BlockPool._uncache, BlockPool.touch = p_cache_block, p_uncache, p_touch
     KVCacheManager.allocate_slots, KVCacheManager.allocate_new = p_allocate_slots, p_allocate_new
 
@@ -496,10 +514,13 @@ class Gen:
     """
 
     PROFILES = ("small", "normal", "large", "preempt", "mixed")
+    # Scheduling modes: vLLM's sync Scheduler, its AsyncScheduler, or either.
+    MODES = ("sync", "async", "mixed")
 
-    def __init__(self, rng: random.Random, profile: str = "mixed") -> None:
+    def __init__(self, rng: random.Random, profile: str = "mixed", mode: str = "sync") -> None:
         self.rng = rng
         self.profile = profile
+        self.mode = mode
         # A tiny alphabet makes unrelated prompts (and generated tokens) share
         # blocks, which stresses duplicate hashes and eviction order.
         self.alphabet: tuple[int, ...] | None = None
@@ -532,6 +553,9 @@ class Gen:
                 profile = self.rng.choice(("small", "normal", "normal", "large", "preempt"))
             wl, feats = self._attempt_preempt() if profile == "preempt" else self._attempt(profile)
             feats.add(f"profile:{profile}")
+            # Drawn last, so a sync run's workloads are the ones it always made.
+            if self.mode == "async" or (self.mode == "mixed" and self.rng.random() < 0.5):
+                wl["config"]["async_scheduling"] = True
             if is_valid(wl):
                 return wl, feats
 
@@ -773,6 +797,7 @@ def features(workload: dict, ref_steps: list[dict] | None = None) -> set[str]:
         f"reserve_full_isl:{str(cfg.get('scheduler_reserve_full_isl', True)).lower()}",
         f"prefix_caching:{'on' if cfg.get('enable_prefix_caching', True) else 'off'}",
         f"block_size:{bs}",
+        f"sched:{'async' if cfg.get('async_scheduling') else 'sync'}",
     }
     blocks = cfg.get("num_gpu_blocks")
     lo = min_gpu_blocks(workload, prompts, mml)
@@ -852,6 +877,7 @@ def mix_key(workload: dict) -> str:
             "wm" if cfg.get("watermark", 0.0) else "nowm",
             "fullisl" if cfg.get("scheduler_reserve_full_isl", True) else "nofullisl",
             "pc" if cfg.get("enable_prefix_caching", True) else "nopc",
+            "async" if cfg.get("async_scheduling") else "sync",
             kv,
         ]
     )
@@ -1089,7 +1115,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
-    gen = Gen(rng, args.profile)
+    gen = Gen(rng, args.profile, args.mode)
     cases = [gen.workload() for _ in range(args.count)]
     pool = RefPool(args.jobs, args.ref_python, args.driver)
     mixes: Counter[str] = Counter()
@@ -1133,6 +1159,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     report = {
         "seed": args.seed,
         "count": args.count,
+        "mode": args.mode,
         "mismatches": failures,
         "ref_errors": ref_errors,
         "ref_unfinished": unfinished,
@@ -1204,7 +1231,7 @@ def _record(name: str, wl: dict, ref: tuple[dict, list[dict]], feats: set[str], 
 def cmd_corpus(args: argparse.Namespace) -> int:
     """Fuzz workloads and keep a feature-covering subset (plus --include cases) as a corpus file."""
     rng = random.Random(args.seed)
-    gen = Gen(rng, args.profile)
+    gen = Gen(rng, args.profile, args.mode)
     generated = [gen.workload() for _ in range(args.count)]
     included: list[tuple[str, dict]] = []
     for inc in args.include or []:
@@ -1283,7 +1310,13 @@ def cmd_corpus(args: argparse.Namespace) -> int:
     vllm_version = gen_res[0][0][0].get("vllm_version") if gen_res and gen_res[0][0] else None
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    head = {"vllm_version": vllm_version, "seed": args.seed, "count": args.count, "profile": args.profile}
+    head = {
+        "vllm_version": vllm_version,
+        "seed": args.seed,
+        "count": args.count,
+        "profile": args.profile,
+        "mode": args.mode,
+    }
     with gzip.open(out, "wt", compresslevel=9) as f:
         f.write(json.dumps({"header": head}) + "\n")
         for rec in records:
@@ -1320,12 +1353,14 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--out", default="/tmp/parity_fuzz", help="where failing cases and the report go")
     f.add_argument("--shrink", action="store_true", help="shrink every failing workload")
     f.add_argument("--profile", choices=Gen.PROFILES, default="mixed", help="workload sizes")
+    f.add_argument("--mode", choices=Gen.MODES, default="mixed", help="sync or async scheduling, or both")
     c = sub.add_parser("check", parents=[ref], help="compare on given workload files")
     c.add_argument("workloads", nargs="+")
     k = sub.add_parser("corpus", parents=[ref], help="build a regression corpus file")
     k.add_argument("--seed", type=int, default=2024)
     k.add_argument("--count", type=int, default=1500, help="workloads to generate and record")
     k.add_argument("--profile", choices=Gen.PROFILES, default="small", help="workload sizes")
+    k.add_argument("--mode", choices=Gen.MODES, default="sync", help="sync or async scheduling, or both")
     k.add_argument("--cover", type=int, default=4, help="cases wanted per feature before random fill")
     k.add_argument("--size", type=int, default=300, help="generated cases to keep")
     k.add_argument("--max-steps", type=int, default=400, help="skip cases with longer traces")

@@ -1,4 +1,4 @@
-"""The recorded vLLM traces replay with identical decisions."""
+"""The recorded vLLM traces replay with identical decisions, sync and async scheduling."""
 
 from __future__ import annotations
 
@@ -12,50 +12,77 @@ from llmsched.bench.parity import compare, decisions, load_trace
 from llmsched.bench.replay import replay
 from llmsched.bench.workload import load_workload
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "parity"
-NAMES = sorted(p.name.removesuffix(".workload.json") for p in DATA.glob("*.workload.json"))
+DATA = Path(__file__).resolve().parents[1] / "data"
+# parity/: vLLM's synchronous Scheduler; parity_async/: its AsyncScheduler on
+# the same workloads with "async_scheduling": true.
+SETS = ("parity", "parity_async")
+NAMES = sorted(p.name.removesuffix(".workload.json") for p in (DATA / "parity").glob("*.workload.json"))
+CASES = [f"{d}/{n}" for d in SETS for n in NAMES]
 
 
-def run(name: str, **overrides) -> list[dict]:
+def run(case: str, **overrides) -> list[dict]:
     buf = io.StringIO()
-    replay(load_workload(DATA / f"{name}.workload.json"), buf, **overrides)
+    replay(load_workload(DATA / f"{case}.workload.json"), buf, **overrides)
     return [json.loads(line) for line in buf.getvalue().splitlines()[1:]]
 
 
-def test_all_four_workloads_present():
+def test_all_four_workloads_present_in_both_modes():
     assert NAMES == ["p1_first_batch", "p2_preemption", "p3_prefix_sharing", "p4_priority"]
+    for d in SETS:
+        assert sorted(p.name for p in (DATA / d).glob("*.workload.json")) == [
+            f"{n}.workload.json" for n in NAMES
+        ]
+    for n in NAMES:
+        assert load_workload(DATA / f"parity_async/{n}.workload.json").config["async_scheduling"] is True
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_decisions_match_vllm(name):
-    ours = run(name)
-    ref = load_trace(DATA / f"{name}.vllm.jsonl")
+@pytest.mark.parametrize("case", CASES)
+def test_decisions_match_vllm(case):
+    ours = run(case)
+    ref = load_trace(DATA / f"{case}.vllm.jsonl")
     assert compare(ours, ref) == []
     # The comparison is not vacuous: every recorded decision was checked.
     assert len(decisions(ours)) == len(decisions(ref)) > 0
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_bookkeeping_matches_vllm(name):
+@pytest.mark.parametrize("case", CASES)
+def test_bookkeeping_matches_vllm(case):
     """Beyond decisions: queue sizes, KV usage and prefix hits after every schedule()."""
-    ours = run(name)
-    ref = load_trace(DATA / f"{name}.vllm.jsonl")
+    ours = run(case)
+    ref = load_trace(DATA / f"{case}.vllm.jsonl")
     assert len(ours) == len(ref)
     for a, b in zip(ours, ref):
         for key in ("step", "total_tokens", "num_running", "num_waiting", "kv_usage", "finished"):
-            assert a[key] == b[key], (name, a["step"], key)
-        assert sorted(map(tuple, a["admitted"])) == sorted(map(tuple, b["admitted"])), (name, a["step"])
+            assert a[key] == b[key], (case, a["step"], key)
+        assert sorted(map(tuple, a["admitted"])) == sorted(map(tuple, b["admitted"])), (case, a["step"])
+
+
+@pytest.mark.parametrize("case", [f"{d}/{n}" for d in SETS for n in ("p2_preemption", "p4_priority")])
+def test_decisions_match_with_debug_invariants(case):
+    """Same decisions with every invariant asserted after every step."""
+    ref = load_trace(DATA / f"{case}.vllm.jsonl")
+    assert compare(run(case, debug=True), ref) == []
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_async_replay_is_not_the_sync_replay(name):
+    """Async mode changes the loop: one more step drains the batch queue."""
+    sync_ref = load_trace(DATA / f"parity/{name}.vllm.jsonl")
+    async_ref = load_trace(DATA / f"parity_async/{name}.vllm.jsonl")
+    assert len(run(f"parity_async/{name}")) == len(async_ref) > len(sync_ref)
 
 
 @pytest.mark.parametrize("name", ["p2_preemption", "p4_priority"])
-def test_decisions_match_with_debug_invariants(name):
-    """Same decisions with every invariant asserted after every step."""
-    ref = load_trace(DATA / f"{name}.vllm.jsonl")
-    assert compare(run(name, debug=True), ref) == []
+def test_async_decisions_differ_from_sync_under_pressure(name):
+    """Where KV runs short, vLLM's two modes decide differently; the async replay follows the async one."""
+    sync_ref = load_trace(DATA / f"parity/{name}.vllm.jsonl")
+    async_ref = load_trace(DATA / f"parity_async/{name}.vllm.jsonl")
+    assert decisions(sync_ref) != decisions(async_ref)
+    assert compare(run(f"parity_async/{name}"), sync_ref) != []
 
 
 def test_parity_detects_a_difference():
-    ours = run("p1_first_batch")
+    ours = run("parity/p1_first_batch")
     ours[1]["sched"] = ours[1]["sched"][::-1]
-    diffs = compare(ours, load_trace(DATA / "p1_first_batch.vllm.jsonl"))
+    diffs = compare(ours, load_trace(DATA / "parity/p1_first_batch.vllm.jsonl"))
     assert diffs and "sched" in diffs[0]

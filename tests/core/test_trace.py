@@ -20,7 +20,7 @@ from llmsched.core import (
     TraceEntry,
 )
 from llmsched.core.trace import MAX_LISTED_WAITING
-from support.scheduling import make_req
+from support.scheduling import Pipeline, make_req
 from support.scheduling import make_sched as base_sched
 
 PARITY = Path(__file__).resolve().parents[1] / "data" / "parity"
@@ -428,11 +428,35 @@ def test_prefill_cadence_reason() -> None:
     assert entries(out) == [("A", Reason.SCHEDULED), ("B", Reason.PREFILL_DEFERRED)]
 
 
+def test_async_max_tokens_in_flight_reason() -> None:
+    s = make_sched(async_scheduling=True)
+    p = Pipeline(s)
+    s.add_request(make_req("A", 4, max_tokens=1))
+    p.schedule()
+    out = p.schedule()
+    assert entries(out) == [("A", Reason.MAX_TOKENS_IN_FLIGHT)]
+    assert entry(out, "A").detail == "1 in flight"
+
+
+def test_async_output_in_flight_reason() -> None:
+    s = make_sched(async_scheduling=True, num_gpu_blocks=4, scheduler_reserve_full_isl=False)
+    p = Pipeline(s)
+    s.add_request(make_req("A", 8, max_tokens=4))
+    s.add_request(make_req("B", 3, max_tokens=3))
+    p.schedule()
+    assert [r.request_id for r in p.schedule().preempted] == ["B"]
+    # Planned before the step holding B's prefill returned (a 3-deep pipeline).
+    out = p.schedule()
+    assert ("B", Reason.OUTPUT_IN_FLIGHT) in entries(out)
+
+
 def test_every_reason_has_a_scenario() -> None:
     # Guards this file: a new Reason needs a scenario above.
     assert {r.value for r in Reason} == {
         "scheduled",
         "nothing_to_compute",
+        "max_tokens_in_flight",
+        "output_in_flight",
         "token_budget_spent",
         "max_num_seqs_reached",
         "kv_blocks_short",

@@ -63,3 +63,38 @@ def waiting_ids(sched: Scheduler) -> list[str]:
 def running_ids(sched: Scheduler) -> list[str]:
     """Running request ids in running order."""
     return [r.request_id for r in sched.running]
+
+
+def fabricate(out: SchedulerOutput, token: int = 7) -> ModelRunnerOutput:
+    """One token for each scheduled request that is not a partial prefill chunk, decided at schedule time."""
+    return ModelRunnerOutput([[] if r.is_prefill_chunk else [token] for r in out.scheduled])
+
+
+class Pipeline:
+    """Drives an async-mode scheduler as the engine's batch queue does.
+
+    ``schedule()`` plans a step and fabricates its output at once (as a
+    model would sample it, though the scheduler only learns it later);
+    ``update()`` applies the oldest step still in flight.
+    """
+
+    def __init__(self, sched: Scheduler, token: int = 7) -> None:
+        self.sched = sched
+        self.token = token
+        self.in_flight: list[tuple[SchedulerOutput, ModelRunnerOutput]] = []
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan a step; it stays in flight until ``update``."""
+        out = self.sched.schedule()
+        self.in_flight.append((out, fabricate(out, self.token)))
+        return out
+
+    def update(self, result: ModelRunnerOutput | None = None) -> StepOutputs:
+        """Apply the oldest step in flight (its fabricated output, or ``result``)."""
+        out, made = self.in_flight.pop(0)
+        return self.sched.update_from_output(out, made if result is None else result)
+
+    def step(self) -> tuple[SchedulerOutput, StepOutputs | None]:
+        """One engine turn: schedule, then apply the older step if two are in flight."""
+        out = self.schedule()
+        return out, self.update() if len(self.in_flight) == 2 else None

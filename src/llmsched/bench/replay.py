@@ -3,7 +3,10 @@
 The loop and the step records follow the replay format: arrivals are added
 before each step's schedule(), an idle engine fast-forwards to the next
 arrival, and every schedule() call (including the last, empty one that
-reports finishes) writes one JSON line.
+reports finishes) writes one JSON line. A workload with
+``"async_scheduling": true`` runs the engine's batch queue (vLLM's
+``step_with_batch_queue``): a step's line is written when its output is
+applied, one loop turn after it was scheduled.
 """
 
 from __future__ import annotations
@@ -79,8 +82,8 @@ def step_record(step: int, es: EngineStep, explain: bool) -> dict:
         "step": step,
         "sched": [[r.request_id, n] for r, n in zip(so.scheduled, so.num_scheduled_tokens)],
         "admitted": [
-            [r.request_id, hit, "resumed" if r.num_preemptions else "new"]
-            for r, hit in zip(so.admitted, so.admitted_num_cached_tokens)
+            [r.request_id, hit, "resumed" if resumed else "new"]
+            for r, hit, resumed in zip(so.admitted, so.admitted_num_cached_tokens, so.admitted_resumed)
         ],
         "preempted": sorted(r.request_id for r in so.preempted),
         "finished": [r.request_id for r in es.outputs.finished],
@@ -125,9 +128,14 @@ def replay(
     n = len(workload.requests)
     pending = sorted(workload.requests, key=lambda r: r.arrival_step)
     summary = ReplaySummary(num_requests=n)
+    # The loop's step counter at each schedule() call: with async scheduling
+    # a step is recorded when its output is applied, one loop turn later.
+    step_of_schedule: list[int] = []
     p = 0
     step = 0
-    while summary.num_steps < max_steps:
+    turns = 0
+    while turns < max_steps:
+        turns += 1
         while p < n and pending[p].arrival_step <= step:
             wr = pending[p]
             engine.add_request(
@@ -148,7 +156,12 @@ def replay(
                 break
             step = max(step + 1, pending[p].arrival_step)
             continue
+        if sched.has_requests():
+            step_of_schedule.append(step)
         es = engine.step()
+        if es is None:
+            step += 1
+            continue
         so = es.scheduler_output
         summary.num_steps += 1
         if so.total_num_scheduled_tokens:
@@ -159,9 +172,10 @@ def replay(
         summary.max_running = max(summary.max_running, es.num_running)
         summary.schedule_ns.append(es.schedule_ns)
         summary.update_ns.append(es.update_ns)
+        at = step_of_schedule[so.step]
         if trace_out is not None:
-            trace_out.write(json.dumps(step_record(step, es, explain), separators=(",", ":")) + "\n")
+            trace_out.write(json.dumps(step_record(at, es, explain), separators=(",", ":")) + "\n")
         if on_step is not None:
-            on_step(step, es)
+            on_step(at, es)
         step += 1
     return summary

@@ -95,8 +95,6 @@ def parse_workload(data: dict) -> Workload:
     unknown = set(raw) - known - IGNORED_KEYS
     if unknown:
         raise ConfigError(f"unknown workload config keys: {sorted(unknown)}")
-    if raw.get("async_scheduling"):
-        raise ConfigError("async_scheduling is not supported by llmsched replay")
     config = {**CONFIG_DEFAULTS, **{k: v for k, v in raw.items() if k not in IGNORED_KEYS}}
     # The reference driver passes extra scheduler settings through
     # scheduler_extra; those we implement apply, others would change decisions.
@@ -105,7 +103,6 @@ def parse_workload(data: dict) -> Workload:
     if unsupported:
         raise ConfigError(f"unsupported scheduler_extra keys: {sorted(unsupported)}")
     config.update(extra)
-    config.pop("async_scheduling", None)
     requests = []
     seen: set[str] = set()
     if not isinstance(data["requests"], list):

@@ -43,6 +43,9 @@ class SchedulerConfig:
     # Admit prefill only once every N executed steps while decodes run (vLLM's
     # prefill_schedule_interval); 1 admits prefill on every step.
     prefill_schedule_interval: int = 1
+    # Plan each step while the previous one still runs, counting its
+    # not-yet-sampled tokens as output placeholders (vLLM's AsyncScheduler).
+    async_scheduling: bool = False
     # Check the scheduling and KV invariants after every step (slow).
     debug: bool = False
 
@@ -94,6 +97,8 @@ class SchedulerConfig:
                 f"prefix_caching_hash_algo={self.prefix_caching_hash_algo!r} is unknown; "
                 f"choose one of {', '.join(HASH_ALGOS)}"
             )
+        if not isinstance(self.async_scheduling, bool):
+            raise ConfigError(f"async_scheduling={self.async_scheduling!r} must be true or false")
         if self.max_loras is not None and (not _is_int(self.max_loras) or self.max_loras < 1):
             raise ConfigError(f"max_loras={self.max_loras!r} must be a positive integer or None")
 

@@ -30,10 +30,13 @@ class SchedulerOutput:
     num_scheduled_tokens: list[int] = field(default_factory=list)
     total_num_scheduled_tokens: int = 0
     # Admitted this step (new or resumed): their whole block table, their
-    # prefix-cache hit in tokens.
+    # prefix-cache hit in tokens, whether they resume after a preemption (as
+    # of this step: with async scheduling a later step may preempt them
+    # before this one's output is applied).
     admitted: list[Request] = field(default_factory=list)
     admitted_block_ids: list[list[int]] = field(default_factory=list)
     admitted_num_cached_tokens: list[int] = field(default_factory=list)
+    admitted_resumed: list[bool] = field(default_factory=list)
     # Admitted requests whose prefix-cache hit covers blocks a withdrawn chunk
     # registered but never computed (rare): request id -> first position whose
     # KV must be recomputed. The token budget counts only the scheduled tokens

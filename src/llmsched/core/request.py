@@ -59,8 +59,11 @@ class Request:
         "min_tokens",
         "num_cached_tokens",
         "num_computed_tokens",
+        "num_in_flight_tokens",
+        "num_output_placeholders",
         "num_preemptions",
         "num_prompt_tokens",
+        "num_stale_output_tokens",
         "num_tokens",
         "priority",
         "prompt_token_ids",
@@ -121,6 +124,15 @@ class Request:
         # Prefix-cache hit at first admission, for usage reporting.
         self.num_cached_tokens = -1
         self.is_prefill_chunk = False
+        # Async scheduling only (all stay 0 in sync mode). Placeholders are
+        # tokens a scheduled step will sample but whose values are not yet
+        # applied; computed counts them. In-flight tokens are scheduled but
+        # not yet reported back. Stale tokens are the in-flight share of a
+        # preempted request: its output still arrives, but must not move the
+        # counters that preemption reset.
+        self.num_output_placeholders = 0
+        self.num_in_flight_tokens = 0
+        self.num_stale_output_tokens = 0
 
     @property
     def output_token_ids(self) -> list[int]:

@@ -24,6 +24,7 @@ from llmsched.core.trace import MAX_LISTED_WAITING, Reason, StepTrace
 _RUNNING = RequestStatus.RUNNING
 _WAITING = RequestStatus.WAITING
 _PREEMPTED = RequestStatus.PREEMPTED
+_FINISHED = RequestStatus.FINISHED_STOPPED  # this and every later status are terminal
 
 # An admission gate returns None to allow admissions this step, or a short
 # explanation of why none may happen. The trace files it under the gate's
@@ -63,6 +64,12 @@ class Scheduler:
         self._lookahead = config.num_lookahead_tokens
         self._max_loras = config.max_loras
         self._debug = config.debug
+        self._async = config.async_scheduling
+        # Async mode: a scheduled decode's next drafts are not known yet, so
+        # it carries this many placeholder drafts (vLLM's -1 ids); only their
+        # count matters to the scheduler.
+        self._draft_placeholders = [-1] * config.num_speculative_tokens
+        self._has_drafts = config.num_speculative_tokens > 0
         # Prefill cadence, as vLLM keeps it: executed steps (those scheduling
         # tokens), the last one that carried prefill, whether the last
         # admitting step left the queue undrained, and the requests set
@@ -209,13 +216,24 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
+            computed = req.num_computed_tokens
+            # Async mode: placeholders (always 0 in sync mode) are tokens the
+            # steps in flight will sample; computed already counts them.
+            placeholders = req.num_output_placeholders
+            if placeholders and computed + 2 - placeholders >= req.num_prompt_tokens + req.max_tokens:
+                # The steps in flight already bring it to max_tokens even if
+                # every draft among the placeholders is rejected (hence
+                # placeholders - 1 discounted): another step would be wasted.
+                if trace is not None:
+                    trace.add(req.request_id, Reason.MAX_TOKENS_IN_FLIGHT, detail=f"{placeholders} in flight")
+                i += 1
+                continue
             if defer and req.is_prefill_chunk:
                 if trace is not None:
                     trace.add(req.request_id, Reason.PREFILL_DEFERRED, detail="chunk held to a cadence step")
                 i += 1
                 continue
-            computed = req.num_computed_tokens
-            n = req.num_tokens - computed
+            n = req.num_tokens + placeholders - computed
             if req.spec_token_ids:
                 n += len(req.spec_token_ids)
             wanted = n
@@ -262,13 +280,13 @@ class Scheduler:
             if track_prefill and req.is_prefill_chunk:
                 prefill_scheduled = True
             req.num_computed_tokens = computed + n
-            req.is_prefill_chunk = computed + n < req.num_tokens
+            req.is_prefill_chunk = computed + n < req.num_tokens + placeholders
             sched.append(req)
             ntoks.append(n)
             if new_blocks:
                 out.new_block_ids[req.request_id] = [b.block_id for b in new_blocks]
             if req.spec_token_ids:
-                num_drafts = computed + n - req.num_tokens
+                num_drafts = computed + n - req.num_tokens - placeholders
                 if num_drafts > 0:
                     out.spec_decode_tokens[req.request_id] = req.spec_token_ids[:num_drafts]
                 # Fresh drafts arrive with this step's output.
@@ -304,6 +322,8 @@ class Scheduler:
                     self._prefill_capacity_bound = len(self.waiting) > len(self._set_aside)
 
         out.total_num_scheduled_tokens = total = self._max_tokens_budget - budget
+        if self._async:
+            self._mark_in_flight(out)
         if total:
             self._num_executed_steps += 1
         if track_prefill and (prefill_scheduled or prefill_admitted):
@@ -311,6 +331,18 @@ class Scheduler:
         if self._debug:
             self._check_invariants(out)
         return out
+
+    def _mark_in_flight(self, out: SchedulerOutput) -> None:
+        """Async mode: count the batch in flight and give each sampling request its placeholders."""
+        spec = out.spec_decode_tokens
+        drafts = self._draft_placeholders
+        for req, n in zip(out.scheduled, out.num_scheduled_tokens):
+            req.num_in_flight_tokens += n
+            if req.is_prefill_chunk:
+                continue
+            req.num_output_placeholders += 1 + len(spec.get(req.request_id, ())) if spec else 1
+            if drafts:
+                req.spec_token_ids = drafts
 
     def _admit(
         self, out: SchedulerOutput, budget: int, threshold: int, defer: bool, trace: StepTrace | None
@@ -332,6 +364,15 @@ class Scheduler:
                 stop, detail = Reason.MAX_NUM_SEQS, f"{len(running)} running"
                 break
             req = waiting.peek()
+            if req.num_stale_output_tokens:
+                # Preempted while a step of its was in flight (async mode):
+                # resumed now, it could sample a position that output still
+                # fills. Within the pipeline depth it drains.
+                set_aside.append(waiting.pop())
+                self._set_aside.add(req)
+                if trace is not None:
+                    trace.add(req.request_id, Reason.OUTPUT_IN_FLIGHT)
+                continue
             if loras is not None and req.lora_id and req.lora_id not in loras and len(loras) >= max_loras:
                 # Set aside, not stop: requests behind it may use a loaded adapter.
                 set_aside.append(waiting.pop())
@@ -372,6 +413,7 @@ class Scheduler:
             out.admitted.append(req)
             out.admitted_block_ids.append([b.block_id for b in blocks])
             out.admitted_num_cached_tokens.append(hit)
+            out.admitted_resumed.append(req.num_preemptions > 0)
             if kv.pool.unwritten and hit:
                 start = kv.claim_unwritten(hit_blocks)
                 if start is not None:
@@ -402,10 +444,15 @@ class Scheduler:
         return Reason.KV_SHORT, f"needs {need} blocks, {free} free"
 
     def _unschedule(self, out: SchedulerOutput, victim: Request) -> int:
-        """Take back a request scheduled earlier in this step; returns its tokens."""
-        k = len(out.scheduled) - 1
-        while out.scheduled[k] is not victim:
-            k -= 1
+        """Take back a request met earlier in this step; returns the tokens it had been given."""
+        scheduled = out.scheduled
+        for k in range(len(scheduled) - 1, -1, -1):
+            if scheduled[k] is victim:
+                break
+        else:
+            # Passed over without tokens (deferred, nothing to compute, or
+            # async mode's max_tokens already in flight).
+            return 0
         n = out.num_scheduled_tokens[k]
         del out.scheduled[k]
         del out.num_scheduled_tokens[k]
@@ -425,6 +472,10 @@ class Scheduler:
         req.status = _PREEMPTED
         req.num_computed_tokens = 0
         req.spec_token_ids = []
+        # Async mode: the output of its steps in flight still arrives and is
+        # delivered, but as stale: it must not move the reset counters.
+        req.num_stale_output_tokens = req.num_in_flight_tokens
+        req.num_output_placeholders = 0
         req.is_prefill_chunk = False
         req.num_preemptions += 1
         self.num_preemptions += 1
@@ -433,28 +484,48 @@ class Scheduler:
     # ---- results -------------------------------------------------------------
 
     def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> StepOutputs:
-        """Append sampled tokens, apply stop rules, roll back rejected drafts, free finished."""
+        """Append sampled tokens, apply stop rules, roll back rejected drafts, free finished.
+
+        In async mode ``out`` is the oldest step in flight, and the scheduler
+        has planned a later step since: its placeholders are resolved here.
+        """
         res = StepOutputs()
         updated = res.updated
         finished = res.finished
         sampled = result.sampled_token_ids
-        drafts = result.draft_token_ids
+        drafts = None if self._async else result.draft_token_ids
         spec_sched = out.spec_decode_tokens
+        async_mode = self._async
+        has_drafts = self._has_drafts
         if len(sampled) != len(out.scheduled):
             raise ValueError(
                 f"executor returned {len(sampled)} results for {len(out.scheduled)} scheduled requests"
             )
+        stopped_waiting: set[Request] = set()
         for k, req in enumerate(out.scheduled):
             toks = sampled[k]
-            # No tokens: a partial prefill chunk. Not running: aborted meanwhile.
-            if not toks or req.status is not _RUNNING:
+            status = req.status
+            stale = False
+            if async_mode:
+                if status >= _FINISHED:
+                    continue
+                n = out.num_scheduled_tokens[k]
+                req.num_in_flight_tokens -= n
+                if req.num_stale_output_tokens:
+                    stale = True
+                    req.num_stale_output_tokens -= n
+            # No tokens: a partial prefill chunk. Not running (and not a
+            # preempted request's stale output): aborted meanwhile.
+            if not toks or (status is not _RUNNING and not stale):
                 continue
-            if spec_sched:
+            if spec_sched and not stale:
                 scheduled_drafts = spec_sched.get(req.request_id)
                 if scheduled_drafts:
                     rejected = len(scheduled_drafts) - (len(toks) - 1)
                     if rejected > 0:
                         req.num_computed_tokens -= rejected
+                        if req.num_output_placeholders:
+                            req.num_output_placeholders -= rejected
             stopped = False
             if len(toks) == 1:
                 t = toks[0]
@@ -469,26 +540,50 @@ class Scheduler:
                     if (req.num_tokens >= req.stop_length or t in req.stop_ids) and check_stop(req, t):
                         # Tokens after the stop are dropped; computed covers all
                         # kept tokens but the last, as after any step.
-                        req.num_computed_tokens -= len(toks) - j - 1
+                        if not stale:
+                            req.num_computed_tokens -= len(toks) - j - 1
                         stopped = True
                         break
+            if not stale:
+                placeholders = req.num_output_placeholders
+                if placeholders:
+                    # Every returned token resolves one, those cut at a stop too.
+                    req.num_output_placeholders = placeholders - len(toks)
+                if placeholders or has_drafts:
+                    # Tokens ran ahead of known values (placeholders, drafts),
+                    # so allocation registered fewer blocks than are computed
+                    # now: register those the finished steps completed.
+                    self.kv.cache_blocks(req, req.num_computed_tokens - req.num_in_flight_tokens)
             updated.append(req)
             if stopped:
                 finished.append(req)
+                if stale:
+                    stopped_waiting.add(req)
             elif drafts is not None and not req.is_prefill_chunk:
                 req.spec_token_ids = list(drafts[k])
         if finished:
-            running = self.running
-            if len(finished) <= 8:
-                for req in finished:
-                    running.remove(req)
-            else:
-                self.running = [r for r in running if r.status is _RUNNING]
-            for req in finished:
-                self._release(req)
+            self._remove_stopped(finished, stopped_waiting)
         if self._debug:
             self.kv.check_invariants()
         return res
+
+    def _remove_stopped(self, finished: list[Request], stopped_waiting: set[Request]) -> None:
+        """Take requests that stopped out of their queues and free them."""
+        if stopped_waiting:
+            # Stale output finished a preempted request while it waited.
+            self.waiting.remove(stopped_waiting)
+            self._set_aside -= stopped_waiting
+        num_running = len(finished) - len(stopped_waiting)
+        if num_running:
+            running = self.running
+            if num_running <= 8:
+                for req in finished:
+                    if req not in stopped_waiting:
+                        running.remove(req)
+            else:
+                self.running = [r for r in running if r.status is _RUNNING]
+        for req in finished:
+            self._release(req)
 
     # ---- decision trace --------------------------------------------------------
 

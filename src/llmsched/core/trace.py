@@ -19,6 +19,8 @@ class Reason(str, enum.Enum):
 
     SCHEDULED = "scheduled"
     NOTHING_TO_COMPUTE = "nothing_to_compute"
+    MAX_TOKENS_IN_FLIGHT = "max_tokens_in_flight"
+    OUTPUT_IN_FLIGHT = "output_in_flight"
     BUDGET = "token_budget_spent"
     MAX_NUM_SEQS = "max_num_seqs_reached"
     KV_SHORT = "kv_blocks_short"
@@ -36,6 +38,8 @@ class Reason(str, enum.Enum):
 _TEXT = {
     Reason.SCHEDULED: "ran",
     Reason.NOTHING_TO_COMPUTE: "nothing to compute",
+    Reason.MAX_TOKENS_IN_FLIGHT: "already certain to reach max_tokens",
+    Reason.OUTPUT_IN_FLIGHT: "preempted step's output still in flight",
     Reason.BUDGET: "token budget spent",
     Reason.MAX_NUM_SEQS: "max_num_seqs reached",
     Reason.KV_SHORT: "KV blocks short",

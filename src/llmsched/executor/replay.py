@@ -8,7 +8,7 @@ _NONE: tuple[int, ...] = ()
 
 
 class ReplayExecutor:
-    """Every request that finishes its known tokens this step samples one fixed token.
+    """Every scheduled request that is not a partial prefill chunk samples one fixed token.
 
     A partial prefill chunk samples nothing. The token is ``sample_token_id``,
     or a per-request one from ``token_by_request``.
@@ -19,11 +19,11 @@ class ReplayExecutor:
         self._by_request = {rid: (t,) for rid, t in (token_by_request or {}).items()}
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """One token per request whose computed count reached its token count."""
+        """One token per request whose step completes its known tokens (decided at schedule time)."""
         default, by_request = self._default, self._by_request
         sampled = []
         for req in scheduler_output.scheduled:
-            if req.num_computed_tokens >= req.num_tokens:
+            if not req.is_prefill_chunk:
                 sampled.append(by_request.get(req.request_id, default) if by_request else default)
             else:
                 sampled.append(_NONE)

@@ -206,6 +206,12 @@ class KVCacheManager:
                 self._cache_full_blocks(request, table, num_known)
         return new_blocks
 
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Register the full blocks among the request's first ``num_tokens`` tokens in the prefix cache."""
+        table = self._tables.get(request.request_id)
+        if self.enable_caching and table is not None:
+            self._cache_full_blocks(request, table, num_tokens)
+
     def _cache_full_blocks(self, request: Request, table: BlockTable, num_tokens: int) -> None:
         num_full = num_tokens // self.block_size
         start = table.num_cached
