@@ -38,6 +38,9 @@ class FakeExecutor:
         self.calls: list[list[tuple[str, int]]] = []
         self.finished_ids: list[str] = []
         self.closed = False
+        # Like a real model runner, it keeps its own copy of each running
+        # request's output: with async scheduling the Request lags a step.
+        self.outputs: dict[str, list[int]] = {}
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """One token per request whose prompt (or recompute) is fully computed."""
@@ -47,15 +50,22 @@ class FakeExecutor:
                 for r, n in zip(scheduler_output.scheduled, scheduler_output.num_scheduled_tokens)
             ]
         )
-        self.finished_ids.extend(scheduler_output.finished_req_ids)
+        so = scheduler_output
+        self.finished_ids.extend(so.finished_req_ids)
+        for rid in [*so.finished_req_ids, *(r.request_id for r in so.preempted)]:
+            self.outputs.pop(rid, None)
+        for req in so.admitted:
+            self.outputs[req.request_id] = req.output_token_ids
         sampled: list[list[int]] = []
         logprobs: list[object] = []
-        for req in scheduler_output.scheduled:
-            if req.num_computed_tokens < req.num_tokens:
+        for req in so.scheduled:
+            if req.is_prefill_chunk:
                 sampled.append([])
                 logprobs.append(None)
                 continue
-            tok = self.next_token(req.prompt_token_ids, req.token_ids[req.num_prompt_tokens :])
+            output = self.outputs[req.request_id]
+            tok = self.next_token(req.prompt_token_ids, output)
+            output.append(tok)
             sampled.append([tok])
             want = req.sampling_params.logprobs
             logprobs.append([{tok: -0.25, (tok + 1) % 256: -1.5}] if want is not None else None)
@@ -150,3 +160,12 @@ def embedded_server(embedded_cache: Path) -> Callable[..., contextlib.AbstractCo
             mp.undo()
 
     return start
+
+
+@pytest.fixture(params=[False, True], ids=["sync", "async"])
+def scheduling_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Run a test once per scheduling mode: engines built without an explicit mode get this one."""
+    import llmsched.engine.args as engine_args
+
+    monkeypatch.setattr(engine_args, "DEFAULT_ASYNC_SCHEDULING", request.param)
+    return request.param

@@ -1302,7 +1302,9 @@ def cmd_corpus(args: argparse.Namespace) -> int:
                 if diffs:
                     mism += 1
                     print(f"witness {path} MISMATCH: {diffs[0]}", flush=True)
-                name = "witness-" + path.removeprefix("path:")
+                # Names stay unique across corpus files of both modes.
+                mode = "" if args.mode == "sync" else f"{args.mode}-"
+                name = f"witness-{mode}" + path.removeprefix("path:")
                 records.append(_record(name, small, ref, features(small, ref[1]) | paths))
                 print(f"{name}: {len(small['requests'])} requests, {len(ref[1])} steps", flush=True)
     finally:

@@ -15,11 +15,12 @@ from llmsched.core.errors import ConfigError
 SMALL = ["--input-len", "64", "--output-len", "6", "--num-prompts", "4", "--disable-tqdm"]
 
 
+@pytest.mark.parametrize("mode", ["--no-async-scheduling", "--async-scheduling"])
 def test_reports_throughput_latencies_and_the_first_steps_decisions(
-    use_embedded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    use_embedded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: str
 ) -> None:
     result = tmp_path / "out" / "result.json"
-    argv = ["bench", "throughput", *SMALL, "--max-num-batched-tokens", "256"]
+    argv = ["bench", "throughput", *SMALL, "--max-num-batched-tokens", "256", mode]
     rc = main([*argv, "--explain-steps", "2", "--result-json", str(result)])
     out, err = capsys.readouterr()
     assert rc == 0
@@ -44,7 +45,10 @@ def test_reports_throughput_latencies_and_the_first_steps_decisions(
     assert (data["completed"], data["failed"]) == (4, 0)
     assert (data["total_input_tokens"], data["total_output_tokens"]) == (256, 24)
     assert data["num_requests"] == 4 and data["elapsed_time"] == data["duration"] > 0
-    assert data["engine"]["num_steps"] == 6 and data["engine"]["max_running"] == 4
+    # A prefill and five decodes; async scheduling plans one more (empty)
+    # step while the last token is in flight.
+    assert data["engine"]["num_busy_steps"] == 6 and data["engine"]["max_running"] == 4
+    assert data["engine"]["num_steps"] == (7 if mode == "--async-scheduling" else 6)
     assert data["random_weights"] is True
     assert 0 < data["mean_ttft_ms"] <= data["mean_e2el_ms"]
     assert data["mean_tpot_ms"] > 0

@@ -1,5 +1,9 @@
 """The differential-fuzzing corpus replays with vLLM 0.33's recorded decisions, step for step.
 
+Cases with ``"async_scheduling": true`` were recorded from vLLM's
+AsyncScheduler driven with a 2-deep batch queue, the others from its sync
+Scheduler.
+
 Each case in ``tests/data/parity_fuzz/*.jsonl.gz`` is a random workload (a
 random knob mix), or a mismatch the fuzzer found, and what vLLM's own V1
 scheduler did with it, recorded by ``tools/parity_fuzz.py`` (see the README
@@ -98,6 +102,12 @@ REQUIRED_FEATURES = {
     "path:evict_cached_block",
     "path:hit_on_free_block",
     "path:hit_on_held_block",
+    # Both of vLLM's schedulers, and the paths only async scheduling has.
+    "sched:sync",
+    "sched:async",
+    "path:async_max_tokens_in_flight",
+    "path:async_preempted_in_flight",
+    "path:async_stale_output_finished",
 }
 
 
@@ -148,6 +158,9 @@ def test_corpus_is_large_and_covers_every_knob():
     assert len(CASES) >= 200
     assert len({c["name"] for c in CASES}) == len(CASES)
     covered = set().union(*(c["features"] for c in CASES))
+    # Older corpus files predate the sched:* tags: the workload says its mode.
+    modes = {bool(c["workload"]["config"].get("async_scheduling")) for c in CASES}
+    covered |= {"sched:async" if m else "sched:sync" for m in modes}
     assert not REQUIRED_FEATURES - covered, sorted(REQUIRED_FEATURES - covered)
 
 

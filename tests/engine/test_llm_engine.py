@@ -14,6 +14,9 @@ from llmsched.engine.llm_engine import LLMEngine
 from llmsched.engine.outputs import RequestOutput, RequestOutputKind
 from llmsched.executor.torch.embedded import IM_END_ID, MARKER
 
+# Every test runs with the engine's scheduling in both modes.
+pytestmark = pytest.mark.usefixtures("scheduling_mode")
+
 
 def make_engine(model_dir: Path, fake_factory, scripts: dict | None = None, **kwargs: object) -> LLMEngine:
     """An engine over the byte-level test model and a FakeExecutor."""
@@ -220,21 +223,32 @@ def test_duplicate_ids_and_wrong_params_are_rejected(byte_model_dir: Path, fake_
         engine.add_request("b", "abc", {"max_tokens": 3})  # type: ignore[arg-type]
 
 
-def test_abort_returns_a_final_output_and_frees_the_request(byte_model_dir: Path, fake_factory) -> None:
+def test_abort_returns_a_final_output_and_frees_the_request(
+    byte_model_dir: Path, fake_factory, scheduling_mode: bool
+) -> None:
     engine = make_engine(byte_model_dir, fake_factory)
     engine.add_request("a", "abc", SamplingParams(max_tokens=10))
     engine.add_request("b", "xyz", SamplingParams(max_tokens=3))
-    engine.step()
-    engine.step()
+    text = ""
+    while text != "de":
+        for out in engine.step():
+            if out.request_id == "a":
+                text = out.outputs[0].text
+    ex = engine.executor
+    # Async: the step after the one that made "e" is in flight, "a" in it.
+    assert engine.engine_core.num_in_flight == int(scheduling_mode)
+    assert ("a", 1) in ex.calls[-1]
+    num_calls = len(ex.calls)
     (aborted,) = engine.abort_request("a")
     assert aborted.finished and aborted.outputs[0].finish_reason == "abort"
     assert aborted.outputs[0].text == "de"
+    assert engine.scheduler.kv.get_block_ids("a") == []
     assert engine.abort_request(["a", "nope"]) == []
     outs = run_all(engine)
+    # The token "a" sampled in flight never reaches the user.
     assert "a" not in outs and outs["b"].outputs[0].finish_reason == "length"
-    ex = engine.executor
     # After the abort, "a" is never scheduled again.
-    assert all(rid != "a" for call in ex.calls[2:] for rid, _ in call)
+    assert all(rid != "a" for call in ex.calls[num_calls:] for rid, _ in call)
     assert engine.scheduler.kv.usage == 0.0
 
 

@@ -12,6 +12,9 @@ from llmsched.engine.llm_engine import LLMEngine
 from llmsched.engine.outputs import RequestOutput
 from llmsched.executor.torch.embedded import IM_END_ID
 
+# Every test runs with the engine's scheduling in both modes.
+pytestmark = pytest.mark.usefixtures("scheduling_mode")
+
 
 def run(engine: LLMEngine) -> dict[str, RequestOutput]:
     """Step until idle; the last output of each request."""

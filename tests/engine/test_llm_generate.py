@@ -9,6 +9,9 @@ import pytest
 import llmsched
 from llmsched import LLM, SamplingParams
 
+# Every test runs with the engine's scheduling in both modes.
+pytestmark = pytest.mark.usefixtures("scheduling_mode")
+
 
 def make_llm(model_dir: Path, fake_factory, **kwargs: object) -> LLM:
     """An LLM over the byte-level test model and a FakeExecutor."""

@@ -156,9 +156,9 @@ def replay(
                 break
             step = max(step + 1, pending[p].arrival_step)
             continue
-        if sched.has_requests():
-            step_of_schedule.append(step)
         es = engine.step()
+        if engine.last_scheduled is not None:
+            step_of_schedule.append(step)
         if es is None:
             step += 1
             continue

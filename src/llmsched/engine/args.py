@@ -17,6 +17,9 @@ from llmsched.core.kv.block_hash import HASH_ALGOS
 from llmsched.core.policy import POLICIES
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# What async_scheduling=None resolves to: vLLM 0.33 turns it on unless an
+# option rules it out (none of llmsched's does).
+DEFAULT_ASYNC_SCHEDULING = True
 DEVICES = ("auto", "cpu", "cuda")
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(i?))?(b?)\s*$", re.IGNORECASE)
@@ -68,6 +71,9 @@ class EngineArgs:
     kv_cache_memory: int | None = None
     gpu_memory_utilization: float = 0.9
     num_threads: int | None = None
+    # Plan each step while the previous one runs (vLLM's AsyncScheduler and
+    # batch queue). None resolves as vLLM 0.33 does: on.
+    async_scheduling: bool | None = None
     # Check the scheduler's invariants after every step (slow).
     debug: bool = False
 
@@ -107,6 +113,8 @@ class EngineArgs:
                 f"prefix_caching_hash_algo={self.prefix_caching_hash_algo!r} is unknown; "
                 f"choose one of {', '.join(HASH_ALGOS)}"
             )
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            raise ConfigError(f"async_scheduling={self.async_scheduling!r} must be true, false or None")
         u = self.gpu_memory_utilization
         if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0.0 < u <= 1.0:
             raise ConfigError(f"gpu_memory_utilization={u!r} must be in (0, 1]")
@@ -151,8 +159,14 @@ class EngineArgs:
             enable_chunked_prefill=self.enable_chunked_prefill,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             policy=self.scheduling_policy,
+            async_scheduling=self.resolved_async_scheduling,
             debug=self.debug,
         )
+
+    @property
+    def resolved_async_scheduling(self) -> bool:
+        """``async_scheduling`` with None resolved as vLLM 0.33 resolves it."""
+        return DEFAULT_ASYNC_SCHEDULING if self.async_scheduling is None else self.async_scheduling
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, *, model_help: str | None = None) -> None:
@@ -203,6 +217,13 @@ class EngineArgs:
         )
         g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
         g.add_argument("--num-threads", type=_positive_int, default=None, help="torch CPU threads")
+        g.add_argument(
+            "--async-scheduling",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="plan each step while the previous one runs on the model, as vLLM's AsyncScheduler "
+            "(default: on, as vLLM 0.33)",
+        )
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:

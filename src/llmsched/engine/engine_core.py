@@ -38,6 +38,8 @@ class EngineStep:
     # (the model ran meanwhile).
     execute_ns: int
     update_ns: int
+    # time.monotonic() when the step was scheduled (async: an earlier call).
+    schedule_time: float = 0.0
 
 
 @dataclass(slots=True)
@@ -51,6 +53,7 @@ class _InFlight:
     num_waiting: int
     kv_usage: float
     schedule_ns: int
+    schedule_time: float
 
 
 class EngineCore:
@@ -71,6 +74,10 @@ class EngineCore:
         self.executor = executor
         self.async_scheduling = config.async_scheduling
         self._in_flight: deque[_InFlight] = deque()
+        # The batch the last step() call scheduled (None: it scheduled none,
+        # only applied a step in flight). With async scheduling it is not the
+        # step that call returned.
+        self.last_scheduled: SchedulerOutput | None = None
 
     def add_request(self, request: Request) -> None:
         """Queue a request; raises RequestRejected (nothing else changes) if invalid."""
@@ -121,6 +128,7 @@ class EngineCore:
     def _step_async(self, throttle_prefills: bool) -> EngineStep | None:
         sched = self.scheduler
         queue = self._in_flight
+        self.last_scheduled = None
         if sched.has_requests():
             item = self._schedule(throttle_prefills, submit=True)
             queue.append(item)
@@ -134,8 +142,9 @@ class EngineCore:
 
     def _schedule(self, throttle_prefills: bool, submit: bool) -> _InFlight:
         sched = self.scheduler
+        now = time.monotonic()
         t0 = time.perf_counter_ns()
-        so = sched.schedule(throttle_prefills)
+        so = self.last_scheduled = sched.schedule(throttle_prefills)
         t1 = time.perf_counter_ns()
         # An empty batch still goes to the executor when it must drop state.
         result: ModelRunnerOutput | Future[ModelRunnerOutput] | None = None
@@ -143,7 +152,7 @@ class EngineCore:
             result = _EMPTY_RESULT
         elif submit:
             result = submit_step(self.executor, so)
-        return _InFlight(so, result, len(sched.running), len(sched.waiting), sched.kv.usage, t1 - t0)
+        return _InFlight(so, result, len(sched.running), len(sched.waiting), sched.kv.usage, t1 - t0, now)
 
     def _update(self, item: _InFlight) -> EngineStep:
         t2 = time.perf_counter_ns()
@@ -165,6 +174,7 @@ class EngineCore:
             item.schedule_ns,
             t3 - t2,
             t4 - t3,
+            item.schedule_time,
         )
 
     def drain(self) -> list[EngineStep]:

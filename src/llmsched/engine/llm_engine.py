@@ -86,6 +86,8 @@ class LLMEngine:
         self._states: dict[str, RequestState] = {}
         self._decode = partial(self.tokenizer.decode, skip_special_tokens=True)
         self._decode_keep_special = partial(self.tokenizer.decode, skip_special_tokens=False)
+        # The step the last step() call applied (None: that call only
+        # scheduled one, with async scheduling).
         self.last_step: EngineStep | None = None
         self.num_steps = 0
 
@@ -245,17 +247,19 @@ class LLMEngine:
         core = self.engine_core
         if not core.has_requests():
             return []
-        t0 = time.monotonic()
         es = core.step()
         now = time.monotonic()
-        self.last_step = es
         self.num_steps += 1
+        self.last_step = es
+        if es is None:
+            # Async scheduling: this call only put a step in flight.
+            return []
         states = self._states
         so = es.scheduler_output
         for req in so.admitted:
             st = states.get(req.request_id)
             if st is not None and math.isnan(st.metrics.first_scheduled_time):
-                st.metrics.first_scheduled_time = t0
+                st.metrics.first_scheduled_time = es.schedule_time
         logprobs_by_id = self._logprobs_by_id(es)
         outputs: list[RequestOutput] = []
         for req in es.outputs.updated:

@@ -66,9 +66,12 @@ class EngineLoop:
         self._stopping = False
         self._held: list[Add] = []
         self._live: set[str] = set()
-        # Requests queued and aborted since the last step, for its record.
+        # Requests queued and aborted since the last step was scheduled, then
+        # kept by the step they preceded until its record is written (with
+        # async scheduling, when its output comes back one step later).
         self._added: list[str] = []
         self._aborted: list[str] = []
+        self._marks: dict[int, tuple[list[str], list[str]]] = {}
 
     def info(self) -> EngineInfo:
         """The engine's facts for the HTTP side."""
@@ -218,14 +221,18 @@ class EngineLoop:
             self._fail_bad_tokens(bad)
         if eng.num_steps == before:
             return False
+        scheduled = eng.engine_core.last_scheduled
+        if scheduled is not None:
+            self._marks[scheduled.step] = (self._added, self._aborted)
+            self._added, self._aborted = [], []
         es = eng.last_step
+        if es is None:
+            # Async scheduling put a step in flight; it is logged with its output.
+            return True
+        so = es.scheduler_output
+        added, aborted = self._marks.pop(so.step, ([], []))
         # A step that only told the executor about finished requests explains nothing.
-        if (
-            es is not None
-            and self.step_log.capacity
-            and (es.scheduler_output.scheduled or self._added or self._aborted)
-        ):
-            so = es.scheduler_output
+        if self.step_log.capacity and (so.scheduled or added or aborted):
             self.step_log.append(
                 StepRecord(
                     step=so.step,
@@ -236,15 +243,14 @@ class EngineLoop:
                     num_waiting=es.num_waiting,
                     kv_usage=es.kv_usage,
                     num_scheduled_tokens=so.total_num_scheduled_tokens,
-                    added=self._added,
-                    aborted=self._aborted,
+                    added=added,
+                    aborted=aborted,
                     admitted=[r.request_id for r in so.admitted],
                     preempted=[r.request_id for r in so.preempted],
                     finished=[r.request_id for r in es.outputs.finished],
                     trace=so.trace,
                 )
             )
-        self._added, self._aborted = [], []
         return True
 
     def _fail_bad_tokens(self, request_ids: list[str]) -> None:

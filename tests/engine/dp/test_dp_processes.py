@@ -83,10 +83,14 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def test_two_torch_ranks_over_gloo_give_the_single_engines_greedy_outputs(tiny_model: Path) -> None:
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_two_torch_ranks_over_gloo_give_the_single_engines_greedy_outputs(
+    tiny_model: Path, async_scheduling: bool
+) -> None:
     from llmsched.engine.args import EngineArgs
 
     args = EngineArgs(
+        async_scheduling=async_scheduling,
         model=str(tiny_model),
         dtype="float32",
         device="cpu",
@@ -110,7 +114,8 @@ def test_two_torch_ranks_over_gloo_give_the_single_engines_greedy_outputs(tiny_m
         single.add_request(r)
     expected: dict[str, list[int]] = {}
     while single.has_requests():
-        for r in single.step().outputs.finished:
+        es = single.step()
+        for r in es.outputs.finished if es is not None else ():
             expected[r.request_id] = r.output_token_ids
     single.close()
     assert len({tuple(v) for v in expected.values()}) > 1  # the model says different things

@@ -173,10 +173,15 @@ def run_engine(
     num_gpu_blocks: int = 512,
     max_model_len: int = 128,
     enable_prefix_caching: bool = True,
+    async_scheduling: bool = False,
     executor: TorchExecutor | None = None,
     **executor_kwargs: object,
 ) -> Run:
-    """Drive EngineCore + Scheduler + TorchExecutor (float32) until every prompt finishes."""
+    """Drive EngineCore + Scheduler + TorchExecutor (float32) until every prompt finishes.
+
+    With ``async_scheduling`` the engine keeps a step in flight on the
+    executor's thread while it plans the next one.
+    """
     if executor is None:
         executor = TorchExecutor(
             model,
@@ -195,6 +200,7 @@ def run_engine(
         max_num_batched_tokens=max_num_batched_tokens,
         max_num_seqs=max_num_seqs,
         enable_prefix_caching=enable_prefix_caching,
+        async_scheduling=async_scheduling,
         debug=True,
     )
     engine = EngineCore(config, executor)
@@ -205,6 +211,8 @@ def run_engine(
     run = Run([], engine, executor)
     while engine.has_requests():
         es = engine.step()
+        if es is None:
+            continue
         so, mo = es.scheduler_output, es.model_output
         entries = [
             (r.request_id, n, len(mo.sampled_token_ids[i]))
@@ -213,6 +221,12 @@ def run_engine(
         run.steps.append(Step(entries, len(so.preempted)))
     run.outputs = [r.output_token_ids for r in reqs]
     return run
+
+
+@pytest.fixture(params=[False, True], ids=["sync", "async"])
+def async_scheduling(request: pytest.FixtureRequest) -> bool:
+    """Run a test with the engine's scheduling in both modes."""
+    return request.param
 
 
 def greedy(max_tokens: int) -> SamplingParams:

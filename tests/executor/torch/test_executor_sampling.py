@@ -11,7 +11,8 @@ def seeded(seed: int) -> SamplingParams:
     return SamplingParams(max_tokens=16, temperature=1.0, top_p=0.95, seed=seed, ignore_eos=True)
 
 
-def test_seeded_output_does_not_depend_on_the_batch(tiny_models):
+def test_seeded_output_does_not_depend_on_the_batch(tiny_models, async_scheduling):
+    """Nor on the scheduling mode: the mixes run in either, the reference alone in sync mode."""
     model = tiny_models["qwen3"]
     target = prompts_of([13], seed=20)[0]
     alone = run_engine(model.path, [target], seeded(7)).outputs[0]
@@ -33,7 +34,7 @@ def test_seeded_output_does_not_depend_on_the_batch(tiny_models):
         ),
     ]
     for prompts, params, kw in mixes:
-        run = run_engine(model.path, prompts, params, **kw)
+        run = run_engine(model.path, prompts, params, async_scheduling=async_scheduling, **kw)
         assert run.outputs[prompts.index(target)] == alone
         if "num_gpu_blocks" in kw:
             assert run.engine.scheduler.num_preemptions > 0
@@ -61,11 +62,11 @@ def test_penalties_change_the_output(tiny_models):
     model = tiny_models["llama"]
     prompt = prompts_of([6], seed=24)[0]
     plain = model.greedy(prompt, 20)
-    out = run_engine(
-        model.path,
-        [prompt],
-        SamplingParams(max_tokens=20, temperature=0.0, frequency_penalty=2.0, ignore_eos=True),
-    ).outputs[0]
+    params = SamplingParams(max_tokens=20, temperature=0.0, frequency_penalty=2.0, ignore_eos=True)
+    out = run_engine(model.path, [prompt], params).outputs[0]
     assert out != plain
+    # Counts follow the executor's own samples, so async mode (a step ahead
+    # of the Request) penalises exactly the same tokens.
+    assert run_engine(model.path, [prompt], params, async_scheduling=True).outputs[0] == out
     # A strong frequency penalty spreads the output over more distinct tokens.
     assert len(set(out)) >= len(set(plain))

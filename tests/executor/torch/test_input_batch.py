@@ -9,6 +9,7 @@ from llmsched.core import Request, SamplingParams, SchedulerOutput
 from llmsched.executor.torch.input_batch import InputBatch
 
 BS = 4
+CPU = torch.device("cpu")
 
 
 def batch(max_num_seqs: int = 4) -> InputBatch:
@@ -25,8 +26,10 @@ def batch(max_num_seqs: int = 4) -> InputBatch:
 
 
 def req(rid: str, n: int, computed: int) -> Request:
+    """A request of n known tokens, computed up to ``computed`` as the scheduler leaves it."""
     r = Request(rid, [100 + i for i in range(n)], SamplingParams(max_tokens=8))
     r.num_computed_tokens = computed
+    r.is_prefill_chunk = computed < n
     return r
 
 
@@ -136,7 +139,7 @@ def test_prepare_orders_decodes_first_and_maps_samples_back():
     step = b.prepare(so)
     # Decodes first, shorter context first; then prefill chunks in schedule order.
     assert step.positions.tolist() == [2, 8, 2, 3, 4, 5, 4, 5, 6]
-    assert step.input_ids.tolist() == [102, 108, 102, 103, 104, 105, 104, 105, 106]
+    assert step.input_ids(CPU).tolist() == [102, 108, 102, 103, 104, 105, 104, 105, 106]
     assert step.attn.slot_mapping.tolist() == [
         8 * BS + 2,
         5 * BS + 0,
@@ -193,7 +196,7 @@ def test_recompute_from_grows_the_chunk_back_over_unwritten_blocks():
     # Only "k" stays a decode; the others are prefills from their recompute position.
     assert step.attn.num_decodes == 1
     assert step.positions.tolist() == [4, *range(4, 12), *range(4, 9), *range(6)]
-    assert step.input_ids.tolist() == [104, *range(104, 112), *range(104, 109), *range(100, 106)]
+    assert step.input_ids(CPU).tolist() == [104, *range(104, 112), *range(104, 109), *range(100, 106)]
     assert step.attn.slot_mapping.tolist() == [
         12 * BS + 0,
         *[6 * BS + k for k in range(4)],
@@ -215,3 +218,40 @@ def test_recompute_from_grows_the_chunk_back_over_unwritten_blocks():
     assert step.logits_indices.tolist() == [0, 13, 19]
     assert [st.request.request_id for st in step.sample_states] == ["k", "d", "z"]
     assert step.sample_sched_index == [3, 1, 2]
+
+
+def test_a_decode_of_a_token_still_being_sampled_is_filled_in_later():
+    """Async scheduling: the input of a decode planned before the previous step returned."""
+    b = batch()
+    so = SchedulerOutput(step=0)
+    first = req("a", 5, 5)
+    admit(so, first, [1, 2], 5)
+    b.update(so)
+    b.prepare(so)
+    # The engine plans the next step before the prefill's token is applied:
+    # position 5 is beyond the request's 5 known tokens.
+    first.num_computed_tokens = 6
+    so2 = SchedulerOutput(step=1, scheduled=[first], num_scheduled_tokens=[1])
+    b.update(so2)
+    step = b.prepare(so2)
+    assert [(row, pos) for row, _, pos in step.holes] == [(0, 5)]
+    # The executor's own sample lands before the forward reads it.
+    b.states["a"].generated.append(42)
+    assert step.input_ids(CPU).tolist() == [42]
+    assert step.positions.tolist() == [5]
+    # Applying the token to the Request changes nothing the step reads.
+    first.append_output_token(42)
+    assert step.input_ids(CPU).tolist() == [42]
+
+
+def test_chunk_block_ids_do_not_alias_the_block_table():
+    b = batch()
+    so = SchedulerOutput(step=0)
+    r = req("c", 9, 9)
+    admit(so, r, [3, 4, 5], 4)
+    b.update(so)
+    step = b.prepare(so)
+    (chunk,) = step.attn.prefills
+    # The row is dropped and reused while the step may still run.
+    b.update(SchedulerOutput(step=1, finished_req_ids=["c"]))
+    assert chunk.block_ids.tolist() == [3, 4, 5]

@@ -18,7 +18,7 @@ def state(params: SamplingParams, prompt: list[int], outputs: list[int]) -> Requ
     r = Request("r", prompt, params)
     for t in outputs:
         r.append_output_token(t)
-    return RequestState(r, 0, 1)
+    return RequestState(r, 0, 1, r.output_token_ids)
 
 
 def test_penalties_match_their_definitions():
@@ -49,8 +49,8 @@ def test_counts_follow_new_tokens_and_only_listed_rows_change():
     apply_penalties(logits, [1], [other, st])
     assert logits[0].tolist() == [0.0] * 5
     assert logits[1].tolist() == [0.0, -1.0, 0.0, 0.0, 0.0]
-    st.request.append_output_token(1)
-    st.request.append_output_token(4)
+    # Counts follow the executor's own samples (the Request may lag a step behind).
+    st.generated.extend([1, 4])
     logits = torch.zeros(1, 5)
     apply_penalties(logits, [0], [st])
     assert logits[0].tolist() == [0.0, -2.0, 0.0, 0.0, -1.0]

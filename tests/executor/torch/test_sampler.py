@@ -19,7 +19,7 @@ def states(params: SamplingParams, n: int, prompt=(1, 2, 3), outputs: int = 0, e
         r = Request(f"r{i}", list(prompt), params, eos_token_ids=eos)
         for _ in range(outputs):
             r.append_output_token(0)
-        out.append(RequestState(r, i, 1))
+        out.append(RequestState(r, i, 1, r.output_token_ids))
     return out
 
 

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
-from llmsched.core.output import ModelRunnerOutput
 from llmsched.core.request import FINISH_REASONS, Request
 from llmsched.engine.dp.config import DPConfig
 from llmsched.engine.dp.policies import BalanceGate
 from llmsched.engine.dp.transport import RankStatus, TokenOutput
 from llmsched.engine.engine_core import EngineCore, EngineStep
-
-_EMPTY_RESULT = ModelRunnerOutput(sampled_token_ids=())
 
 
 class DPRank:
@@ -56,8 +52,8 @@ class DPRank:
         return found
 
     def has_requests(self) -> bool:
-        """True while a step would do anything here (including reporting finishes)."""
-        return self.scheduler.has_requests()
+        """True while a step would do anything here (reporting finishes, draining a step in flight)."""
+        return self.engine.has_requests()
 
     def status(self) -> RankStatus:
         """This rank's contribution to the per-step exchange."""
@@ -69,34 +65,35 @@ class DPRank:
         if self.gate is not None:
             self.gate.observe([s.running for s in statuses])
 
-    def step(self, throttle_prefills: bool = False) -> EngineStep:
-        """One schedule / execute / update cycle; a dummy step in lock-step mode when nothing ran."""
-        sched = self.scheduler
-        t0 = time.perf_counter_ns()
-        so = sched.schedule(throttle_prefills)
-        t1 = time.perf_counter_ns()
-        num_running, num_waiting = len(sched.running), len(sched.waiting)
-        kv_usage = sched.kv.usage
-        t2 = time.perf_counter_ns()
-        if so.total_num_scheduled_tokens or so.finished_req_ids or so.preempted:
-            result = self.executor.execute(so)
-        else:
-            result = _EMPTY_RESULT
-        if not so.total_num_scheduled_tokens and self.lockstep:
+    def step(self, throttle_prefills: bool = False) -> EngineStep | None:
+        """One engine step; a dummy step in lock-step mode when it scheduled nothing.
+
+        Returns the step whose output was applied: with async scheduling the
+        one scheduled by the previous call, or None when this call only put
+        a step in flight.
+        """
+        engine = self.engine
+        es = engine.step(throttle_prefills)
+        if self.lockstep and not self.executed:
             self.num_dummy_steps += 1
             if self._dummy is not None:
                 self._dummy()
-        t3 = time.perf_counter_ns()
-        outputs = sched.update_from_output(so, result)
-        t4 = time.perf_counter_ns()
         self.num_steps += 1
         if throttle_prefills:
             self.num_throttled_steps += 1
-        return EngineStep(so, result, outputs, num_running, num_waiting, kv_usage, t1 - t0, t3 - t2, t4 - t3)
+        return es
 
-    def token_outputs(self, es: EngineStep) -> list[TokenOutput]:
+    @property
+    def executed(self) -> bool:
+        """Whether the last step scheduled any tokens (the batch the model runs next)."""
+        so = self.engine.last_scheduled
+        return so is not None and so.total_num_scheduled_tokens > 0
+
+    def token_outputs(self, es: EngineStep | None) -> list[TokenOutput]:
         """The step's new tokens and finishes, one TokenOutput per request that changed."""
         out: list[TokenOutput] = []
+        if es is None:
+            return out
         reported = self._reported
         for req in es.outputs.updated:
             rid = req.request_id

@@ -143,8 +143,8 @@ class SimTransport:
         steps = [r.step(throttle) for r in self.ranks]
         batches: list[BatchShape] = []
         executed_any = False
-        for ex, es in zip(self.executors, steps):
-            if es.scheduler_output.total_num_scheduled_tokens:
+        for ex, r in zip(self.executors, self.ranks):
+            if r.executed:
                 batches.append(ex.last_batch)
                 executed_any = True
             else:
@@ -182,11 +182,11 @@ class SimTransport:
             return []
         ex = self.executors[best.rank]
         es = best.step(False)
-        self.last_duration = ex.last_duration if es.scheduler_output.total_num_scheduled_tokens else 0.0
+        self.last_duration = ex.last_duration if best.executed else 0.0
         self.num_steps += 1
         return [self._report(best, es, best.status())]
 
-    def _report(self, rank: DPRank, es: EngineStep, status: RankStatus) -> RankReport:
+    def _report(self, rank: DPRank, es: EngineStep | None, status: RankStatus) -> RankReport:
         return RankReport(
             rank=rank.rank,
             outputs=rank.token_outputs(es),
@@ -195,7 +195,7 @@ class SimTransport:
             num_received=rank.num_received,
             num_preemptions=rank.scheduler.num_preemptions,
             time=self.executors[rank.rank].now,
-            executed=bool(es.scheduler_output.total_num_scheduled_tokens),
+            executed=rank.executed,
             engine_step=es,
         )
 

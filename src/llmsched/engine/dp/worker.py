@@ -148,7 +148,7 @@ class RankWorker:
         rank.observe(statuses)
         return any(s.unfinished for s in statuses)
 
-    def _report(self, es: EngineStep, wave_done: bool) -> None:
+    def _report(self, es: EngineStep | None, wave_done: bool) -> None:
         rank = self.rank
         assert rank is not None
         st = rank.status()
@@ -161,7 +161,7 @@ class RankWorker:
                 num_waiting=st.waiting,
                 num_received=rank.num_received,
                 num_preemptions=rank.scheduler.num_preemptions,
-                executed=bool(es.scheduler_output.total_num_scheduled_tokens),
+                executed=rank.executed,
                 wave=self.wave,
                 wave_done=wave_done,
                 time=time.monotonic(),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -17,7 +18,7 @@ from llmsched.executor.torch.device import (
     resolve_device,
     resolve_dtype,
 )
-from llmsched.executor.torch.input_batch import InputBatch
+from llmsched.executor.torch.input_batch import InputBatch, StepInputs
 from llmsched.executor.torch.kv_cache import KVCache, KVCachePlan, cdiv, plan_kv_cache
 from llmsched.executor.torch.layers import can_prepack_linears
 from llmsched.executor.torch.model import DecoderModel
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 # core, 32 MiB L3): 4 MiB groups beat 1 MiB ones (fewer, larger kernels) and
 # 16 MiB ones (which spill).
 DECODE_GROUP_BYTES = 4 << 20
+_NO_SAMPLES = ModelRunnerOutput(sampled_token_ids=())
 
 
 def use_transposed_keys(device: torch.device) -> bool:
@@ -113,6 +115,8 @@ class TorchExecutor:
             dtype=self.dtype,
         )
         self.sampler = Sampler(self.device, seed)
+        # Runs submitted steps in order (async scheduling); made on first use.
+        self._thread: ThreadPoolExecutor | None = None
         log.info(
             "loaded %s (%s) on %s in %s: %d KV blocks of %d tokens from %s",
             cfg.path,
@@ -147,29 +151,59 @@ class TorchExecutor:
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step; one sampled-token list per scheduled request (empty for a partial chunk)."""
-        so = scheduler_output
-        batch = self.batch
+        step = self._prepare(scheduler_output)
+        return self._run(step) if step is not None else _NO_SAMPLES
+
+    def submit(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput] | ModelRunnerOutput:
+        """Prepare the step here and run it on the executor's thread, after any step submitted before.
+
+        For async scheduling: the engine plans the next step while this one
+        runs. Everything the step needs from the SchedulerOutput and its
+        Requests is read before this returns; inputs sampled by an earlier
+        step still running are filled in on the executor's thread.
+        """
+        step = self._prepare(scheduler_output)
+        if step is None:
+            return _NO_SAMPLES
+        if self._thread is None:
+            # torch releases the GIL inside its ops, so this thread's forward
+            # overlaps the engine's Python work on the calling thread.
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="llmsched-executor")
+        return self._thread.submit(self._run, step)
+
+    def _prepare(self, so: SchedulerOutput) -> StepInputs | None:
+        """Apply the step's state changes and build its inputs (None: nothing scheduled)."""
         with torch.inference_mode():
-            batch.update(so)
+            self.batch.update(so)
             if not so.scheduled:
-                return ModelRunnerOutput(sampled_token_ids=[])
-            step = batch.prepare(so)
-            logits = self.model.forward(step.input_ids, step.positions, step.attn, step.logits_indices)
+                return None
+            return self.batch.prepare(so)
+
+    def _run(self, step: StepInputs) -> ModelRunnerOutput:
+        """The forward pass and sampling of a prepared step."""
+        num_sched = step.num_scheduled
+        with torch.inference_mode():
+            input_ids = step.input_ids(self.device)
+            logits = self.model.forward(input_ids, step.positions, step.attn, step.logits_indices)
             if not step.sample_states:
-                return ModelRunnerOutput(sampled_token_ids=[[] for _ in so.scheduled])
+                return ModelRunnerOutput(sampled_token_ids=[[] for _ in range(num_sched)])
             tokens, lps = self.sampler.sample(logits, step.sample_states)
-        sampled: list[list[int]] = [[] for _ in so.scheduled]
-        for i, t in zip(step.sample_sched_index, tokens):
+        sampled: list[list[int]] = [[] for _ in range(num_sched)]
+        for i, st, t in zip(step.sample_sched_index, step.sample_states, tokens):
             sampled[i] = [t]
+            st.generated.append(t)
         logprobs = None
         if lps is not None:
-            logprobs = [None] * len(so.scheduled)
+            logprobs = [None] * num_sched
             for i, lp in zip(step.sample_sched_index, lps):
                 logprobs[i] = lp
         return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs)
 
     def close(self) -> None:
-        """Drop the weights, cache and request state."""
+        """Finish any step still running, then drop the weights, cache and request state."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
         self.batch.clear()
         for name in ("model", "kv_cache", "weights"):
             if hasattr(self, name):

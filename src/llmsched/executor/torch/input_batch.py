@@ -23,11 +23,20 @@ from llmsched.executor.torch.kv_cache import cdiv
 
 @dataclass(slots=True)
 class RequestState:
-    """What the executor remembers about one running request."""
+    """What the executor remembers about one running request.
+
+    ``generated`` is the executor's own copy of the output tokens: those the
+    request held when admitted, then every token sampled here. With async
+    scheduling it runs a step ahead of ``request.token_ids``, which only
+    grows when the engine applies a step's output; the sampler and the next
+    step's inputs read it instead, so the engine may change the Request
+    while a step runs.
+    """
 
     request: Request
     row: int
     num_blocks: int
+    generated: list[int]
     # Sampler state, created on first use: output-token counts over the
     # vocabulary, how many output tokens they cover, and the prompt's token set.
     output_counts: torch.Tensor | None = None
@@ -37,9 +46,18 @@ class RequestState:
 
 @dataclass(slots=True)
 class StepInputs:
-    """A step's model inputs and which scheduled requests sample."""
+    """A step's model inputs and which scheduled requests sample.
 
-    input_ids: torch.Tensor
+    Built from the SchedulerOutput as soon as it is scheduled; every
+    Request field it needs is read then. A decode whose input token was
+    still being sampled by the previous step (async scheduling) is a hole
+    in ``token_ids``, filled by ``input_ids()`` once that step has run.
+    """
+
+    num_scheduled: int
+    token_ids: list[int]
+    # (row, state, position): inputs the executor sampled itself, not known yet.
+    holes: list[tuple[int, RequestState, int]]
     positions: torch.Tensor
     attn: AttentionMetadata
     # Rows whose hidden state goes to the LM head, ascending.
@@ -47,6 +65,13 @@ class StepInputs:
     # For each logits row, the index into scheduler_output.scheduled.
     sample_sched_index: list[int] = field(default_factory=list)
     sample_states: list[RequestState] = field(default_factory=list)
+
+    def input_ids(self, device: torch.device) -> torch.Tensor:
+        """The input tokens, holes filled from the executor's own samples (call once the step before ran)."""
+        ids = self.token_ids
+        for row, st, pos in self.holes:
+            ids[row] = st.generated[pos - st.request.num_prompt_tokens]
+        return torch.tensor(ids, dtype=torch.int64).to(device)
 
 
 class InputBatch:
@@ -103,7 +128,7 @@ class InputBatch:
                 )
             if n:
                 self.block_table[row, :n] = torch.tensor(block_ids, dtype=torch.int64)
-            states[req.request_id] = RequestState(req, row, n)
+            states[req.request_id] = RequestState(req, row, n, req.token_ids[req.num_prompt_tokens :])
         for rid, block_ids in so.new_block_ids.items():
             st = states.get(rid)
             if st is None:
@@ -177,12 +202,18 @@ class InputBatch:
         decodes.sort(key=_position)
 
         ids: list[int] = []
+        holes: list[tuple[int, RequestState, int]] = []
         sample_rows: list[tuple[int, int, RequestState]] = []  # (row, scheduled index, state)
         nd = len(decodes)
         for row, (pos, i, st) in enumerate(decodes):
             req = st.request
-            ids.append(req.token_ids[pos])
-            if pos + 1 >= req.num_tokens:
+            if pos < req.num_tokens:
+                ids.append(req.token_ids[pos])
+            else:
+                # Sampled by a step still in flight: filled in just before the forward.
+                ids.append(0)
+                holes.append((row, st, pos))
+            if not req.is_prefill_chunk:
                 sample_rows.append((row, i, st))
         table = self.block_table
         if nd:
@@ -206,12 +237,14 @@ class InputBatch:
             chunk = PrefillChunk(row, row + n, start)
             if start > 0:
                 nb = cdiv(start + n, bs)
-                chunk.block_ids = table_row[:nb].to(self.device)
+                # A copy: the table row may be dropped and reused for the
+                # next step while this one runs (async scheduling).
+                chunk.block_ids = table_row[:nb].to(self.device, copy=True)
                 qpos = pos[:, None]
                 chunk.mask = (self._arange[None, : nb * bs] <= qpos).to(self.device)
             chunks.append(chunk)
             row += n
-            if start + n >= req.num_tokens:
+            if not req.is_prefill_chunk:
                 sample_rows.append((row - 1, i, st))
         if prefills:
             # Rows must ascend; decodes and prefills each already do.
@@ -226,7 +259,9 @@ class InputBatch:
             attn.slot_blocks = (slots // bs).to(dev)
             attn.slot_offsets = (slots % bs).to(dev)
         return StepInputs(
-            input_ids=torch.tensor(ids, dtype=torch.int64).to(dev),
+            num_scheduled=len(so.scheduled),
+            token_ids=ids,
+            holes=holes,
             positions=positions.to(dev),
             attn=attn,
             logits_indices=torch.tensor([r for r, _, _ in sample_rows], dtype=torch.int64).to(dev),

@@ -16,7 +16,7 @@ from llmsched.executor.torch.input_batch import RequestState
 def needs_stop_mask(state: RequestState) -> bool:
     """True while EOS / stop tokens must be held back (fewer than min_tokens generated)."""
     req = state.request
-    return bool(req.stop_ids) and req.num_tokens - req.num_prompt_tokens < req.min_tokens
+    return bool(req.stop_ids) and len(state.generated) < req.min_tokens
 
 
 def mask_stop_tokens(logits: torch.Tensor, rows: list[int], states: list[RequestState]) -> None:
@@ -36,18 +36,17 @@ def has_penalties(state: RequestState) -> bool:
 
 def _refresh_counts(state: RequestState, vocab: int, device: torch.device) -> torch.Tensor:
     """Bring the request's output-token counts up to date with its generated tokens."""
-    req = state.request
     counts = state.output_counts
     if counts is None:
         counts = state.output_counts = torch.zeros(vocab, dtype=torch.int32, device=device)
         state.counted = 0
-    done = req.num_prompt_tokens + state.counted
-    if done < req.num_tokens:
-        new = [t for t in req.token_ids[done : req.num_tokens] if 0 <= t < vocab]
+    generated = state.generated
+    if state.counted < len(generated):
+        new = [t for t in generated[state.counted :] if 0 <= t < vocab]
         if new:
             idx = torch.tensor(new, dtype=torch.int64, device=device)
             counts.index_add_(0, idx, torch.ones(len(new), dtype=torch.int32, device=device))
-        state.counted = req.num_tokens - req.num_prompt_tokens
+        state.counted = len(generated)
     return counts
 
 

@@ -131,8 +131,7 @@ class Sampler:
         g = self._row_generator
         for k, p in enumerate(params):
             if p.seed is not None:
-                req = states[k].request
-                g.manual_seed(sample_seed(p.seed, req.num_tokens - req.num_prompt_tokens))
+                g.manual_seed(sample_seed(p.seed, len(states[k].generated)))
                 u[k] = torch.rand(1, generator=g)
         return u
 
