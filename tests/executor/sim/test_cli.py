@@ -154,7 +154,11 @@ def test_cpu_hardware_uses_the_calibration(tmp_path, monkeypatch, capsys):
 
 def test_launch_flags_reach_the_cost_model(tmp_path, capsys):
     rj = tmp_path / "r.json"
-    common = ["--model", "qwen3-0.6b", "--num-prompts", "16", "--input-len", "64", "--output-len", "16"]
+    # Sync: a step pays its launches on top of its kernels (the async case is below).
+    common = [
+        "--model", "qwen3-0.6b", "--num-prompts", "16", "--input-len", "64", "--output-len", "16",
+        "--no-async-scheduling",
+    ]  # fmt: skip
     code, out, _ = run(capsys, *common, "--result-json", str(rj))
     assert code == 0
     assert "CUDA graphs up to 512 tokens, 5 us per launch" in out
@@ -171,3 +175,46 @@ def test_launch_flags_reach_the_cost_model(tmp_path, capsys):
     assert launch["eager_launches_per_step"] == 28 * 12
     # Every decode step now pays 28 layers x 12 launches x 20 us = 6.72 ms more.
     assert eager["mean_tpot_ms"] - graphs["mean_tpot_ms"] == pytest.approx(6.72, rel=0.01)
+
+
+def test_async_scheduling_is_on_by_default_and_overlaps_the_launches(tmp_path, capsys):
+    rj = tmp_path / "r.json"
+    common = ["--model", "qwen3-0.6b", "--num-prompts", "16", "--input-len", "64", "--output-len", "16"]
+    eager = ["--cuda-graph-max-tokens", "0", "--launch-latency-us", "20", "--kernels-per-layer", "12"]
+    code, out, _ = run(capsys, *common, *eager, "--result-json", str(rj))
+    assert code == 0
+    assert "async scheduling on" in out and "Async scheduling:                        on" in out
+    on = json.loads(rj.read_text())
+    assert on["deployment"]["scheduler"]["async_scheduling"] is True
+    assert on["simulation"]["async_scheduling"] is True
+    costs = on["simulation"]["step_costs"]
+    # 16 decodes: host path 0.5 ms + 6.72 ms of launches, far above the model's time,
+    # so every step after the first costs its host path, and the device waits the rest.
+    assert costs["mean_model_ms"] < 1.0 < 7.0 < costs["mean_host_ms"] < 7.3
+    assert on["median_itl_ms"] == pytest.approx(7.22, rel=0.01)
+    assert costs["median_host_gap_ms"] == pytest.approx(7.22 - costs["mean_model_ms"], rel=0.05)
+    code, out, _ = run(capsys, *common, *eager, "--no-async-scheduling", "--result-json", str(rj))
+    assert code == 0
+    assert "async scheduling off" in out
+    off = json.loads(rj.read_text())
+    assert off["simulation"]["async_scheduling"] is False
+    assert off["median_itl_ms"] == pytest.approx(7.22 + costs["mean_model_ms"], rel=0.02)
+    assert off["simulation"]["step_costs"]["median_host_gap_ms"] == pytest.approx(
+        costs["mean_host_ms"], rel=0.02
+    )
+    assert on["output_throughput"] > off["output_throughput"]
+
+
+def test_async_scheduling_with_data_parallel_ranks_is_refused(capsys):
+    code, out, err = run(
+        capsys,
+        "--model",
+        "qwen3-30b-a3b",
+        "--data-parallel-size",
+        "2",
+        "--async-scheduling",
+        "--num-prompts",
+        "4",
+    )
+    assert code == 2
+    assert "--no-async-scheduling" in err and "Simulation Result" not in out

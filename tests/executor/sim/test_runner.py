@@ -22,6 +22,7 @@ from llmsched.executor.sim.runner import simulate
 from llmsched.executor.sim.workload import Workload, synthetic_workload
 
 PARITY = Path(__file__).resolve().parents[2] / "data" / "parity"
+PARITY_ASYNC = PARITY.parent / "parity_async"
 BOOKKEEPING = ("total_tokens", "num_running", "kv_usage", "finished", "preempted", "sched")
 
 
@@ -72,6 +73,7 @@ def test_step_clocked_simulation_equals_replay(name):
     """With every step lasting 1 s, arrival_step k arriving at k s reproduces replay exactly."""
     path = PARITY / f"{name}.workload.json"
     wl, cfg = workload_from_replay(path)
+    assert not cfg.async_scheduling
     buf = io.StringIO()
     res = simulate(cfg, wl, ConstantCostModel(1.0), trace_out=buf)
     sim = records(buf)
@@ -86,7 +88,11 @@ def test_step_clocked_simulation_equals_replay(name):
 
 
 def derived_replay_workload(sim: list[dict], wl: Workload, cfg: SchedulerConfig) -> dict:
-    """A replay workload where each request arrives at the step the simulator added it."""
+    """A replay workload where each request arrives at the step the simulator added it.
+
+    In async mode a record's step is the loop turn that scheduled it, and
+    its "added" the requests added in that turn, as replay counts them.
+    """
     index = {wl.request_id(i): i for i in range(len(wl))}
     reqs = []
     for rec in sim:
@@ -111,15 +117,34 @@ def derived_replay_workload(sim: list[dict], wl: Workload, cfg: SchedulerConfig)
         "enable_chunked_prefill",
         "long_prefill_token_threshold",
         "policy",
+        "async_scheduling",
     )
     return {"config": {k: getattr(cfg, k) for k in keys}, "requests": reqs}
 
 
+@pytest.mark.parametrize("name", ["p1_first_batch", "p2_preemption", "p3_prefix_sharing", "p4_priority"])
+def test_step_clocked_async_simulation_makes_async_replay_decisions(name):
+    """The async parity workloads, 1 s of model time per step: the same steps as an async replay."""
+    path = PARITY_ASYNC / f"{name}.workload.json"
+    wl, cfg = workload_from_replay(path)
+    assert cfg.async_scheduling
+    buf = io.StringIO()
+    res = simulate(cfg, wl, ConstantCostModel(1.0), trace_out=buf)
+    sim = records(buf)
+    assert_same_steps(sim, replay_records(derived_replay_workload(sim, wl, cfg)))
+    assert res.summary["completed"] == len(wl)
+    # No host path: the model never waits, every step with tokens is 1 s of clock.
+    for r in sim:
+        if r["total_tokens"]:
+            assert (r["sim_duration_s"], r["sim_model_s"], r["sim_host_gap_s"]) == (1.0, 1.0, 0.0)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
-def test_timed_simulation_makes_replay_decisions(policy):
+def test_timed_simulation_makes_replay_decisions(policy, async_scheduling):
     """Poisson arrivals on an H100 cost model, a cache small enough to preempt, shared
     prefixes: replaying with each request arriving at the step it was added gives the
-    very same steps (decisions, queues, KV usage, prefix hits)."""
+    very same steps (decisions, queues, KV usage, prefix hits), in either mode."""
     cfg = SchedulerConfig(
         num_gpu_blocks=260,
         max_model_len=1024,
@@ -127,6 +152,7 @@ def test_timed_simulation_makes_replay_decisions(policy):
         max_num_seqs=16,
         long_prefill_token_threshold=128,
         policy=policy,
+        async_scheduling=async_scheduling,
     )
     cost = CostModel(load_model("llama-3-8b"), load_hardware("h100"))
     wl = synthetic_workload(
@@ -259,7 +285,7 @@ def test_deployment_run_records_series_and_json():
 
 def test_launch_modes_move_the_clock_but_not_the_decisions():
     """Graph, piecewise and eager steps each cost what their mode says, and replay
-    still makes the very same decisions."""
+    still makes the very same decisions (sync: a step pays its launches in full)."""
     cfg = SchedulerConfig(num_gpu_blocks=400, max_model_len=256, max_num_batched_tokens=64, max_num_seqs=16)
     # One millisecond per launch: an eager step adds 320 ms, a piecewise one 96 ms,
     # far more than any of these small batches' kernels take.

@@ -209,7 +209,8 @@ class KVCacheManager:
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Register the full blocks among the request's first ``num_tokens`` tokens in the prefix cache."""
         table = self._tables.get(request.request_id)
-        if self.enable_caching and table is not None:
+        # Called for every request in every async step: most calls complete no block.
+        if self.enable_caching and table is not None and num_tokens // self.block_size > table.num_cached:
             self._cache_full_blocks(request, table, num_tokens)
 
     def _cache_full_blocks(self, request: Request, table: BlockTable, num_tokens: int) -> None:

@@ -242,6 +242,9 @@ def time_decode_steps(folder: Path, layers: int, hardware: HardwareProfile) -> l
         max_num_seqs=seqs,
         block_size=block_size,
         enable_prefix_caching=False,
+        # The fit is of a sync step (host path plus model, back to back),
+        # as the cost model prices one; Timed runs each step in execute().
+        async_scheduling=False,
     )
     shape = shape_from_hf_config(dict(PROBE_CONFIG, num_hidden_layers=layers), "probe")
     # Only the arithmetic: host costs and the decode KV read are what is fitted.

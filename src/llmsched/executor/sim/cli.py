@@ -93,6 +93,14 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
     e.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default="auto")
     e.add_argument("--quantization", "-q", choices=["fp8"], default=None)
     e.add_argument("--prefix-caching-hash-algo", choices=["auto", *HASH_ALGOS], default="auto")
+    e.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="plan each step while the previous one runs on the model, as vLLM's AsyncScheduler "
+        "(default: on, as vLLM 0.33); the simulator then overlaps each step's host path with the "
+        "other step's model time. With --data-parallel-size > 1 only sync is simulated (the default there)",
+    )
     c = p.add_argument_group("cost model")
     c.add_argument(
         "--efficiency",
@@ -237,6 +245,9 @@ def run_simulate(args: argparse.Namespace) -> int:
     tp = args.tensor_parallel_size if args.tensor_parallel_size is not None or dp_size > 1 else 1
     if args.balance_scheduling and dp_size == 1:
         raise ConfigError("--balance-scheduling balances data-parallel ranks: set --data-parallel-size > 1")
+    # None resolves as vLLM 0.33 does (on), except for the data-parallel
+    # simulation, which models sync ranks only.
+    async_scheduling = args.async_scheduling if args.async_scheduling is not None else dp_size == 1
     spec = DeploymentSpec(
         model=args.model,
         hardware=args.hardware,
@@ -261,6 +272,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         cuda_graph_max_tokens=args.cuda_graph_max_tokens,
         launch_latency_us=args.launch_latency_us,
         kernels_per_layer=args.kernels_per_layer,
+        async_scheduling=async_scheduling,
         recalibrate=args.recalibrate,
     )
     deployment = build_deployment(spec)

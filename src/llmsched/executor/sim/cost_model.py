@@ -33,6 +33,38 @@ every kernel of every layer; those launches are charged at
 in lock step agree on one mode per step, the lowest any rank can use.
 vLLM turns graphs off altogether for data parallelism with DeepEP's
 high-throughput kernels (``cuda_graph_max_tokens=0`` models that).
+
+Host path and model time (``step_parts``): with async scheduling the engine
+plans and prepares step N+1, and processes step N-1's output, while step N
+runs on the device, so what a step costs depends on which of its parts
+need the CPU and which the device. The split, by who does the work:
+
+- host path, which async scheduling overlaps with the other step's model
+  time: ``step_overhead_s`` (scheduling, building the inputs and attention
+  metadata, replaying the graph, turning sampled ids into outputs),
+  ``request_overhead_s`` per scheduled request (its rows of the inputs, its
+  sampling state, its output), and the eager or piecewise kernel launches:
+  a GPU runs kernels asynchronously to the thread that issues them, so
+  step N+1's launches are issued while step N's kernels still run (vLLM's
+  async model runner copies the sampled ids back without blocking the
+  host). Within one step, launches and the kernels they launch are still
+  charged in series, as in sync mode: a step's forward starts when its
+  host work is done (an upper bound, as before).
+- model time, which nothing overlaps: every roofline op (GEMMs, attention,
+  norms, LM head, sampler), the collectives (NCCL runs on the device's
+  stream), and ``layer_overhead_s``. That last one is measured only on the
+  ``cpu`` profile, whose device runs each op in the thread that issues it:
+  a layer's Python and operator dispatch sits between its ops on the
+  forward's critical path, and async scheduling cannot hide it (GPUs
+  profiles leave it at 0; their dispatch cost is the launches above).
+
+Ops with ``bound == "overhead"`` are the host path except
+``layer_overhead``. ``step_time`` is the sync price, host path plus model
+time, summed op by op exactly as before the split existed; how the two parts
+combine under async scheduling is the SimExecutor's business (a pipeline of
+host and device, see executor.py). On the ``cpu`` profile the host path and
+the model share the cores, so the overlap it predicts assumes a core free
+for the engine's thread.
 """
 
 from __future__ import annotations
@@ -215,6 +247,14 @@ class OpCost:
     bound: str  # compute, memory, network or overhead
 
 
+# Host-side overhead ops (see the module docstring): what async scheduling
+# overlaps. layer_overhead is "overhead" too but runs inside the forward.
+HOST_OPS = frozenset({"step_overhead", "request_overhead", "eager_launches", "piecewise_launches"})
+
+StepParts = tuple[float, float, float]
+_NO_PARTS: StepParts = (0.0, 0.0, 0.0)
+
+
 class StepCostModel(Protocol):
     """Anything that prices a step."""
 
@@ -223,15 +263,44 @@ class StepCostModel(Protocol):
         ...
 
 
-class ConstantCostModel:
-    """Every step takes the same time: a step-clocked simulation (tests, what-ifs)."""
+def step_parts_of(cost_model: StepCostModel) -> Callable[[BatchShape], StepParts]:
+    """``cost_model.step_parts``, or, for a model without the split, all of its time as model time."""
+    parts = getattr(cost_model, "step_parts", None)
+    if parts is not None:
+        return parts
+    step_time = cost_model.step_time
 
-    def __init__(self, seconds: float = 1.0) -> None:
+    def model_only(batch: BatchShape) -> StepParts:
+        # Nothing known to be host work: async scheduling then gains nothing.
+        t = step_time(batch)
+        return t, 0.0, t
+
+    return model_only
+
+
+class ConstantCostModel:
+    """Every step takes the same time: a step-clocked simulation (tests, what-ifs).
+
+    ``seconds`` is the model (device) time of every step and ``host_seconds``
+    its host path: a sync step takes their sum, an async one overlaps them.
+    """
+
+    def __init__(self, seconds: float = 1.0, host_seconds: float = 0.0) -> None:
+        if seconds < 0 or host_seconds < 0:
+            raise ConfigError(f"seconds={seconds} and host_seconds={host_seconds} must be >= 0")
         self.seconds = seconds
+        self.host_seconds = host_seconds
 
     def step_time(self, batch: BatchShape) -> float:
-        """The constant."""
-        return self.seconds
+        """The constant (host path plus model time)."""
+        return self.seconds + self.host_seconds
+
+    def step_parts(self, batch: BatchShape) -> StepParts:
+        """(sync step time, host path, model time)."""
+        return self.seconds + self.host_seconds, self.host_seconds, self.seconds
+
+    def __repr__(self) -> str:
+        return f"ConstantCostModel(seconds={self.seconds!r}, host_seconds={self.host_seconds!r})"
 
 
 class CostModel:
@@ -552,6 +621,22 @@ class CostModel:
         for op in self._ops(batch):
             t += op[4]
         return t
+
+    def step_parts(self, batch: BatchShape) -> StepParts:
+        """(sync step time, host path, model time) in seconds; the first is exactly ``step_time``."""
+        if batch.num_tokens == 0:
+            return _NO_PARTS
+        t = host = model = 0.0
+        host_ops = HOST_OPS
+        for op in self._ops(batch):
+            s = op[4]
+            # Summed in the same order as step_time, so sync prices stay bit for bit.
+            t += s
+            if op[0] in host_ops:
+                host += s
+            else:
+                model += s
+        return t, host, model
 
     def step_time_in_group(self, batch: BatchShape, group_tokens: int, mode: int | None = None) -> float:
         """Seconds of one rank's step when its EP group runs ``group_tokens`` tokens, launched in ``mode``."""

@@ -71,6 +71,13 @@ class DeploymentSpec:
     launch_latency_us: float | None = None
     # Eager kernel launches per decoder layer; None: counted from the model.
     kernels_per_layer: float | None = None
+    # Plan each step while the previous one runs (vLLM's AsyncScheduler and
+    # batch queue): a step's host path then overlaps the other step's model
+    # time. vLLM 0.33 turns it on by default and `llmsched simulate` does
+    # too; here it stays off unless asked, so a deployment built from the
+    # library keeps pricing steps as it always has. Single-engine only: the
+    # data-parallel simulation runs its ranks sync.
+    async_scheduling: bool = False
     recalibrate: bool = False
 
 
@@ -118,7 +125,8 @@ class Deployment:
             f"scheduler  max_num_batched_tokens {c.max_num_batched_tokens}, max_num_seqs {c.max_num_seqs}"
             f"{per_rank}, "
             f"policy {c.policy}, prefix caching {'on' if c.enable_prefix_caching else 'off'}, "
-            f"chunked prefill {'on' if c.enable_chunked_prefill else 'off'}",
+            f"chunked prefill {'on' if c.enable_chunked_prefill else 'off'}, "
+            f"async scheduling {'on' if c.async_scheduling else 'off'}",
             f"launches   {cm.describe_launches()}",
         ]
 
@@ -187,6 +195,13 @@ def build_deployment(spec: DeploymentSpec) -> Deployment:
     dp = spec.data_parallel_size
     if not isinstance(dp, int) or isinstance(dp, bool) or dp < 1:
         raise ConfigError(f"data_parallel_size={dp!r} must be a positive integer")
+    if not isinstance(spec.async_scheduling, bool):
+        raise ConfigError(f"async_scheduling={spec.async_scheduling!r} must be true or false")
+    if spec.async_scheduling and dp > 1:
+        raise ConfigError(
+            "async scheduling is simulated for one engine only: the data-parallel simulation runs "
+            "its ranks sync (use --no-async-scheduling with --data-parallel-size > 1)"
+        )
     # Data-parallel ranks of a MoE model share their experts: vLLM runs them
     # as one expert-parallel group over all DP x TP GPUs.
     ep_on = model.is_moe and (spec.enable_expert_parallel or dp > 1)
@@ -265,6 +280,7 @@ def _build(spec: DeploymentSpec, model: ModelShape, hw: HardwareProfile, tp: int
         enable_chunked_prefill=spec.enable_chunked_prefill,
         long_prefill_token_threshold=spec.long_prefill_token_threshold,
         policy=spec.scheduling_policy,
+        async_scheduling=spec.async_scheduling,
     )
     if spec.step_overhead_ms is not None and spec.step_overhead_ms < 0:
         raise ConfigError(f"step_overhead_ms={spec.step_overhead_ms} must be >= 0")

@@ -4,33 +4,101 @@ Like the replay executor it fabricates one token for every request whose
 computed count reaches its token count (a partial prefill chunk samples
 nothing). Instead of running a model it prices the batch with a cost model
 and advances ``now`` by that many simulated seconds.
+
+The clock, sync scheduling: a step is its host path, then its model time,
+then the next step (``now += step_time``, exactly as the cost model prices
+it). Async scheduling (vLLM's batch queue of two): the engine schedules
+step N+1 and issues its work while step N runs on the device, then waits
+for step N's output. The executor models that as two resources in a
+pipeline:
+
+- the host starts step N's host path when it schedules it (``now``, which
+  the runner also moves forward to step N-2's model end when it applies
+  that step's output, as the engine waits for it);
+- the device starts step N's forward when both its host path is done and
+  step N-1's forward has ended, and runs it for the model time.
+
+In steady state a step then costs max(host, model) on the clock: a
+host-bound engine leaves the device idle for host - model between forwards,
+a model-bound one hides its host path entirely. The first step of a busy
+period (after the engine was idle) overlaps nothing and costs host + model,
+as in sync mode; an idle engine's clock jumps to the next arrival. Each
+executed batch's timing (``StepTiming``) says when its tokens exist (its
+forward's end), which the runner uses when the engine applies that step,
+one call later.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput
 from llmsched.core.request import Request
-from llmsched.executor.sim.cost_model import BatchShape, StepCostModel
+from llmsched.executor.sim.cost_model import BatchShape, StepCostModel, step_parts_of
 
 _NONE: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class StepTiming:
+    """One executed batch on the virtual clock: its parts and when it ran."""
+
+    # SchedulerOutput.step of the batch (-1: this record holds none yet).
+    step: int = -1
+    # When its host path began (the schedule() call).
+    start: float = 0.0
+    # When its forward ended: its sampled tokens exist from here.
+    end: float = 0.0
+    host: float = 0.0
+    model: float = 0.0
+    # Device time spent waiting for this step's host path (sync: all of it;
+    # async: what the previous forward did not hide).
+    host_gap: float = 0.0
+    # The clock time the step accounts for: sync, its price (host + model);
+    # async, from the previous forward's end (or its own start, after idle)
+    # to its own forward's end: max(host, model) in steady state.
+    duration: float = 0.0
+    batch: BatchShape = field(default_factory=BatchShape)
 
 
 class SimExecutor:
     """Implements the Executor protocol with simulated time instead of a model."""
 
-    def __init__(self, cost_model: StepCostModel, sample_token_id: int = 7, start_time: float = 0.0) -> None:
+    def __init__(
+        self,
+        cost_model: StepCostModel,
+        sample_token_id: int = 7,
+        start_time: float = 0.0,
+        async_scheduling: bool = False,
+    ) -> None:
         self.cost_model = cost_model
+        self._parts = step_parts_of(cost_model)
         self.now = start_time
+        self.async_scheduling = async_scheduling
         self._token = (sample_token_id,)
+        # When the device finishes the last forward issued (async pipeline).
+        self.device_free_at = start_time
         # What the last execute() did, for the runner's bookkeeping.
         self.last_duration = 0.0
         self.last_batch = BatchShape()
         self.last_sampled: list[Request] = []
+        # The timings of the last two executed batches, reused in turn: at
+        # most two steps are ever scheduled and not yet applied.
+        self._last = StepTiming()
+        self._prev = StepTiming()
 
     def advance_to(self, t: float) -> None:
-        """Move the clock forward to ``t`` (an idle engine waiting for arrivals)."""
+        """Move the clock forward to ``t`` (an idle engine waiting for arrivals, or for a step's output)."""
         if t > self.now:
             self.now = t
+
+    def timing(self, step: int) -> StepTiming | None:
+        """The timing of executed batch ``step`` (None: never executed); valid for two more executions."""
+        t = self._last
+        if t.step == step:
+            return t
+        t = self._prev
+        return t if t.step == step else None
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Price the batch, advance the clock, sample one token per completed request."""
@@ -70,12 +138,58 @@ class SimExecutor:
             decode_context,
             num_prefills,
         )
-        duration = self.cost_model.step_time(batch) if num_tokens else 0.0
-        self.now += duration
-        self.last_duration = duration
+        t = self._prev
+        self._prev = self._last
+        self._last = t
+        t.step = scheduler_output.step
+        t.batch = batch
+        if num_tokens:
+            total, host, model = self._parts(batch)
+        else:
+            total = host = model = 0.0
+        if self.async_scheduling and num_tokens:
+            self._pipeline(t, host, model)
+        else:
+            self._serial(t, total, host, model)
+        self.last_duration = t.duration
         self.last_batch = batch
         self.last_sampled = samplers
         return ModelRunnerOutput(sampled_token_ids=sampled)
+
+    def _serial(self, t: StepTiming, total: float, host: float, model: float) -> None:
+        """Sync (or a batch with no tokens): host path then model, the clock moved by the step's price."""
+        start = self.now
+        end = start + total
+        t.start = start
+        t.end = self.now = end
+        t.host = host
+        t.model = model
+        t.host_gap = host
+        t.duration = total
+        if end > self.device_free_at:
+            self.device_free_at = end
+
+    def _pipeline(self, t: StepTiming, host: float, model: float) -> None:
+        """Async: this host path runs now; the forward follows it and the previous forward."""
+        start = self.now
+        host_end = start + host
+        prev_end = self.device_free_at
+        # The device is idle from the later of the previous forward's end and
+        # this step's start until the host path is done.
+        idle_from = prev_end if prev_end > start else start
+        begin = host_end if host_end > prev_end else prev_end
+        end = begin + model
+        t.start = start
+        t.end = end
+        t.host = host
+        t.model = model
+        t.host_gap = host_end - idle_from if host_end > idle_from else 0.0
+        t.duration = end - idle_from
+        self.device_free_at = end
+        # The host is free for the next schedule() once this host path is
+        # done; the engine's wait for the previous step's output is the
+        # runner's advance_to() when it applies that step.
+        self.now = host_end
 
     def close(self) -> None:
         """Nothing to release."""

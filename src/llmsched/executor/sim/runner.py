@@ -8,6 +8,15 @@ the next arrival. Requests are created when they arrive and dropped when
 they finish, and under FCFS a waiting queue longer than the scheduler can
 reach in one step is held back unbuilt, so memory stays bounded by the
 requests in flight even when a million arrive at once.
+
+With async scheduling (``SchedulerConfig.async_scheduling``) a call
+schedules one step and applies the one before it. The executor keeps each
+executed batch's timing (``StepTiming``): a step's tokens, finishes and
+trace line are timed by that step's own forward end, when the engine
+applies it, and the clock moves to that end then (the engine waits for the
+step's output). Trace lines carry the loop turn at which the step was
+scheduled and the requests added before it, as ``llmsched replay`` writes
+them for an async workload.
 """
 
 from __future__ import annotations
@@ -24,16 +33,16 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
 
 import llmsched
-from llmsched.bench.metrics import DEFAULT_PERCENTILES, MetricsCollector, format_summary
+from llmsched.bench.metrics import DEFAULT_PERCENTILES, MetricsCollector, format_summary, percentile_sorted
 from llmsched.bench.replay import step_record
 from llmsched.core.config import SchedulerConfig
 from llmsched.core.errors import RequestRejected
 from llmsched.core.request import Request
 from llmsched.core.sampling_params import SamplingParams
-from llmsched.engine.engine_core import EngineCore
+from llmsched.engine.engine_core import EngineCore, EngineStep
 from llmsched.executor.sim.cost_model import StepCostModel
 from llmsched.executor.sim.deployment import Deployment
-from llmsched.executor.sim.executor import SimExecutor
+from llmsched.executor.sim.executor import SimExecutor, StepTiming
 from llmsched.executor.sim.workload import Workload
 
 if TYPE_CHECKING:
@@ -68,9 +77,62 @@ class StepSeries:
     kv_usage: array = field(default_factory=lambda: array("d"))
     prefill_tokens: array = field(default_factory=lambda: array("l"))
     decode_tokens: array = field(default_factory=lambda: array("l"))
+    # The step's host path, model time and the device's wait for the host
+    # (see StepTiming), seconds; 0 for a step that ran no tokens.
+    host: array = field(default_factory=lambda: array("d"))
+    model: array = field(default_factory=lambda: array("d"))
+    host_gap: array = field(default_factory=lambda: array("d"))
 
     def __len__(self) -> int:
         return len(self.time)
+
+
+@dataclass(slots=True)
+class StepCosts:
+    """Host path and model time summed over the steps that ran tokens, and the device's waits."""
+
+    async_scheduling: bool = False
+    num_steps: int = 0
+    host_s: float = 0.0
+    model_s: float = 0.0
+    host_gap_s: float = 0.0
+    # Per step, for percentiles.
+    host_gaps: array = field(default_factory=lambda: array("d"))
+
+    def add(self, t: StepTiming) -> None:
+        """Count one executed step with tokens."""
+        self.num_steps += 1
+        self.host_s += t.host
+        self.model_s += t.model
+        self.host_gap_s += t.host_gap
+        self.host_gaps.append(t.host_gap)
+
+    def to_dict(self, duration: float) -> dict:
+        """Totals (s), per-step means and host-gap percentiles (ms), the device's busy share."""
+        n = self.num_steps or 1
+        gaps = sorted(self.host_gaps)
+        return {
+            "async_scheduling": self.async_scheduling,
+            "num_steps": self.num_steps,
+            "host_s": self.host_s,
+            "model_s": self.model_s,
+            "host_gap_s": self.host_gap_s,
+            "mean_host_ms": 1e3 * self.host_s / n,
+            "mean_model_ms": 1e3 * self.model_s / n,
+            "mean_host_gap_ms": 1e3 * self.host_gap_s / n,
+            "median_host_gap_ms": 1e3 * percentile_sorted(gaps, 50.0),
+            "p99_host_gap_ms": 1e3 * percentile_sorted(gaps, 99.0),
+            "model_busy_fraction": self.model_s / duration if duration > 0 else 0.0,
+        }
+
+    def rows(self) -> list[tuple[str, object]]:
+        """Summary-table rows."""
+        d = self.to_dict(0.0)
+        return [
+            ("Async scheduling:", "on" if self.async_scheduling else "off"),
+            ("Mean host path / model per step (ms):", f"{d['mean_host_ms']:.3f} / {d['mean_model_ms']:.3f}"),
+            ("Host gap median / p99 (ms):", f"{d['median_host_gap_ms']:.3f} / {d['p99_host_gap_ms']:.3f}"),
+        ]
 
 
 @dataclass(slots=True)
@@ -97,6 +159,8 @@ class SimResult:
     percentiles: Sequence[float] = DEFAULT_PERCENTILES
     # Data-parallel runs: mode, policies and per-rank figures (see dp_runner).
     data_parallel: dict | None = None
+    # Single-engine runs: host path and model time of the steps.
+    step_costs: StepCosts | None = None
 
     @property
     def wall_us_per_request(self) -> float:
@@ -115,6 +179,8 @@ class SimResult:
             rows.append(("Outputs cut at max_model_len:", self.num_length_capped))
         if self.data_parallel is not None:
             rows.extend(self.data_parallel.get("rows", []))
+        if self.step_costs is not None:
+            rows.extend(self.step_costs.rows())
         rows.append(
             ("Simulated in (s wall):", f"{self.wall_s:.2f} ({self.wall_us_per_request:.1f} us/request)")
         )
@@ -152,6 +218,9 @@ class SimResult:
         }
         if self.data_parallel is not None:
             out["simulation"]["data_parallel"] = {k: v for k, v in self.data_parallel.items() if k != "rows"}
+        if self.step_costs is not None:
+            out["simulation"]["async_scheduling"] = self.step_costs.async_scheduling
+            out["simulation"]["step_costs"] = self.step_costs.to_dict(self.sim_duration_s)
         if self.deployment is not None:
             out["deployment"] = self.deployment.to_dict()
         return out
@@ -176,10 +245,12 @@ def simulate(
     """Run ``workload`` through the engine on a virtual clock and measure it.
 
     ``config`` is a resolved Deployment (its scheduler config and cost model
-    are used) or a bare SchedulerConfig together with ``cost_model``.
+    are used) or a bare SchedulerConfig together with ``cost_model``. The
+    config's ``async_scheduling`` picks the engine loop and how a step's
+    host path and model time combine (see SimExecutor).
     """
     deployment, sched_config, cost_model = resolve_run(config, cost_model, max_concurrency, "simulate")
-    ex = SimExecutor(cost_model)
+    ex = SimExecutor(cost_model, async_scheduling=sched_config.async_scheduling)
     engine = EngineCore(sched_config, ex)
     sched = engine.scheduler
     if explain:
@@ -203,6 +274,11 @@ def simulate(
     metrics = MetricsCollector()
     add_itl = metrics.add_itl
     series = StepSeries() if record_series else None
+    costs = StepCosts(sched_config.async_scheduling)
+    # For the trace and series: (loop turn, requests added, requests held
+    # back) when each step not yet applied was scheduled, by its step number.
+    keep = trace_out is not None or series is not None
+    scheduled_at: dict[int, tuple[int, list[str] | None, int]] = {}
     slots: deque[float] | None = deque([0.0] * max_concurrency) if max_concurrency else None
     params: dict[int, SamplingParams] = {}
     rejections: list[tuple[str, str]] = []
@@ -211,7 +287,7 @@ def simulate(
     nxt = 0
     last_arrival = -math.inf
     prev_end = -1.0
-    num_steps = num_busy = max_running = capped = 0
+    num_steps = num_busy = max_running = capped = turn = 0
     gc_was_enabled = gc.isenabled()
     # The loop allocates many short-lived objects and no cycles; the cyclic
     # collector would only rescan the live requests' token lists over and over
@@ -263,17 +339,36 @@ def simulate(
                     if added is not None:
                         added.append(rid)
                 nxt += 1
-            if not sched.has_requests():
+            if not engine.has_requests():
                 if nxt >= n:
                     break
                 ex.advance_to(arrivals[nxt])
                 continue
-            if max_steps is not None and num_steps >= max_steps:
+            if max_steps is not None and turn >= max_steps:
                 break
             es = engine.step()
+            if keep and engine.last_scheduled is not None:
+                held = bisect_right(arrivals, now, nxt) - nxt if hold and nxt < n else 0
+                scheduled_at[engine.last_scheduled.step] = (turn, added, held)
+            turn += 1
+            if es is None:
+                continue  # async: a step put in flight, none applied yet
             num_steps += 1
-            end = ex.now
-            samplers = ex.last_sampled
+            so = es.scheduler_output
+            # The applied step's own timing (async: not the batch just
+            # scheduled); None when it ran nothing and skipped the executor.
+            timing = ex.timing(so.step)
+            if timing is not None:
+                end = timing.end
+                # Async: the engine waited for this step's output.
+                ex.advance_to(end)
+                if timing.batch.num_tokens:
+                    costs.add(timing)
+            else:
+                end = ex.now
+            # The requests this step's output gave a token: what it sampled,
+            # less (async) the tokens of requests that finished meanwhile.
+            samplers = es.outputs.updated
             if samplers:
                 metrics.add_tokens_at(end, len(samplers))
                 same = 0
@@ -288,39 +383,33 @@ def simulate(
                     r.last_token_time = end
                 if same:
                     add_itl(end - prev_end, same)
-                ex.last_sampled = []
             prev_end = end
             finished = es.outputs.finished
             if finished:
                 for r in finished:
                     capped += record_finish(metrics, r, end, slots)
                 done_pending += len(finished)
-            so = es.scheduler_output
-            held = bisect_right(arrivals, now, nxt) - nxt if hold and nxt < n else 0
             if so.total_num_scheduled_tokens:
                 num_busy += 1
             if es.num_running > max_running:
                 max_running = es.num_running
-            # An empty step may skip the executor, leaving last_* from before.
-            dur = ex.last_duration if so.scheduled else 0.0
-            if series is not None:
-                b = ex.last_batch
-                series.time.append(end - dur)
-                series.duration.append(dur)
-                series.num_running.append(es.num_running)
-                series.num_waiting.append(es.num_waiting + held)
-                series.kv_usage.append(es.kv_usage)
-                series.prefill_tokens.append(b.prefill_tokens if so.scheduled else 0)
-                series.decode_tokens.append(b.num_decodes if so.scheduled else 0)
-            if trace_out is not None:
-                rec = step_record(so.step, es, explain)
-                rec["added"] = added
-                if held:
-                    rec["num_waiting"] += held
-                    rec["held_back"] = held
-                rec["sim_time_s"] = round(end - dur, 9)
-                rec["sim_duration_s"] = round(dur, 9)
-                trace_out.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            if keep:
+                at, added_then, held = scheduled_at.pop(so.step)
+                t = timing if timing is not None else _IDLE
+                if series is not None:
+                    _record_step(series, es, t, end, held)
+                if trace_out is not None:
+                    rec = step_record(at, es, explain)
+                    rec["added"] = added_then
+                    if held:
+                        rec["num_waiting"] += held
+                        rec["held_back"] = held
+                    rec["sim_time_s"] = round(end - t.duration, 9)
+                    rec["sim_duration_s"] = round(t.duration, 9)
+                    rec["sim_host_s"] = round(t.host, 9)
+                    rec["sim_model_s"] = round(t.model, 9)
+                    rec["sim_host_gap_s"] = round(t.host_gap, 9)
+                    trace_out.write(json.dumps(rec, separators=(",", ":")) + "\n")
             if bar is not None and done_pending and num_steps % _PROGRESS_EVERY == 0:
                 bar.update(done_pending)
                 done_pending = 0
@@ -352,7 +441,27 @@ def simulate(
         max_concurrency=max_concurrency,
         request_rate=workload.request_rate,
         percentiles=percentiles,
+        step_costs=costs,
     )
+
+
+# A step that ran nothing: no time of its own.
+_IDLE = StepTiming()
+
+
+def _record_step(series: StepSeries, es: EngineStep, t: StepTiming, end: float, held: int) -> None:
+    """One point of the series: the applied step's state when scheduled, its timing."""
+    b = t.batch
+    series.time.append(end - t.duration)
+    series.duration.append(t.duration)
+    series.num_running.append(es.num_running)
+    series.num_waiting.append(es.num_waiting + held)
+    series.kv_usage.append(es.kv_usage)
+    series.prefill_tokens.append(b.prefill_tokens)
+    series.decode_tokens.append(b.num_decodes)
+    series.host.append(t.host)
+    series.model.append(t.model)
+    series.host_gap.append(t.host_gap)
 
 
 def resolve_run(
