@@ -7,8 +7,9 @@ given a word-level tokenizer so that every step's output is detokenized as
 ``LLM.generate`` does. The same LLMEngine runs it with async scheduling off
 and on, alternating, ``--rounds`` times each. Reported per mode: output
 throughput, TPOT (mean and median over requests), and the host gap: from
-the end of one model forward to the start of the next (median and p99, over
-all steps and over the steps that decode all 64 requests). With async
+the end of one step's model work (its forward and sampling, all device
+work on a GPU) to the start of the next forward (median and p99, over all
+steps and over the steps that decode all 64 requests). With async
 scheduling the engine schedules, prepares, detokenizes and applies outputs
 while the executor's thread runs the model, so the gap is only the hand-off.
 
@@ -22,11 +23,14 @@ path is a larger share of a step (see benchmarks/async_overlap_sim.py).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
 import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -37,7 +41,6 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from e2e_cpu import SMALL, build_model, make_workload  # noqa: E402
-
 from llmsched.core import SamplingParams  # noqa: E402
 from llmsched.engine.args import EngineArgs  # noqa: E402
 from llmsched.engine.llm_engine import LLMEngine  # noqa: E402
@@ -54,18 +57,29 @@ def write_tokenizer(folder: Path, vocab: int) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
 
 
-class TimedModel:
-    """Stands in for the executor's model and records every forward: (start ns, end ns, tokens)."""
+class Timed:
+    """Wraps the executor's model and sampler; records each step's (forward start, model work end, tokens).
 
-    def __init__(self, model: object) -> None:
+    A step's model work is its forward and its sampling (on a GPU both are
+    device work); the host gap is from its end to the next forward's start.
+    """
+
+    def __init__(self, model: object, sampler: object) -> None:
         self.model = model
-        self.calls: list[tuple[int, int, int]] = []
+        self.sampler = sampler
+        self.calls: list[list[int]] = []
 
     def forward(self, input_ids: torch.Tensor, *args: object) -> torch.Tensor:
         """The model's forward, timed."""
         t0 = time.perf_counter_ns()
         out = self.model.forward(input_ids, *args)
-        self.calls.append((t0, time.perf_counter_ns(), int(input_ids.shape[0])))
+        self.calls.append([t0, time.perf_counter_ns(), int(input_ids.shape[0])])
+        return out
+
+    def sample(self, *args: object) -> object:
+        """The sampler, its end counted as the step's."""
+        out = self.sampler.sample(*args)
+        self.calls[-1][1] = time.perf_counter_ns()
         return out
 
 
@@ -75,10 +89,11 @@ def percentile(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q / 100 * len(s)) - 1))]
 
 
-def gap_stats(calls: list[tuple[int, int, int]], batch: int) -> dict:
-    """Host gaps between consecutive forwards: all of them, and those before a decode of ``batch``."""
-    gaps = [(b[0] - a[1]) / 1e6 for a, b in zip(calls, calls[1:])]
-    at_batch = [(b[0] - a[1]) / 1e6 for a, b in zip(calls, calls[1:]) if b[2] == batch]
+def gap_stats(calls: list[list[int]], batch: int) -> dict:
+    """Host gaps between consecutive steps: all of them, and those before a decode of ``batch``."""
+    pairs = list(itertools.pairwise(calls))
+    gaps = [(b[0] - a[1]) / 1e6 for a, b in pairs]
+    at_batch = [(b[0] - a[1]) / 1e6 for a, b in pairs if b[2] == batch]
     out = {"steps": len(calls)}
     for name, xs in (("all", gaps), (f"batch_{batch}", at_batch)):
         if xs:
@@ -88,8 +103,9 @@ def gap_stats(calls: list[tuple[int, int, int]], batch: int) -> dict:
 
 def run_once(engine: LLMEngine, wl: object, tag: str) -> dict:
     """The whole workload through ``engine``; throughput, TPOT and forward gaps."""
-    timed = TimedModel(engine.executor.model)
-    engine.executor.model = timed
+    ex = engine.executor
+    timed = Timed(ex.model, ex.sampler)
+    ex.model, ex.sampler = timed, timed
     try:
         t0 = time.perf_counter()
         for i, (p, n) in enumerate(zip(wl.prompts, wl.output_lens)):
@@ -102,7 +118,7 @@ def run_once(engine: LLMEngine, wl: object, tag: str) -> dict:
             finals.extend(o for o in engine.step() if o.finished)
         elapsed = time.perf_counter() - t0
     finally:
-        engine.executor.model = timed.model
+        ex.model, ex.sampler = timed.model, timed.sampler
     tpots = []
     for o in finals:
         m = o.metrics
@@ -134,7 +150,11 @@ def run_torch(num_prompts: int, seed: int, rounds: int) -> dict:
     runs: dict[str, list[dict]] = {"sync": [], "async": []}
     with tempfile.TemporaryDirectory(prefix="llmsched_async_") as tmp:
         model_dir = Path(tmp) / "small-llama"
-        build_model(model_dir, seed)
+        # On a thread that then exits, taking its OpenMP team with it: the
+        # executors' own thread must be the only one left (see TorchExecutor).
+        builder = threading.Thread(target=build_model, args=(model_dir, seed))
+        builder.start()
+        builder.join()
         write_tokenizer(model_dir, SMALL["vocab_size"])
         engines = {}
         for mode in ("sync", "async"):
@@ -154,10 +174,11 @@ def run_torch(num_prompts: int, seed: int, rounds: int) -> dict:
                     res = run_once(engines[mode], wl, f"{mode}{r}")
                     runs[mode].append(res)
                     g = res["host_gap"].get(f"batch_{num_prompts}", res["host_gap"].get("all", {}))
+                    med, p99 = g.get("median_ms", math.nan), g.get("p99_ms", math.nan)
                     print(
                         f"  round {r + 1} {mode:5}: {res['output_tokens_per_s']:7.1f} output tok/s, "
                         f"TPOT mean {res['mean_tpot_ms']:.1f} ms, host gap at batch {num_prompts}: "
-                        f"median {g.get('median_ms', float('nan')):.3f} ms, p99 {g.get('p99_ms', float('nan')):.3f} ms"
+                        f"median {med:.3f} ms, p99 {p99:.3f} ms"
                     )
         finally:
             for e in engines.values():
@@ -174,8 +195,7 @@ def run_torch(num_prompts: int, seed: int, rounds: int) -> dict:
         "runs": runs,
         "summary": summary,
         "ratio_async_over_sync": {
-            "output_tokens_per_s": summary["async"]["output_tokens_per_s"] / summary["sync"]["output_tokens_per_s"],
-            "mean_tpot_ms": summary["async"]["mean_tpot_ms"] / summary["sync"]["mean_tpot_ms"],
+            k: summary["async"][k] / summary["sync"][k] for k in ("output_tokens_per_s", "mean_tpot_ms")
         },
     }
 
@@ -189,8 +209,8 @@ def _median_of_runs(runs: list[dict]) -> dict:
     for scope in runs[0]["host_gap"]:
         if scope == "steps":
             continue
-        out[f"host_gap_{scope}_median_ms"] = statistics.median(r["host_gap"][scope]["median_ms"] for r in runs)
-        out[f"host_gap_{scope}_p99_ms"] = statistics.median(r["host_gap"][scope]["p99_ms"] for r in runs)
+        for stat in ("median_ms", "p99_ms"):
+            out[f"host_gap_{scope}_{stat}"] = statistics.median(r["host_gap"][scope][stat] for r in runs)
     return out
 
 
@@ -222,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{x['host_gap_all_median_ms']:.3f} ms, p99 {x['host_gap_all_p99_ms']:.3f} ms"
             )
         r = res["ratio_async_over_sync"]
-        print(f"  async / sync: throughput {r['output_tokens_per_s']:.3f}x, mean TPOT {r['mean_tpot_ms']:.3f}x")
+        print(f"  async / sync: throughput {r['output_tokens_per_s']:.3f}x, TPOT {r['mean_tpot_ms']:.3f}x")
         result["torch"] = res | {"threads": threads, "torch_version": torch.__version__}
     if not args.skip_sim:
         from async_overlap_sim import DEFAULT_MODELS, format_comparison, run_sim_comparison

@@ -9,7 +9,7 @@ import torch
 
 from llmsched.core import Request, SamplingParams, SchedulerOutput
 from llmsched.executor.torch.attention import PagedAttention
-from llmsched.executor.torch.input_batch import InputBatch
+from llmsched.executor.torch.input_batch import InputBatch, plan_step
 from llmsched.executor.torch.kv_cache import key_view
 
 BS = 4
@@ -63,8 +63,8 @@ def test_matches_dense_reference(heads, keys_transposed, group_bytes):
         dense_k.append(k)
         dense_v.append(v)
     batch = make_batch(keys_transposed, group_bytes, kvh)
-    batch.update(so)
-    step = batch.prepare(so)
+    batch.update(plan_step(so))
+    step = batch.prepare(plan_step(so))
     meta = step.attn
     if group_bytes == 1:
         assert len(meta.decode_groups) == sum(1 for _, n in CHUNKS if n == 1)
@@ -114,15 +114,15 @@ def test_bfloat16_decode_is_close_to_float32():
     so.admitted.append(req)
     so.admitted_block_ids.append(list(range(1, 9)))
     batch = make_batch(True, 1 << 20, kvh)
-    batch.update(so)
-    meta = batch.prepare(so).attn
+    batch.update(plan_step(so))
+    meta = batch.prepare(plan_step(so)).attn
     cache = torch.randn(2, kvh, NB, BS, D, generator=g)
     q = torch.randn(1, nh, D, generator=g)
     k = torch.randn(1, kvh, D, generator=g)
     v = torch.randn(1, kvh, D, generator=g)
     exact = attn.forward(q, k, v, cache.clone(), meta)
     batch.dtype = torch.bfloat16
-    meta = batch.prepare(so).attn
+    meta = batch.prepare(plan_step(so)).attn
     half = attn.forward(q.bfloat16(), k.bfloat16(), v.bfloat16(), cache.bfloat16(), meta)
     assert half.dtype is torch.bfloat16
     assert torch.allclose(half.float(), exact, atol=0.05)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from llmsched.core import Request, SamplingParams, SchedulerOutput
-from llmsched.executor.torch.input_batch import InputBatch
+from llmsched.executor.torch.input_batch import InputBatch, plan_step
 
 BS = 4
 CPU = torch.device("cpu")
@@ -46,21 +46,21 @@ def test_admission_growth_and_release():
     so = SchedulerOutput(step=0)
     admit(so, a, [5, 9], 6)
     admit(so, c, [7], 3)
-    b.update(so)
+    b.update(plan_step(so))
     ra, rc = b.states["a"].row, b.states["c"].row
     assert b.block_table[ra, :3].tolist() == [5, 9, 0]
     assert b.block_table[rc, :2].tolist() == [7, 0]
     so = SchedulerOutput(step=1, new_block_ids={"c": [11, 12]})
-    b.update(so)
+    b.update(plan_step(so))
     assert b.states["c"].num_blocks == 3
     assert b.block_table[rc, :4].tolist() == [7, 11, 12, 0]
     # Finished: its row is zeroed and reused.
-    b.update(SchedulerOutput(step=2, finished_req_ids=["a"]))
+    b.update(plan_step(SchedulerOutput(step=2, finished_req_ids=["a"])))
     assert "a" not in b.states
     assert not b.block_table[ra].any()
     so = SchedulerOutput(step=3)
     admit(so, req("d", 2, 2), [3], 2)
-    b.update(so)
+    b.update(plan_step(so))
     assert b.states["d"].row == ra
 
 
@@ -69,12 +69,12 @@ def test_preempted_state_is_dropped_and_resumed_fresh():
     a = req("a", 6, 6)
     so = SchedulerOutput(step=0)
     admit(so, a, [5, 9], 6)
-    b.update(so)
-    b.update(SchedulerOutput(step=1, preempted=[a]))
+    b.update(plan_step(so))
+    b.update(plan_step(SchedulerOutput(step=1, preempted=[a])))
     assert b.states == {}
     so = SchedulerOutput(step=2)
     admit(so, a, [2, 3], 6)
-    b.update(so)
+    b.update(plan_step(so))
     assert b.block_table[b.states["a"].row, :2].tolist() == [2, 3]
 
 
@@ -82,10 +82,10 @@ def test_same_id_finished_and_readmitted_in_one_step():
     b = batch()
     so = SchedulerOutput(step=0)
     admit(so, req("a", 6, 6), [5, 9], 6)
-    b.update(so)
+    b.update(plan_step(so))
     so = SchedulerOutput(step=1, finished_req_ids=["a"])
     admit(so, req("a", 3, 3), [4], 3)
-    b.update(so)
+    b.update(plan_step(so))
     st = b.states["a"]
     assert st.num_blocks == 1
     assert b.block_table[st.row, :2].tolist() == [4, 0]
@@ -96,7 +96,7 @@ def test_more_requests_than_rows_grow_the_table():
     so = SchedulerOutput(step=0)
     for i in range(5):
         admit(so, req(str(i), 3, 3), [i + 1], 3)
-    b.update(so)
+    b.update(plan_step(so))
     assert b.block_table.shape[0] == 8
     assert sorted(st.row for st in b.states.values()) == [0, 1, 2, 3, 4]
     assert [b.block_table[b.states[str(i)].row, 0].item() for i in range(5)] == [1, 2, 3, 4, 5]
@@ -105,22 +105,22 @@ def test_more_requests_than_rows_grow_the_table():
 def test_inconsistent_outputs_are_refused():
     b = batch()
     with pytest.raises(KeyError, match="never saw admitted"):
-        b.update(SchedulerOutput(step=0, new_block_ids={"ghost": [3]}))
+        b.update(plan_step(SchedulerOutput(step=0, new_block_ids={"ghost": [3]})))
     so = SchedulerOutput(step=0)
     admit(so, req("a", 40, 40), list(range(1, 11)), 40)
     with pytest.raises(ValueError, match="more than max_model_len allows"):
-        b.update(so)
+        b.update(plan_step(so))
     so = SchedulerOutput(step=0)
     r = req("b", 9, 9)
     so.scheduled.append(r)
     so.num_scheduled_tokens.append(9)
     with pytest.raises(KeyError, match="never admitted"):
-        b.prepare(so)
+        b.prepare(plan_step(so))
     so = SchedulerOutput(step=0)
     admit(so, r, [1, 2], 9)  # 9 tokens need 3 blocks
-    b.update(so)
+    b.update(plan_step(so))
     with pytest.raises(ValueError, match="holds only 2 blocks"):
-        b.prepare(so)
+        b.prepare(plan_step(so))
 
 
 def test_prepare_orders_decodes_first_and_maps_samples_back():
@@ -135,8 +135,8 @@ def test_prepare_orders_decodes_first_and_maps_samples_back():
     admit(so, long_dec, [3, 4, 5], 1)
     admit(so, finishing, [6, 7], 3)
     admit(so, short_dec, [8], 1)
-    b.update(so)
-    step = b.prepare(so)
+    b.update(plan_step(so))
+    step = b.prepare(plan_step(so))
     # Decodes first, shorter context first; then prefill chunks in schedule order.
     assert step.positions.tolist() == [2, 8, 2, 3, 4, 5, 4, 5, 6]
     assert step.input_ids(CPU).tolist() == [102, 108, 102, 103, 104, 105, 104, 105, 106]
@@ -172,7 +172,7 @@ def test_prepare_orders_decodes_first_and_maps_samples_back():
 def test_speculative_drafts_are_refused():
     b = batch()
     with pytest.raises(NotImplementedError, match="speculative"):
-        b.prepare(SchedulerOutput(step=0, spec_decode_tokens={"a": [1]}))
+        b.prepare(plan_step(SchedulerOutput(step=0, spec_decode_tokens={"a": [1]})))
 
 
 def test_recompute_from_grows_the_chunk_back_over_unwritten_blocks():
@@ -191,8 +191,8 @@ def test_recompute_from_grows_the_chunk_back_over_unwritten_blocks():
     admit(so, zero, [9, 10], 2)
     admit(so, kept, [11, 12], 1)
     so.recompute_from = {"c": 4, "d": 4, "z": 0, "k": 4}
-    b.update(so)
-    step = b.prepare(so)
+    b.update(plan_step(so))
+    step = b.prepare(plan_step(so))
     # Only "k" stays a decode; the others are prefills from their recompute position.
     assert step.attn.num_decodes == 1
     assert step.positions.tolist() == [4, *range(4, 12), *range(4, 9), *range(6)]
@@ -226,14 +226,14 @@ def test_a_decode_of_a_token_still_being_sampled_is_filled_in_later():
     so = SchedulerOutput(step=0)
     first = req("a", 5, 5)
     admit(so, first, [1, 2], 5)
-    b.update(so)
-    b.prepare(so)
+    b.update(plan_step(so))
+    b.prepare(plan_step(so))
     # The engine plans the next step before the prefill's token is applied:
     # position 5 is beyond the request's 5 known tokens.
     first.num_computed_tokens = 6
     so2 = SchedulerOutput(step=1, scheduled=[first], num_scheduled_tokens=[1])
-    b.update(so2)
-    step = b.prepare(so2)
+    b.update(plan_step(so2))
+    step = b.prepare(plan_step(so2))
     assert [(row, pos) for row, _, pos in step.holes] == [(0, 5)]
     # The executor's own sample lands before the forward reads it.
     b.states["a"].generated.append(42)
@@ -245,13 +245,13 @@ def test_a_decode_of_a_token_still_being_sampled_is_filled_in_later():
 
 
 def test_chunk_block_ids_do_not_alias_the_block_table():
+    """The next step's update may drop and reuse a table row while this step runs."""
     b = batch()
     so = SchedulerOutput(step=0)
     r = req("c", 9, 9)
     admit(so, r, [3, 4, 5], 4)
-    b.update(so)
-    step = b.prepare(so)
+    b.update(plan_step(so))
+    step = b.prepare(plan_step(so))
     (chunk,) = step.attn.prefills
-    # The row is dropped and reused while the step may still run.
-    b.update(SchedulerOutput(step=1, finished_req_ids=["c"]))
+    b.update(plan_step(SchedulerOutput(step=1, finished_req_ids=["c"])))
     assert chunk.block_ids.tolist() == [3, 4, 5]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import torch
 
@@ -99,6 +101,20 @@ def configure_threads(num_threads: int | None) -> int:
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
     return n
+
+
+@contextlib.contextmanager
+def single_threaded() -> Iterator[None]:
+    """Run torch ops on this thread without OpenMP worker threads, then restore its setting."""
+    n = torch.get_num_threads()
+    if n == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 def available_host_memory() -> int:

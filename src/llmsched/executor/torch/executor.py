@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 import torch
 
@@ -17,13 +17,15 @@ from llmsched.executor.torch.device import (
     default_block_size,
     resolve_device,
     resolve_dtype,
+    single_threaded,
 )
-from llmsched.executor.torch.input_batch import InputBatch, StepInputs
+from llmsched.executor.torch.input_batch import InputBatch, StepInputs, plan_step
 from llmsched.executor.torch.kv_cache import KVCache, KVCachePlan, cdiv, plan_kv_cache
 from llmsched.executor.torch.layers import can_prepack_linears
 from llmsched.executor.torch.model import DecoderModel
 from llmsched.executor.torch.rope import RotaryEmbedding
 from llmsched.executor.torch.sampler import Sampler
+from llmsched.executor.torch.step_thread import StepThread
 from llmsched.executor.torch.weights import load_weights
 
 log = logging.getLogger(__name__)
@@ -42,10 +44,19 @@ def use_transposed_keys(device: torch.device) -> bool:
 
 
 class TorchExecutor:
-    """Loads a model folder and runs SchedulerOutputs on it, one step per ``execute`` call.
+    """Loads a model folder and runs scheduled steps on it, on a thread of its own.
 
     ``num_gpu_blocks`` (null block included) and ``max_model_len`` are
     decided here, for the SchedulerConfig to copy.
+
+    The model runs on the executor's own thread (StepThread), from loading
+    the weights on; the caller's thread prepares each step's inputs, single
+    threaded. So the engine schedules step N+1 and processes step N's output
+    while the model runs (torch releases the GIL inside its ops), and the
+    process keeps one OpenMP team: libgomp cuts its spin-waiting short once
+    it manages more threads than there are CPUs, and measured on 2 cores a
+    batch-64 decode step went from ~35 to ~43 ms when a second thread had
+    started parallel regions of its own.
     """
 
     def __init__(
@@ -75,9 +86,45 @@ class TorchExecutor:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, cfg, self.device)
         self.max_model_len = self._resolve_max_model_len(cfg, max_model_len)
-        if block_size is None:
-            block_size = default_block_size(self.device)
-        self.block_size = block_size
+        self.block_size = default_block_size(self.device) if block_size is None else block_size
+        self._thread: StepThread | None = StepThread(self._run, self.device)
+        try:
+            self._thread.call(
+                self._load,
+                max_num_batched_tokens,
+                max_num_seqs,
+                num_gpu_blocks,
+                kv_cache_memory,
+                gpu_memory_utilization,
+                seed,
+                num_threads,
+            )
+        except BaseException:
+            self._thread.close()
+            raise
+        log.info(
+            "loaded %s (%s) on %s in %s: %d KV blocks of %d tokens from %s",
+            cfg.path,
+            cfg.architecture,
+            self.device,
+            self.dtype,
+            self.num_gpu_blocks,
+            self.block_size,
+            self.kv_plan.source,
+        )
+
+    def _load(
+        self,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        num_gpu_blocks: int | None,
+        kv_cache_memory: int | None,
+        gpu_memory_utilization: float,
+        seed: int,
+        num_threads: int | None,
+    ) -> None:
+        """Weights, KV cache, model and sampler (on the executor's thread)."""
+        cfg = self.model_config
         self.num_threads = None
         if self.device.type == "cpu":
             self.num_threads = configure_threads(num_threads)
@@ -90,7 +137,7 @@ class TorchExecutor:
                 cfg,
                 device=self.device,
                 dtype=self.dtype,
-                block_size=block_size,
+                block_size=self.block_size,
                 max_model_len=self.max_model_len,
                 max_num_seqs=max_num_seqs,
                 max_num_batched_tokens=max_num_batched_tokens,
@@ -105,8 +152,8 @@ class TorchExecutor:
             self.model = DecoderModel(cfg, self.weights, rope, self.kv_cache, threads=self.num_threads or 1)
         elem = torch.empty((), dtype=self.dtype).element_size()
         self.batch = InputBatch(
-            block_size=block_size,
-            max_blocks_per_request=cdiv(self.max_model_len, block_size),
+            block_size=self.block_size,
+            max_blocks_per_request=cdiv(self.max_model_len, self.block_size),
             max_num_seqs=max_num_seqs,
             device=self.device,
             decode_group_bytes=DECODE_GROUP_BYTES,
@@ -115,18 +162,6 @@ class TorchExecutor:
             dtype=self.dtype,
         )
         self.sampler = Sampler(self.device, seed)
-        # Runs submitted steps in order (async scheduling); made on first use.
-        self._thread: ThreadPoolExecutor | None = None
-        log.info(
-            "loaded %s (%s) on %s in %s: %d KV blocks of %d tokens from %s",
-            cfg.path,
-            cfg.architecture,
-            self.device,
-            self.dtype,
-            self.num_gpu_blocks,
-            block_size,
-            self.kv_plan.source,
-        )
 
     @staticmethod
     def _resolve_max_model_len(cfg: ModelConfig, max_model_len: int | None) -> int:
@@ -150,40 +185,32 @@ class TorchExecutor:
         return n
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step; one sampled-token list per scheduled request (empty for a partial chunk)."""
-        step = self._prepare(scheduler_output)
-        return self._run(step) if step is not None else _NO_SAMPLES
+        """Run one step and wait: a sampled-token list per scheduled request (empty for a partial chunk)."""
+        out = self.submit(scheduler_output)
+        return out if isinstance(out, ModelRunnerOutput) else out.result()
 
     def submit(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput] | ModelRunnerOutput:
-        """Prepare the step here and run it on the executor's thread, after any step submitted before.
+        """Prepare the step here, queue it behind any submitted before, and return at once.
 
-        For async scheduling: the engine plans the next step while this one
-        runs. Everything the step needs from the SchedulerOutput and its
-        Requests is read before this returns; inputs sampled by an earlier
-        step still running are filled in on the executor's thread.
+        For async scheduling: everything the step needs from its Requests is
+        read before this returns, so the engine may go on changing them;
+        inputs sampled by a step still running are filled in on the
+        executor's thread. The preparation runs single-threaded, so that
+        this thread never starts an OpenMP team of its own (see the class).
         """
-        step = self._prepare(scheduler_output)
-        if step is None:
-            return _NO_SAMPLES
-        if self._thread is None:
-            # torch releases the GIL inside its ops, so this thread's forward
-            # overlaps the engine's Python work on the calling thread.
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="llmsched-executor")
-        return self._thread.submit(self._run, step)
+        plan = plan_step(scheduler_output)
+        with single_threaded(), torch.inference_mode():
+            self.batch.update(plan)
+            if not scheduler_output.scheduled:
+                return _NO_SAMPLES
+            step = self.batch.prepare(plan)
+        assert self._thread is not None, "the executor is closed"
+        return self._thread.submit(step)
 
-    def _prepare(self, so: SchedulerOutput) -> StepInputs | None:
-        """Apply the step's state changes and build its inputs (None: nothing scheduled)."""
-        with torch.inference_mode():
-            self.batch.update(so)
-            if not so.scheduled:
-                return None
-            return self.batch.prepare(so)
-
-    def _run(self, step: StepInputs) -> ModelRunnerOutput:
-        """The forward pass and sampling of a prepared step."""
+    def _run(self, step: StepInputs, input_ids: torch.Tensor) -> ModelRunnerOutput:
+        """A prepared step's forward pass and sampling (on the executor's thread)."""
         num_sched = step.num_scheduled
         with torch.inference_mode():
-            input_ids = step.input_ids(self.device)
             logits = self.model.forward(input_ids, step.positions, step.attn, step.logits_indices)
             if not step.sample_states:
                 return ModelRunnerOutput(sampled_token_ids=[[] for _ in range(num_sched)])
@@ -201,9 +228,13 @@ class TorchExecutor:
 
     def close(self) -> None:
         """Finish any step still running, then drop the weights, cache and request state."""
-        if self._thread is not None:
-            self._thread.shutdown(wait=True)
-            self._thread = None
+        if self._thread is None:
+            return
+        self._thread.call(self._unload)
+        self._thread.close()
+        self._thread = None
+
+    def _unload(self) -> None:
         self.batch.clear()
         for name in ("model", "kv_cache", "weights"):
             if hasattr(self, name):

@@ -1,11 +1,18 @@
-"""Per-request state kept across steps, and turning a SchedulerOutput into model inputs.
+"""Per-request state kept across steps, and turning a scheduled step into model inputs.
 
 The executor keeps, for every request the scheduler has running, its block
 table (a row of one persistent tensor, so a step's decode tables are one
-index_select) and its penalty counters. Each step's SchedulerOutput updates
-that state: finished and preempted requests are dropped (a preempted one
-returns later as an admission with a fresh table), admissions bring their
-whole table, running requests their appended blocks.
+index_select) and its penalty counters. Each step updates that state:
+finished and preempted requests are dropped (a preempted one returns later
+as an admission with a fresh table), admissions bring their whole table,
+running requests their appended blocks.
+
+A step reaches the executor's thread as a StepPlan: the SchedulerOutput's
+own lists (never changed after schedule()) plus every value read from its
+Requests, copied by ``plan_step`` when the step is scheduled, since the
+engine changes the Requests while the step waits or runs (async
+scheduling). Only immutable Request fields (sampling parameters, prompt,
+stop ids) are read later.
 """
 
 from __future__ import annotations
@@ -45,13 +52,61 @@ class RequestState:
 
 
 @dataclass(slots=True)
+class StepPlan:
+    """A scheduled step, with the Request values it needs copied at schedule time.
+
+    Per scheduled request, in schedule order: the first position, the token
+    count (both grown back to ``recompute_from`` where it applies), the
+    input tokens (None for a decode whose input is sampled by a step still
+    in flight) and whether it samples. Per admission: its output tokens.
+    """
+
+    so: SchedulerOutput
+    starts: list[int]
+    counts: list[int]
+    tokens: list[list[int] | None]
+    samples: list[bool]
+    admitted_outputs: list[list[int]]
+
+
+def plan_step(so: SchedulerOutput) -> StepPlan:
+    """Copy what the step needs from its Requests; call right after schedule(), on the engine's thread."""
+    if so.spec_decode_tokens:
+        raise NotImplementedError("the torch executor does not verify speculative draft tokens")
+    starts: list[int] = []
+    counts: list[int] = []
+    tokens: list[list[int] | None] = []
+    samples: list[bool] = []
+    recompute = so.recompute_from
+    for req, n in zip(so.scheduled, so.num_scheduled_tokens):
+        start = req.num_computed_tokens - n
+        if recompute:
+            p = recompute.get(req.request_id)
+            if p is not None and p < start:
+                # Its prefix-cache hit covers blocks a withdrawn chunk
+                # registered but never wrote: the KV there is garbage, so
+                # the chunk grows back to p and rewrites those slots (as a
+                # prefill, even for one scheduled token). Every layer
+                # writes the step's K/V before attending, so others hitting
+                # the same blocks in this step read the rewritten KV.
+                n += start - p
+                start = p
+        starts.append(start)
+        counts.append(n)
+        # Positions past the known tokens are being sampled by a step in flight (a decode's only input).
+        tokens.append(req.token_ids[start : start + n] if start < req.num_tokens else None)
+        samples.append(not req.is_prefill_chunk)
+    outputs = [r.token_ids[r.num_prompt_tokens :] for r in so.admitted]
+    return StepPlan(so, starts, counts, tokens, samples, outputs)
+
+
+@dataclass(slots=True)
 class StepInputs:
     """A step's model inputs and which scheduled requests sample.
 
-    Built from the SchedulerOutput as soon as it is scheduled; every
-    Request field it needs is read then. A decode whose input token was
-    still being sampled by the previous step (async scheduling) is a hole
-    in ``token_ids``, filled by ``input_ids()`` once that step has run.
+    A decode whose input token was still being sampled by the step before
+    (async scheduling) is a hole in ``token_ids``, filled by ``input_ids()``
+    from the executor's own samples once that step has run.
     """
 
     num_scheduled: int
@@ -109,14 +164,15 @@ class InputBatch:
 
     # ---- state ------------------------------------------------------------------
 
-    def update(self, so: SchedulerOutput) -> None:
+    def update(self, plan: StepPlan) -> None:
         """Apply a step's finishes, preemptions, admissions and appended blocks."""
+        so = plan.so
         states = self.states
         for rid in so.finished_req_ids:
             self._drop(rid)
         for req in so.preempted:
             self._drop(req.request_id)
-        for req, block_ids in zip(so.admitted, so.admitted_block_ids):
+        for req, block_ids, outputs in zip(so.admitted, so.admitted_block_ids, plan.admitted_outputs):
             # An id reused after finishing, or resumed after preemption.
             self._drop(req.request_id)
             row = self._take_row()
@@ -128,7 +184,7 @@ class InputBatch:
                 )
             if n:
                 self.block_table[row, :n] = torch.tensor(block_ids, dtype=torch.int64)
-            states[req.request_id] = RequestState(req, row, n, req.token_ids[req.num_prompt_tokens :])
+            states[req.request_id] = RequestState(req, row, n, outputs)
         for rid, block_ids in so.new_block_ids.items():
             st = states.get(rid)
             if st is None:
@@ -165,31 +221,17 @@ class InputBatch:
 
     # ---- one step's inputs ----------------------------------------------------------
 
-    def prepare(self, so: SchedulerOutput) -> StepInputs:
-        """Flatten the scheduled chunks (grown back to ``recompute_from``): decodes first, then prefills."""
-        if so.spec_decode_tokens:
-            raise NotImplementedError("the torch executor does not verify speculative draft tokens")
+    def prepare(self, plan: StepPlan) -> StepInputs:
+        """Flatten the scheduled chunks: decodes first (shortest context first), then prefills."""
+        so = plan.so
         states = self.states
         bs = self.block_size
         decodes: list[tuple[int, int, RequestState]] = []  # (position, scheduled index, state)
         prefills: list[tuple[int, int, int, RequestState]] = []  # (start, n, scheduled index, state)
-        recompute = so.recompute_from
-        for i, (req, n) in enumerate(zip(so.scheduled, so.num_scheduled_tokens)):
+        for i, (req, start, n) in enumerate(zip(so.scheduled, plan.starts, plan.counts)):
             st = states.get(req.request_id)
             if st is None:
                 raise KeyError(f"request {req.request_id!r} is scheduled but was never admitted")
-            start = req.num_computed_tokens - n
-            if recompute:
-                p = recompute.get(req.request_id)
-                if p is not None and p < start:
-                    # Its prefix-cache hit covers blocks a withdrawn chunk
-                    # registered but never wrote: the KV there is garbage, so
-                    # the chunk grows back to p and rewrites those slots (as a
-                    # prefill, even for one scheduled token). Every layer
-                    # writes the step's K/V before attending, so others hitting
-                    # the same blocks in this step read the rewritten KV.
-                    n += start - p
-                    start = p
             if start + n > st.num_blocks * bs:
                 raise ValueError(
                     f"request {req.request_id!r} runs up to position {start + n} but holds "
@@ -204,16 +246,17 @@ class InputBatch:
         ids: list[int] = []
         holes: list[tuple[int, RequestState, int]] = []
         sample_rows: list[tuple[int, int, RequestState]] = []  # (row, scheduled index, state)
+        tokens, samples = plan.tokens, plan.samples
         nd = len(decodes)
         for row, (pos, i, st) in enumerate(decodes):
-            req = st.request
-            if pos < req.num_tokens:
-                ids.append(req.token_ids[pos])
+            known = tokens[i]
+            if known is not None:
+                ids.append(known[0])
             else:
-                # Sampled by a step still in flight: filled in just before the forward.
+                # Sampled by the step before, still in flight when this one was planned.
                 ids.append(0)
                 holes.append((row, st, pos))
-            if not req.is_prefill_chunk:
+            if samples[i]:
                 sample_rows.append((row, i, st))
         table = self.block_table
         if nd:
@@ -228,8 +271,7 @@ class InputBatch:
         chunks: list[PrefillChunk] = []
         row = nd
         for start, n, i, st in prefills:
-            req = st.request
-            ids.extend(req.token_ids[start : start + n])
+            ids.extend(tokens[i])  # type: ignore[arg-type]
             pos = self._arange[start : start + n]
             pos_parts.append(pos)
             table_row = table[st.row]
@@ -244,7 +286,7 @@ class InputBatch:
                 chunk.mask = (self._arange[None, : nb * bs] <= qpos).to(self.device)
             chunks.append(chunk)
             row += n
-            if not req.is_prefill_chunk:
+            if samples[i]:
                 sample_rows.append((row - 1, i, st))
         if prefills:
             # Rows must ascend; decodes and prefills each already do.

@@ -1,0 +1,117 @@
+"""The executor's own thread: its torch calls in submission order, and steps run back to back.
+
+Steps are prepared on the engine's thread (their Request values read at
+schedule time) and queued here. When another step is already queued, a
+step's output is handed back only as that step's forward starts: the engine
+wakes on the output and runs Python for a while, holding the GIL, and the
+next forward should be under way by then rather than wait for it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from queue import Empty, SimpleQueue
+from typing import Any
+
+import torch
+
+from llmsched.core.output import ModelRunnerOutput
+from llmsched.executor.torch.input_batch import StepInputs
+
+RunStep = Callable[[StepInputs, torch.Tensor], ModelRunnerOutput]
+
+
+@dataclass(slots=True)
+class _Call:
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    future: Future
+
+
+@dataclass(slots=True)
+class _Step:
+    step: StepInputs
+    future: Future
+
+
+class StepThread:
+    """One daemon thread that runs calls and steps in the order they were submitted."""
+
+    def __init__(self, run_step: RunStep, device: torch.device, name: str = "llmsched-executor") -> None:
+        self._run_step = run_step
+        self._device = device
+        self._queue: SimpleQueue[_Call | _Step | None] = SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` on the thread after everything queued; wait and return (or raise) its result."""
+        future: Future = Future()
+        self._queue.put(_Call(fn, args, future))
+        return future.result()
+
+    def submit(self, step: StepInputs) -> Future[ModelRunnerOutput]:
+        """Queue a step; its future completes with its output."""
+        future: Future[ModelRunnerOutput] = Future()
+        self._queue.put(_Step(step, future))
+        return future
+
+    def close(self) -> None:
+        """Finish what is queued, then stop the thread."""
+        self._queue.put(None)
+        self._thread.join()
+
+    def _loop(self) -> None:
+        queue = self._queue
+        item = queue.get()
+        input_ids: torch.Tensor | None = None
+        # A step's output held back until the next step's forward starts.
+        held: tuple[Future, ModelRunnerOutput] | None = None
+        while item is not None:
+            if isinstance(item, _Call):
+                _settle(item.future, item.fn, *item.args)
+                item = queue.get()
+                continue
+            step, future = item.step, item.future
+            try:
+                if input_ids is None:
+                    input_ids = step.input_ids(self._device)
+            except BaseException as e:
+                future.set_exception(e)
+                item = queue.get()
+                continue
+            finally:
+                if held is not None:
+                    # Now: the engine wakes on it and runs Python for a
+                    # while, holding the GIL, once this forward is under way.
+                    held[0].set_result(held[1])
+                    held = None
+            try:
+                output = self._run_step(step, input_ids)
+            except BaseException as e:
+                future.set_exception(e)
+                input_ids = None
+                item = queue.get()
+                continue
+            input_ids = None
+            try:
+                item = queue.get_nowait()
+            except Empty:
+                future.set_result(output)
+                item = queue.get()
+                continue
+            if isinstance(item, _Step):
+                # The next step's holes are this step's samples, just taken.
+                held = (future, output)
+            else:
+                future.set_result(output)
+
+def _settle(future: Future, fn: Callable[..., Any], *args: Any) -> None:
+    """Complete ``future`` with ``fn(*args)``, or with the exception it raised."""
+    try:
+        future.set_result(fn(*args))
+    except BaseException as e:
+        future.set_exception(e)
