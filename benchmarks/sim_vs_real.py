@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from e2e_cpu import SMALL, build_model, greedy  # noqa: E402
+from e2e_cpu import SMALL, build_model, greedy, on_a_thread  # noqa: E402
 from llmsched.bench.metrics import MetricsCollector  # noqa: E402
 from llmsched.core import Request, SchedulerConfig  # noqa: E402
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput  # noqa: E402
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="llmsched_sim_vs_real_") as tmp:
         model_dir = Path(tmp) / "small-llama"
-        build_model(model_dir, args.seed)
+        on_a_thread(build_model, model_dir, args.seed)
         for name in names:
             res = run_scenario(SCENARIOS[name], model_dir, args.seed, args.repeats)
             print_report(res)

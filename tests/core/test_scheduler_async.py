@@ -176,12 +176,17 @@ def test_resume_waits_while_a_stale_step_is_still_in_flight() -> None:
     assert next(iter(p.sched.waiting)) is b
 
 
-def test_draft_placeholders_and_rejections() -> None:
-    s = make_sched(async_scheduling=True, num_speculative_tokens=2)
-    p = Pipeline(s)
-    a = make_req("A", 6, max_tokens=20)
-    s.add_request(a)
+def _drafting(max_tokens: int) -> tuple[Pipeline, Request]:
+    """Async mode with two draft tokens a step; one 6-token request, its prefill planned."""
+    p = Pipeline(make_sched(async_scheduling=True, num_speculative_tokens=2))
+    a = make_req("A", 6, max_tokens=max_tokens)
+    p.sched.add_request(a)
     p.schedule()
+    return p, a
+
+
+def test_draft_placeholders_and_rejections() -> None:
+    p, a = _drafting(max_tokens=20)
     # After a sampling step the next drafts are placeholders (their ids are the executor's).
     assert a.spec_token_ids == [-1, -1] and a.num_output_placeholders == 1
     out = p.schedule()
@@ -199,11 +204,7 @@ def test_draft_placeholders_and_rejections() -> None:
 
 
 def test_drafts_are_discounted_from_the_max_tokens_skip() -> None:
-    s = make_sched(async_scheduling=True, num_speculative_tokens=2)
-    p = Pipeline(s)
-    a = make_req("A", 6, max_tokens=3)
-    s.add_request(a)
-    p.schedule()
+    p, a = _drafting(max_tokens=3)
     assert ran(p.schedule()) == {"A": 3}
     p.update()
     # In flight: step 1's bonus token and two drafts. Only the bonus token is
