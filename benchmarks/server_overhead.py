@@ -88,7 +88,11 @@ def run_in_process(engine: LLMEngine, requests: list, tag: str, engine_cpus: set
 
     def work() -> None:
         if engine_cpus:
-            os.sched_setaffinity(0, engine_cpus)  # this thread only
+            # This thread and the torch executor's own (the model runs there).
+            os.sched_setaffinity(0, engine_cpus)
+            for t in threading.enumerate():
+                if t.name.startswith("llmsched-executor") and t.native_id is not None:
+                    os.sched_setaffinity(t.native_id, engine_cpus)
         result.append(_run_in_process(engine, requests, tag))
 
     worker = threading.Thread(target=work)
@@ -113,7 +117,9 @@ def _run_in_process(engine: LLMEngine, requests: list, tag: str) -> dict:
         outs = engine.step()
         cpu = time.thread_time() - c0
         dt = time.perf_counter() - s0
-        steps.append((time.time(), dt, engine.last_step.num_running, cpu))
+        es = engine.last_step
+        if es is not None:  # None: a call that only put a step in flight (async scheduling)
+            steps.append((time.time(), dt, es.num_running, cpu))
         tokens += sum(len(o.outputs[0].token_ids) for o in outs)
     wall = time.time() - t0
     out = rates(steps, len(requests))
