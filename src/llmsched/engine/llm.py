@@ -1,4 +1,4 @@
-"""The offline API: ``LLM(model=..., **engine args).generate(prompts, sampling_params)``.
+"""The offline API: ``LLM(model=..., **engine args).generate(prompts, sampling_params)`` and ``.chat``.
 
 The whole batch is queued before the first step, so which requests share
 the first step depends only on the scheduler's rules, never on timing.
@@ -13,12 +13,13 @@ from __future__ import annotations
 import itertools
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llmsched.core.errors import RequestRejected
+from llmsched.core.errors import ConfigError, RequestRejected
 from llmsched.core.sampling_params import SamplingParams
 from llmsched.engine.args import EngineArgs
+from llmsched.engine.chat_template import ContentFormat, render_chat_prompt
 from llmsched.engine.llm_engine import ExecutorFactory, LLMEngine, PromptType
 from llmsched.engine.outputs import RequestOutput, RequestOutputKind
 from llmsched.engine.request_state import error_output
@@ -112,6 +113,74 @@ class LLM:
                 bar.close()
         return results  # type: ignore[return-value]
 
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        lora_request: object | None = None,
+        chat_template: str | None = None,
+        chat_template_content_format: ContentFormat = "auto",
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: Sequence[dict[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        mm_processor_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Answer one conversation or a list of them; one finished RequestOutput per conversation, in order.
+
+        A conversation is a list of {"role": ..., "content": ...} dicts;
+        content is a string or a list of {"type": "text", "text": ...} parts.
+        Each is rendered with ``chat_template`` (default: the model's), as
+        vLLM does: ``add_generation_prompt`` opens the assistant's turn,
+        ``continue_final_message`` (needs ``add_generation_prompt=False`` and
+        an assistant message last) ends the prompt inside that message so
+        generation continues it, ``tools`` and ``chat_template_kwargs`` become
+        template variables. ``chat_template_content_format``: "string" joins
+        text parts with newlines, "openai" gives the template the parts, "auto"
+        picks the one the template loops over. The rendered text is tokenized
+        without adding special tokens (the template writes BOS where the model
+        wants one) and kept in ``RequestOutput.prompt``.
+
+        Errors: as in vLLM, malformed input (a message without role or
+        content, a non-text content part, a model without a chat template, a
+        template that raises) raises ValueError naming the conversation and
+        message before anything runs; a rendered prompt the engine rejects
+        (too long for max_model_len) fails that conversation alone, as in
+        ``generate``. ``lora_request`` must be None (no LoRA here);
+        ``mm_processor_kwargs`` is accepted and unused, as only text is taken.
+        """
+        if lora_request is not None:
+            raise ValueError("lora_request is not supported: llmsched runs the base model only")
+        conversations, batched = _conversations(messages)
+        tokenizer = self.get_tokenizer()
+        if chat_template is None and not tokenizer.chat_template:
+            raise ConfigError(
+                f"the model {str(self.llm_engine.model_path)!r} has no chat template (tokenizer_config.json "
+                "has no chat_template, and there is no chat_template.jinja); pass chat_template= to give one"
+            )
+        texts, prompts = [], []
+        for k, conversation in enumerate(conversations):
+            where = f"messages[{k}]" if batched else "messages"
+            text = render_chat_prompt(
+                tokenizer,
+                conversation,
+                chat_template=chat_template,
+                content_format=chat_template_content_format,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tools=tools,
+                chat_template_kwargs=chat_template_kwargs,
+                where=where,
+            )
+            texts.append(text)
+            prompts.append({"prompt_token_ids": _encode_chat(tokenizer, text, where)})
+        outputs = self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        for out, text in zip(outputs, texts):
+            # Token-id prompts come back without text; the rendered chat is the prompt's text.
+            out.prompt = text
+        return outputs
+
     def _params_list(
         self, sampling_params: SamplingParams | Sequence[SamplingParams] | None, n: int
     ) -> list[SamplingParams]:
@@ -136,6 +205,26 @@ def _failed(engine: LLMEngine, request_id: str, prompt: object, message: str, no
         # The prompt itself is what failed: report it as given.
         text, ids = (prompt if isinstance(prompt, str) else None), []
     return error_output(request_id, text, ids, message, now)
+
+
+def _conversations(messages: object) -> tuple[list[Any], bool]:
+    """(the conversations, whether a list of them was given): vLLM's test is "the first item is a list"."""
+    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+        raise ValueError(
+            "messages must be a conversation (a list of {'role': ..., 'content': ...} dicts) "
+            f"or a list of conversations, not {type(messages).__name__}"
+        )
+    if not messages or isinstance(messages[0], (list, tuple)):
+        return list(messages), True
+    return [messages], False
+
+
+def _encode_chat(tokenizer: Tokenizer, text: str, where: str) -> list[int]:
+    """Token ids of a rendered chat, without special tokens: the template already wrote them (as vLLM)."""
+    try:
+        return tokenizer.encode(text, add_special_tokens=False)
+    except Exception as e:  # tokenizer backends raise assorted types on unencodable text
+        raise ValueError(f"{where}: the rendered chat cannot be tokenized: {e}") from None
 
 
 def _progress(total: int, enabled: bool) -> Any:

@@ -86,10 +86,17 @@ def resolve_model_dir(model: str | os.PathLike) -> Path:
     if not path.exists():
         raise ConfigError(
             f"model folder {str(path)!r} does not exist (llmsched loads local Hugging Face model "
-            "folders only; it never downloads)"
+            "folders and GGUF files only; it never downloads)"
         )
+    if path.is_file():
+        from llmsched.executor.torch.gguf import is_gguf_file, model_folder
+
+        if is_gguf_file(path):
+            return model_folder(path)
     if not path.is_dir():
-        raise ConfigError(f"model {str(path)!r} is not a folder (expected a Hugging Face model folder)")
+        raise ConfigError(
+            f"model {str(path)!r} is not a folder (expected a Hugging Face model folder or a .gguf file)"
+        )
     if not (path / "config.json").is_file():
         raise ConfigError(
             f"model folder {str(path)!r} has no config.json; is it a Hugging Face model folder?"

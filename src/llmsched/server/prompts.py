@@ -6,15 +6,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from llmsched.core.errors import ConfigError
-from llmsched.engine.chat_template import ChatTemplateError, render_chat
+from llmsched.engine.chat_template import ChatTemplateError, render_chat_prompt
 from llmsched.engine.tokenizer import Tokenizer
 from llmsched.server.errors import APIError
 from llmsched.server.protocol import ChatMessage
-
-# render_chat's own parameters, which chat_template_kwargs may not replace.
-_RESERVED_TEMPLATE_KWARGS = frozenset(
-    {"template", "messages", "add_generation_prompt", "bos_token", "eos_token"}
-)
 
 
 def completion_prompt_ids(
@@ -51,29 +46,6 @@ def encode(tokenizer: Tokenizer, text: str, *, add_special_tokens: bool, param: 
         raise APIError(400, f"the {param} cannot be tokenized: {e}", param) from None
 
 
-def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages as the chat template expects them, with text parts joined."""
-    out = []
-    for i, m in enumerate(messages):
-        content = m.content
-        if isinstance(content, list):
-            texts = []
-            for part in content:
-                if part.type != "text" or part.text is None:
-                    raise APIError(
-                        400,
-                        f"messages[{i}]: only text content parts are supported, not {part.type!r}",
-                        "messages",
-                    )
-                texts.append(part.text)
-            content = "\n".join(texts)
-        d: dict[str, Any] = {"role": m.role, "content": content if content is not None else ""}
-        if m.name is not None:
-            d["name"] = m.name
-        out.append(d)
-    return out
-
-
 def chat_prompt_ids(
     messages: Sequence[ChatMessage],
     tokenizer: Tokenizer,
@@ -82,20 +54,21 @@ def chat_prompt_ids(
     template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """The token ids of a chat rendered with the model's chat template."""
-    extra = dict(template_kwargs or {})
-    clash = _RESERVED_TEMPLATE_KWARGS & set(extra)
-    if clash:
-        raise APIError(400, f"chat_template_kwargs may not set {sorted(clash)}", "chat_template_kwargs")
+    dicts = [
+        {"role": m.role, "content": m.content, **({"name": m.name} if m.name is not None else {})}
+        for m in messages
+    ]
     try:
-        text = render_chat(
-            tokenizer.chat_template,
-            message_dicts(messages),
+        text = render_chat_prompt(
+            tokenizer,
+            dicts,
+            content_format="string",
             add_generation_prompt=add_generation_prompt,
-            bos_token=tokenizer.bos_token,
-            eos_token=tokenizer.eos_token,
-            **extra,
+            chat_template_kwargs=template_kwargs,
         )
-    except (ChatTemplateError, ConfigError) as e:
+    except ChatTemplateError as e:
+        raise APIError(400, str(e), e.param) from None
+    except ConfigError as e:
         raise APIError(400, str(e), "messages") from None
     # The template already wrote BOS and the like.
     return encode(tokenizer, text, add_special_tokens=False, param="messages")

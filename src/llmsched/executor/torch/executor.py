@@ -19,6 +19,7 @@ from llmsched.executor.torch.device import (
     resolve_dtype,
     single_threaded,
 )
+from llmsched.executor.torch.gguf import model_folder
 from llmsched.executor.torch.input_batch import InputBatch, StepInputs, plan_step
 from llmsched.executor.torch.kv_cache import KVCache, KVCachePlan, cdiv, plan_kv_cache
 from llmsched.executor.torch.layers import can_prepack_linears
@@ -82,7 +83,7 @@ class TorchExecutor:
         ):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"{name}={v!r} must be a positive integer")
-        self.model_config = cfg = ModelConfig.from_folder(model)
+        self.model_config = cfg = ModelConfig.from_folder(model_folder(model))
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, cfg, self.device)
         self.max_model_len = self._resolve_max_model_len(cfg, max_model_len)

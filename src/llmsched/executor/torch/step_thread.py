@@ -109,6 +109,7 @@ class StepThread:
             else:
                 future.set_result(output)
 
+
 def _settle(future: Future, fn: Callable[..., Any], *args: Any) -> None:
     """Complete ``future`` with ``fn(*args)``, or with the exception it raised."""
     try:

@@ -1,4 +1,4 @@
-"""Safetensors weights: find the files, check them against the config, load and fuse.
+"""Weights (safetensors, or a GGUF file's): find them, check them against the config, load and fuse.
 
 q/k/v projections are concatenated into one matrix and gate/up into another,
 so each layer runs three large matmuls plus the output projections.
@@ -7,7 +7,7 @@ so each layer runs three large matmuls plus the output projections.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +16,7 @@ from safetensors import safe_open
 
 from llmsched.executor.torch.config import ModelConfig
 from llmsched.executor.torch.errors import ModelLoadError, WeightsMismatch
+from llmsched.executor.torch.gguf import GGUFWeights, gguf_source
 from llmsched.executor.torch.layers import prepack_linear
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -196,12 +197,15 @@ def check_names_and_shapes(config: ModelConfig, found: dict[str, tuple[int, ...]
         )
 
 
-def load_weights(config: ModelConfig, dtype: torch.dtype, device: torch.device) -> ModelWeights:
-    """Read, check, cast and fuse a folder's weights onto ``device``."""
-    files = weight_files(config.path)
+def open_tensors(config: ModelConfig) -> tuple[dict[str, tuple[int, ...]], Callable[[str], torch.Tensor]]:
+    """(Hugging Face name -> shape, a reader by name) for a folder's safetensors or its GGUF file."""
+    source = gguf_source(config.path)
+    if source is not None:
+        g = GGUFWeights(source, config.num_heads, config.num_kv_heads)
+        return g.shapes, g.get
     where: dict[str, Path] = {}
     shapes: dict[str, tuple[int, ...]] = {}
-    for f in files:
+    for f in weight_files(config.path):
         try:
             with safe_open(str(f), framework="pt") as st:
                 for name in st.keys():  # noqa: SIM118 - safe_open is not a mapping
@@ -209,16 +213,25 @@ def load_weights(config: ModelConfig, dtype: torch.dtype, device: torch.device) 
                     shapes[name] = tuple(st.get_slice(name).get_shape())
         except Exception as e:  # safetensors raises its own error types
             raise ModelLoadError(f"cannot read weights file {str(f)!r}: {e}") from None
-    check_names_and_shapes(config, shapes)
-
     handles: dict[Path, object] = {}
 
-    def get(name: str) -> torch.Tensor:
+    def read(name: str) -> torch.Tensor:
         f = where[name]
         st = handles.get(f)
         if st is None:
             st = handles[f] = safe_open(str(f), framework="pt")
-        return st.get_tensor(name).to(dtype)
+        return st.get_tensor(name)
+
+    return shapes, read
+
+
+def load_weights(config: ModelConfig, dtype: torch.dtype, device: torch.device) -> ModelWeights:
+    """Read, check, cast and fuse a folder's weights onto ``device``."""
+    shapes, read = open_tensors(config)
+    check_names_and_shapes(config, shapes)
+
+    def get(name: str) -> torch.Tensor:
+        return read(name).to(dtype)
 
     def put(t: torch.Tensor) -> torch.Tensor:
         return t.to(device).contiguous()
