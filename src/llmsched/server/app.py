@@ -13,6 +13,7 @@ from llmsched.server.errors import install_error_handlers
 from llmsched.server.openai_routes import openai_router
 from llmsched.server.ops_routes import ops_router
 from llmsched.server.state import ServerState
+from llmsched.server.tokenize_routes import tokenize_router
 
 
 def build_app(state: ServerState) -> FastAPI:
@@ -35,6 +36,7 @@ def build_app(state: ServerState) -> FastAPI:
     install_error_handlers(app)
     app.include_router(openai_router(state))
     app.include_router(ops_router(state))
+    app.include_router(tokenize_router(state))
     if state.args.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=state.args.api_key)
     app.state.llmsched = state

@@ -1,4 +1,4 @@
-"""GET /health, /metrics and /debug/steps: what operators look at."""
+"""GET /health, /ping, /version, /metrics and /debug/steps: what operators look at."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from fastapi import APIRouter, Query
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
+import llmsched
 from llmsched.server.async_engine import EngineDead
 from llmsched.server.errors import APIError
 from llmsched.server.state import ServerState
@@ -23,6 +24,14 @@ def ops_router(state: ServerState) -> APIRouter:
         if not state.engine.is_running:
             raise APIError(503, state.engine.dead_reason or "the engine is not running")
         return Response(status_code=200)
+
+    # vLLM answers the load balancers' /ping (GET or POST) exactly as /health.
+    router.add_api_route("/ping", health, methods=["GET", "POST"])
+
+    @router.get("/version")
+    async def version() -> dict:
+        """The server's version."""
+        return {"version": llmsched.__version__}
 
     # async: metrics are only touched on the event loop, so the scrape must run there too.
     @router.get("/metrics")

@@ -51,7 +51,9 @@ def chat_prompt_ids(
     tokenizer: Tokenizer,
     *,
     add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
     template_kwargs: dict[str, Any] | None = None,
+    add_special_tokens: bool = False,
 ) -> list[int]:
     """The token ids of a chat rendered with the model's chat template."""
     dicts = [
@@ -64,11 +66,12 @@ def chat_prompt_ids(
             dicts,
             content_format="string",
             add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
             chat_template_kwargs=template_kwargs,
         )
     except ChatTemplateError as e:
         raise APIError(400, str(e), e.param) from None
     except ConfigError as e:
         raise APIError(400, str(e), "messages") from None
-    # The template already wrote BOS and the like.
-    return encode(tokenizer, text, add_special_tokens=False, param="messages")
+    # The template already wrote BOS and the like, unless the caller asks for them again.
+    return encode(tokenizer, text, add_special_tokens=add_special_tokens, param="messages")
