@@ -221,6 +221,9 @@ def test_queue_limits_refuse_with_the_reason_and_recover(
             def on_rejected(self, reason: str) -> None:
                 seen.append(reason)
 
+            def on_snapshot(self, *a: object) -> None:
+                return None
+
         engine, ex = make_engine(
             byte_model_dir,
             fake_factory,

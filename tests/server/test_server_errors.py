@@ -158,7 +158,7 @@ def test_past_the_queue_limits_requests_get_503_with_retry_after(
         t.join(60)
         metrics = httpx.get(server.base_url + "/metrics").text
         assert (
-            'llmsched:admission_rejections_total{model_name="embedded-qwen3-v1",'
+            'vllm:admission_rejections_total{model_name="embedded-qwen3-v1",'
             'reason="max_num_queued_reqs"} 1.0' in metrics
         )
         assert 'reason="max_num_queued_tokens"} 1.0' in metrics

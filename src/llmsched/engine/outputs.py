@@ -45,6 +45,8 @@ class RequestMetrics:
     last_token_time: float = math.nan
     finished_time: float = math.nan
     num_generation_tokens: int = 0
+    # Times the scheduler preempted the request (its KV recomputed after each).
+    num_preemptions: int = 0
 
     @property
     def time_in_queue(self) -> float:

@@ -92,6 +92,7 @@ class RequestState:
             finish_reason=req.finish_reason if finished else None,
             stop_reason=req.stop_reason if finished else None,
         )
+        self.metrics.num_preemptions = req.num_preemptions
         return RequestOutput(
             request_id=req.request_id,
             prompt=self.prompt,

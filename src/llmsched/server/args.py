@@ -13,6 +13,11 @@ from llmsched.core.errors import ConfigError
 DEFAULT_QUEUE_FACTOR = 4
 DEFAULT_QUEUE_FLOOR = 1024
 API_KEY_ENV = "LLMSCHED_API_KEY"
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_LOGPROBS = 20
+DEFAULT_MAX_STOP_STRINGS = 64
+DEFAULT_MAX_STOP_STRING_LEN = 1024
+DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
 ENGINE_MODES = ("process", "thread")
 
 
@@ -41,6 +46,14 @@ class ServerArgs:
     retry_after_s: int = 1
     log_level: str = "info"
     engine_mode: str = "process"
+    kv_cache_metrics: bool = False
+    kv_cache_metrics_sample: float = 0.01
+    max_request_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS
+    max_stop_strings: int = DEFAULT_MAX_STOP_STRINGS
+    max_stop_string_len: int = DEFAULT_MAX_STOP_STRING_LEN
+    request_timeout_s: float | None = None
+    shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -57,8 +70,23 @@ class ServerArgs:
             raise ConfigError(f"retry_after_s={self.retry_after_s} must be >= 1")
         if self.api_key == "":
             self.api_key = None
+        self._check_limits()
         if self.engine_mode not in ENGINE_MODES:
             raise ConfigError(f"engine_mode={self.engine_mode!r} must be one of {', '.join(ENGINE_MODES)}")
+
+    def _check_limits(self) -> None:
+        if not 0.0 < self.kv_cache_metrics_sample <= 1.0:
+            raise ConfigError(f"kv_cache_metrics_sample={self.kv_cache_metrics_sample} must be in (0, 1]")
+        for name in ("max_request_body_bytes", "max_stop_strings", "max_stop_string_len"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} must be a positive integer")
+        if not 0 <= self.max_logprobs <= DEFAULT_MAX_LOGPROBS:
+            raise ConfigError(f"max_logprobs={self.max_logprobs} must be in [0, {DEFAULT_MAX_LOGPROBS}]")
+        t = self.request_timeout_s
+        if t is not None and not t > 0:
+            raise ConfigError(f"request_timeout_s={t} must be > 0")
+        if not self.shutdown_timeout_s >= 0:
+            raise ConfigError(f"shutdown_timeout_s={self.shutdown_timeout_s} must be >= 0")
 
     def queue_limit(self, max_num_seqs: int) -> int:
         """The in-flight request cap in force for an engine with ``max_num_seqs`` slots."""
@@ -126,6 +154,8 @@ class ServerArgs:
             help="run the engine loop in its own process (default; HTTP work never shares its interpreter "
             "lock) or on a thread of the server",
         )
+        _add_observability_args(g)
+        _add_hardening_args(g)
         g.add_argument(
             "--log-level",
             default="info",
@@ -140,3 +170,68 @@ class ServerArgs:
         if kwargs.get("api_key") is None:
             kwargs["api_key"] = os.environ.get(API_KEY_ENV) or None
         return cls(**kwargs)
+
+
+def _add_observability_args(g: argparse._ArgumentGroup) -> None:
+    g.add_argument(
+        "--kv-cache-metrics",
+        action="store_true",
+        help="sample KV block residency for /metrics (vllm:kv_block_lifetime_seconds, "
+        "vllm:kv_block_idle_before_evict_seconds, vllm:kv_block_reuse_gap_seconds)",
+    )
+    g.add_argument(
+        "--kv-cache-metrics-sample",
+        type=float,
+        default=0.01,
+        metavar="FRACTION",
+        help="fraction of block lives --kv-cache-metrics follows (default 0.01, as vLLM)",
+    )
+
+
+def _add_hardening_args(g: argparse._ArgumentGroup) -> None:
+    g.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        metavar="BYTES",
+        help=f"request bodies larger than this get 413 before they are read whole "
+        f"(default {DEFAULT_MAX_BODY_BYTES})",
+    )
+    g.add_argument(
+        "--max-logprobs",
+        type=int,
+        default=DEFAULT_MAX_LOGPROBS,
+        metavar="N",
+        help=f"most logprobs / top_logprobs a request may ask for; more get 400 "
+        f"(default and ceiling {DEFAULT_MAX_LOGPROBS})",
+    )
+    g.add_argument(
+        "--max-stop-strings",
+        type=int,
+        default=DEFAULT_MAX_STOP_STRINGS,
+        metavar="N",
+        help=f"most stop strings per request; more get 400 (default {DEFAULT_MAX_STOP_STRINGS})",
+    )
+    g.add_argument(
+        "--max-stop-string-len",
+        type=int,
+        default=DEFAULT_MAX_STOP_STRING_LEN,
+        metavar="CHARS",
+        help=f"longest stop string; longer get 400 (default {DEFAULT_MAX_STOP_STRING_LEN})",
+    )
+    g.add_argument(
+        "--request-timeout-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="abort a request (freeing its KV blocks) once it has run this long; the client gets "
+        "a 504, or an error event on a stream (default: no limit)",
+    )
+    g.add_argument(
+        "--shutdown-timeout-s",
+        type=float,
+        default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+        metavar="S",
+        help="on SIGTERM or Ctrl-C stop accepting, let requests in flight finish for this long, then "
+        f"abort the rest with a clean answer and exit (default {DEFAULT_SHUTDOWN_TIMEOUT_S:g})",
+    )

@@ -73,6 +73,10 @@ class OutputObserver(Protocol):
         """A request was refused by a queue limit (``reason`` is vLLM's label)."""
         ...
 
+    def on_snapshot(self, snapshot: EngineSnapshot) -> None:
+        """A new engine snapshot arrived (each one once)."""
+        ...
+
 
 class EngineDead(RuntimeError):
     """The engine loop has stopped; no request can be served."""
@@ -166,6 +170,7 @@ class AsyncEngine:
         assert self._loop is not None
         now = time.monotonic()
         stream = RequestStream(request_id, prompt_len, now, self._loop.create_future())
+        stream.max_tokens = params.max_tokens
         self._streams[request_id] = stream
         self.backend.send(Add(request_id, list(prompt_token_ids), params, now, priority, cache_salt))
         return stream
@@ -225,11 +230,13 @@ class AsyncEngine:
             st.fail(RequestRejectedByEngine(message) if kind == REJECTED else EngineError(message))
 
     def _deliver(self, batch: StepBatch) -> None:
-        if batch.snapshot is not None:
-            self.snapshot = batch.snapshot
         streams = self._streams
         admission = self.admission
         observer = self.observer
+        if batch.snapshot is not None:
+            self.snapshot = batch.snapshot
+            if observer is not None:
+                observer.on_snapshot(batch.snapshot)
         token_time = batch.token_time
         for out in batch.outputs:
             st = streams.get(out.request_id)

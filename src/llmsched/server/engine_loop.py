@@ -41,6 +41,12 @@ from llmsched.server.engine_messages import (
     StepBatch,
     Stop,
 )
+from llmsched.server.engine_stats import (
+    attach_residency,
+    cache_config_labels,
+    drain_evictions,
+    waiting_by_reason,
+)
 from llmsched.server.step_log import StepLog, StepRecord
 
 log = logging.getLogger("llmsched.server")
@@ -53,9 +59,17 @@ class EngineLoop:
     """Steps one LLMEngine for many remote submitters."""
 
     def __init__(
-        self, engine: LLMEngine, emit: Emit, *, admission_window_ms: float = 0.0, trace_steps: int = 256
+        self,
+        engine: LLMEngine,
+        emit: Emit,
+        *,
+        admission_window_ms: float = 0.0,
+        trace_steps: int = 256,
+        kv_metrics_sample: float = 0.0,
     ) -> None:
         self.engine = engine
+        self.residency = attach_residency(engine, kv_metrics_sample)
+        self._last_reported: object = None
         self.emit = emit
         self.window_s = admission_window_ms / 1000.0
         self.step_log = StepLog(trace_steps)
@@ -86,6 +100,8 @@ class EngineLoop:
             generation_defaults=dict(e.generation_defaults),
             trace_steps=self.step_log.capacity,
             snapshot=self.snapshot(),
+            cache_config=cache_config_labels(e),
+            kv_cache_metrics=self.residency is not None,
         )
 
     def submit(self, cmd: Command) -> None:
@@ -267,6 +283,12 @@ class EngineLoop:
         sched = self.engine.scheduler
         stats = sched.prefix_cache_stats
         kv = sched.kv
+        last = self.engine.engine_core.last_scheduled
+        step_tokens = 0
+        # Each scheduled step's tokens are reported once, in the first snapshot after it.
+        if last is not None and last is not self._last_reported:
+            self._last_reported = last
+            step_tokens = last.total_num_scheduled_tokens
         return EngineSnapshot(
             num_running=len(sched.running),
             num_waiting=len(sched.waiting),
@@ -277,4 +299,7 @@ class EngineLoop:
             prefix_cache_queries=stats.queries,
             prefix_cache_hits=stats.hits,
             num_steps=self.engine.num_steps,
+            step_tokens=step_tokens,
+            waiting_by_reason=waiting_by_reason(self.engine, last.trace if last is not None else None),
+            kv_evictions=drain_evictions(self.residency),
         )

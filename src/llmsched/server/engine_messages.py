@@ -55,7 +55,8 @@ class OutputDelta:
     """One request's new text and tokens from one step; ``final`` timing only when finished.
 
     ``final`` is (arrival, first scheduled, finished, time per output
-    token, generated tokens), all on the monotonic clock the server shares.
+    token, generated tokens, preemptions), times on the monotonic clock the
+    server shares.
     """
 
     request_id: str
@@ -66,7 +67,7 @@ class OutputDelta:
     finish_reason: str | None
     stop_reason: int | str | None
     num_cached_tokens: int
-    final: tuple[float, float, float, float, int] | None = None
+    final: tuple[float, float, float, float, int, int] | None = None
 
     @classmethod
     def of(cls, out: RequestOutput) -> OutputDelta:
@@ -75,7 +76,14 @@ class OutputDelta:
         final = None
         if out.finished and out.metrics is not None:
             m = out.metrics
-            final = (m.arrival_time, m.first_scheduled_time, m.finished_time, m.tpot, m.num_generation_tokens)
+            final = (
+                m.arrival_time,
+                m.first_scheduled_time,
+                m.finished_time,
+                m.tpot,
+                m.num_generation_tokens,
+                m.num_preemptions,
+            )
         return cls(
             out.request_id,
             c.text,
@@ -102,6 +110,12 @@ class EngineSnapshot:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_steps: int = 0
+    # Tokens the latest step scheduled (prompt chunks and decodes).
+    step_tokens: int = 0
+    # (reason, count) for the waiting requests, in the decision trace's vocabulary.
+    waiting_by_reason: tuple[tuple[str, int], ...] = ()
+    # Sampled KV block lives that ended since the previous snapshot: (lifetime, idle, reuse gaps).
+    kv_evictions: tuple[tuple[float, float, tuple[float, ...]], ...] = ()
 
 
 @dataclass(slots=True)
@@ -156,6 +170,9 @@ class EngineInfo:
     generation_defaults: dict
     trace_steps: int
     snapshot: EngineSnapshot
+    # The KV cache settings, as vLLM's cache_config_info labels them.
+    cache_config: dict[str, str] = field(default_factory=dict)
+    kv_cache_metrics: bool = False
 
 
 # Between processes a step batch travels as plain tuples: pickling a hundred
@@ -176,6 +193,7 @@ def encode_batch(batch: StepBatch) -> tuple:
         snap_t = (
             snap.num_running, snap.num_waiting, snap.kv_usage, snap.num_free_blocks, snap.num_usable_blocks,
             snap.num_preemptions, snap.prefix_cache_queries, snap.prefix_cache_hits, snap.num_steps,
+            snap.step_tokens, snap.waiting_by_reason, snap.kv_evictions,
         )  # fmt: skip
     return (BATCH_TAG, outs, batch.token_time, snap_t)
 

@@ -37,7 +37,11 @@ STOP_TIMEOUT_S = 30.0
 
 
 def engine_process_main(
-    conn: Connection, engine_args: EngineArgs, admission_window_ms: float, trace_steps: int
+    conn: Connection,
+    engine_args: EngineArgs,
+    admission_window_ms: float,
+    trace_steps: int,
+    kv_metrics_sample: float = 0.0,
 ) -> None:
     """Entry point of the engine process: build the engine, announce it, serve commands until Stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -56,7 +60,13 @@ def engine_process_main(
         with lock:
             conn.send(data)
 
-    loop = EngineLoop(engine, emit, admission_window_ms=admission_window_ms, trace_steps=trace_steps)
+    loop = EngineLoop(
+        engine,
+        emit,
+        admission_window_ms=admission_window_ms,
+        trace_steps=trace_steps,
+        kv_metrics_sample=kv_metrics_sample,
+    )
     emit(loop.info())
     # The loop steps on a thread of its own, not the main thread: on CPU we
     # measured the same steps up to a third slower from the main thread (and
@@ -87,13 +97,14 @@ class ProcessBackend:
         *,
         admission_window_ms: float = 0.0,
         trace_steps: int = 256,
+        kv_metrics_sample: float = 0.0,
         start_timeout_s: float = 600.0,
     ) -> None:
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self.process = ctx.Process(
             target=engine_process_main,
-            args=(child, engine_args, admission_window_ms, trace_steps),
+            args=(child, engine_args, admission_window_ms, trace_steps, kv_metrics_sample),
             name="llmsched-engine",
             daemon=True,
         )

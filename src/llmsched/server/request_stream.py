@@ -24,6 +24,23 @@ class RequestRejectedByEngine(ValueError):
     """The engine refused the request when it was queued (the message names the reason)."""
 
 
+class SequenceGroup:
+    """The sequences of one request with n > 1, counted as one request in the metrics."""
+
+    __slots__ = ("max_num_tokens", "n", "remaining")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.remaining = n
+        self.max_num_tokens = 0
+
+    def child_finished(self, num_tokens: int) -> bool:
+        """Record one finished sequence; True once all of them have finished."""
+        self.max_num_tokens = max(self.max_num_tokens, num_tokens)
+        self.remaining -= 1
+        return self.remaining == 0
+
+
 @dataclass(slots=True)
 class RequestStream:
     """The per-request mailbox, plus what the server tracks for its metrics and limits."""
@@ -39,8 +56,11 @@ class RequestStream:
     waiter: asyncio.Future | None = None
     # Metrics bookkeeping (event loop only).
     num_tokens: int = 0
+    first_token_time: float = math.nan
     last_token_time: float = math.nan
     counts_as_queued: bool = True
+    max_tokens: int = 0
+    group: SequenceGroup | None = None
 
     def put(self, out: OutputDelta) -> None:
         """Add an engine output; wakes the handler."""

@@ -60,19 +60,20 @@ def make_backend(
     """Start the engine where ``server_args.engine_mode`` says (a custom executor needs a thread)."""
     if engine_args.num_threads is None:
         engine_args = replace(engine_args, num_threads=serving_threads())
+    loop_options = {
+        "admission_window_ms": server_args.admission_window_ms,
+        "trace_steps": server_args.trace_steps,
+        "kv_metrics_sample": server_args.kv_cache_metrics_sample if server_args.kv_cache_metrics else 0.0,
+    }
     if server_args.engine_mode == "thread" or executor_factory is not None:
         from llmsched.engine.llm_engine import LLMEngine
         from llmsched.server.thread_backend import ThreadBackend
 
         engine = LLMEngine(engine_args, executor_factory=executor_factory)
-        return ThreadBackend(
-            engine, admission_window_ms=server_args.admission_window_ms, trace_steps=server_args.trace_steps
-        )
+        return ThreadBackend(engine, **loop_options)
     from llmsched.server.process_backend import ProcessBackend
 
-    return ProcessBackend(
-        engine_args, admission_window_ms=server_args.admission_window_ms, trace_steps=server_args.trace_steps
-    )
+    return ProcessBackend(engine_args, **loop_options)
 
 
 def create_state(
@@ -90,7 +91,14 @@ def create_state(
         max_num_queued_requests=server_args.queue_limit(info.max_num_seqs),
         max_num_queued_tokens=server_args.max_num_queued_tokens,
     )
-    metrics = ServerMetrics(names[0], info.max_model_len, lambda: engine.snapshot, lambda: engine.admission)
+    metrics = ServerMetrics(
+        names[0],
+        info.max_model_len,
+        lambda: engine.snapshot,
+        lambda: engine.admission,
+        cache_config=info.cache_config,
+        kv_cache_metrics=info.kv_cache_metrics,
+    )
     engine.observer = metrics
     limits = ModelLimits(
         max_model_len=info.max_model_len,

@@ -21,11 +21,20 @@ class ThreadBackend:
     """Runs an EngineLoop over ``engine`` on a background thread."""
 
     def __init__(
-        self, engine: LLMEngine, *, admission_window_ms: float = 0.0, trace_steps: int = 256
+        self,
+        engine: LLMEngine,
+        *,
+        admission_window_ms: float = 0.0,
+        trace_steps: int = 256,
+        kv_metrics_sample: float = 0.0,
     ) -> None:
         self.engine = engine
         self.loop = EngineLoop(
-            engine, self._drop, admission_window_ms=admission_window_ms, trace_steps=trace_steps
+            engine,
+            self._drop,
+            admission_window_ms=admission_window_ms,
+            trace_steps=trace_steps,
+            kv_metrics_sample=kv_metrics_sample,
         )
         self._thread: threading.Thread | None = None
 

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from llmsched.core.kv.block import KVBlock
 from llmsched.core.kv.free_queue import FreeBlockQueue
+from llmsched.core.kv.residency import BlockResidency
 
 
 class BlockPool:
@@ -18,7 +19,7 @@ class BlockPool:
     lookup returns the one registered first, so block tables only grow.
     """
 
-    __slots__ = ("_cached", "blocks", "free_queue", "null_block", "num_blocks", "unwritten")
+    __slots__ = ("_cached", "blocks", "free_queue", "null_block", "num_blocks", "residency", "unwritten")
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 2:
@@ -33,6 +34,8 @@ class BlockPool:
         # Cached blocks whose KV was never written (see KVCacheManager.mark_unwritten);
         # they leave this set when their hash goes.
         self.unwritten: set[KVBlock] = set()
+        # Sampled residency metrics; None (the default) costs one test per call.
+        self.residency: BlockResidency | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -66,15 +69,21 @@ class BlockPool:
             if block.block_hash is not None:
                 self._uncache(block)
             block.ref_cnt = 1
+        if self.residency is not None:
+            for block in blocks:
+                self.residency.on_handed_out(block.block_id)
         return blocks
 
     def touch(self, blocks: Iterable[KVBlock]) -> None:
         """Take one more reference on each block; a free one leaves the queue."""
         remove = self.free_queue.remove
+        residency = self.residency
         for block in blocks:
             if block.ref_cnt == 0:
                 remove(block)
             block.ref_cnt += 1
+            if residency is not None:
+                residency.on_hit(block.block_id)
 
     def free_blocks(self, ordered: Iterable[KVBlock]) -> None:
         """Drop one reference on each block; the first in ``ordered`` is evicted first.
@@ -126,6 +135,8 @@ class BlockPool:
             return False
         self._cached.clear()
         self.unwritten.clear()
+        if self.residency is not None:
+            self.residency.reset()
         for block in self.blocks:
             block.block_hash = None
         return True
