@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 import llmsched
 from llmsched.server.auth import APIKeyMiddleware
+from llmsched.server.body_limit import BodyLimitMiddleware
 from llmsched.server.errors import install_error_handlers
 from llmsched.server.openai_routes import openai_router
 from llmsched.server.ops_routes import ops_router
@@ -39,5 +40,7 @@ def build_app(state: ServerState) -> FastAPI:
     app.include_router(tokenize_router(state))
     if state.args.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=state.args.api_key)
+    # Added last, so it runs first: an oversized body is refused before anything reads it.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=state.args.max_request_body_bytes)
     app.state.llmsched = state
     return app

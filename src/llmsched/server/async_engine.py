@@ -37,7 +37,13 @@ from llmsched.server.engine_messages import (
     Reply,
     StepBatch,
 )
-from llmsched.server.request_stream import EngineError, RequestRejectedByEngine, RequestStream
+from llmsched.server.request_stream import (
+    EngineError,
+    RequestRejectedByEngine,
+    RequestStream,
+    RequestTimedOut,
+    ServerShuttingDown,
+)
 
 QUERY_TIMEOUT_S = 30.0
 
@@ -92,8 +98,10 @@ class AsyncEngine:
         max_num_queued_requests: int = 1024,
         max_num_queued_tokens: int | None = None,
         observer: OutputObserver | None = None,
+        request_timeout_s: float | None = None,
     ) -> None:
         self.backend = backend
+        self.request_timeout_s = request_timeout_s
         self.info = backend.info()
         self.admission = AdmissionControl(max_num_queued_requests, max_num_queued_tokens)
         self.observer = observer
@@ -173,7 +181,31 @@ class AsyncEngine:
         stream.max_tokens = params.max_tokens
         self._streams[request_id] = stream
         self.backend.send(Add(request_id, list(prompt_token_ids), params, now, priority, cache_salt))
+        if self.request_timeout_s is not None:
+            stream.timer = self._loop.call_later(self.request_timeout_s, self._time_out, request_id)
         return stream
+
+    def _time_out(self, request_id: str) -> None:
+        st = self._streams.get(request_id)
+        if st is None or st.finished:
+            return
+        st.timer = None
+        # The stream stays tracked: the engine's abort output releases its queue slot.
+        st.fail(RequestTimedOut(f"the request did not finish within {self.request_timeout_s:g} s"))
+        self.abort(request_id)
+
+    def drain(self) -> None:
+        """Stop accepting requests (503 from now on); those in flight go on."""
+        if self._dead is None:
+            self._dead = "the server is shutting down"
+
+    def abort_all(self, message: str = "the server is shutting down") -> int:
+        """Abort every request in flight; each handler ends with a clean error. Returns how many."""
+        live = [st for st in self._streams.values() if not st.finished]
+        for st in live:
+            st.fail(ServerShuttingDown(message))
+            self.abort(st.request_id)
+        return len(live)
 
     def abort(self, request_id: str) -> None:
         """Abort a request (client gone); a no-op once it finished. Safe from any thread."""
@@ -250,6 +282,7 @@ class AsyncEngine:
             st.put(out)
             if out.finished:
                 del streams[out.request_id]
+                st.end_timer()
                 admission.release()
 
     def _fail_streams(self, request_ids: Sequence[str], message: str) -> None:
@@ -261,6 +294,7 @@ class AsyncEngine:
             st.fail(EngineError(message))
 
     def _release(self, st: RequestStream) -> None:
+        st.end_timer()
         if st.counts_as_queued:
             st.counts_as_queued = False
             self.admission.started(st.prompt_len)

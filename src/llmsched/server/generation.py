@@ -13,7 +13,12 @@ from llmsched.server.admission import Overloaded
 from llmsched.server.async_engine import EngineDead
 from llmsched.server.errors import APIError, sse_error
 from llmsched.server.protocol import SamplingFields, StreamOptions
-from llmsched.server.request_stream import EngineError, RequestRejectedByEngine, RequestStream
+from llmsched.server.request_stream import (
+    EngineError,
+    RequestRejectedByEngine,
+    RequestStream,
+    RequestTimedOut,
+)
 from llmsched.server.responses import DONE, Delta, Formatter, sse
 from llmsched.server.state import ServerState
 from llmsched.server.streaming import DeferredJSONResponse, EventStreamResponse
@@ -43,6 +48,8 @@ async def generate(
         await stream.accepted
     except RequestRejectedByEngine as e:
         raise APIError(400, str(e), prompt_param) from None
+    except RequestTimedOut as e:
+        raise APIError(e.status, str(e)) from None
     except EngineError as e:
         raise APIError(503, str(e), headers=retry) from None
     except asyncio.CancelledError:
@@ -80,7 +87,7 @@ async def _events(
         yield DONE
     except EngineError as e:
         # The status line went out long ago: the error travels as an event.
-        yield sse_error(500, str(e))
+        yield sse_error(e.status, str(e))
         yield DONE
     finally:
         if not finished:
@@ -96,4 +103,4 @@ async def _final(stream: RequestStream, fmt: Formatter) -> dict:
             if outs[-1].finished:
                 return fmt.final(d)
     except EngineError as e:
-        raise APIError(500, str(e)) from None
+        raise APIError(e.status, str(e)) from None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
 import sys
 import threading
@@ -15,10 +16,8 @@ from llmsched.engine.args import EngineArgs
 from llmsched.engine.llm_engine import ExecutorFactory
 from llmsched.server.app import build_app
 from llmsched.server.args import ServerArgs
+from llmsched.server.shutdown import ABORT_GRACE_S, GracefulServer
 from llmsched.server.state import ServerState, create_state
-
-# Seconds open streams get to finish when the server is told to stop.
-GRACEFUL_SHUTDOWN_S = 5
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -33,16 +32,16 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def make_server(state: ServerState) -> uvicorn.Server:
-    """A uvicorn server for the app over ``state``."""
+    """A uvicorn server for the app over ``state`` that drains the engine when told to stop."""
     config = uvicorn.Config(
         build_app(state),
         log_level=state.args.log_level,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        timeout_graceful_shutdown=state.args.shutdown_timeout_s + ABORT_GRACE_S,
         lifespan="on",
         # The server keeps its own queue limits; uvicorn's would answer 503 without our error shape.
         limit_concurrency=None,
     )
-    return uvicorn.Server(config)
+    return GracefulServer(config, state)
 
 
 def serve(engine_args: EngineArgs, server_args: ServerArgs) -> int:
@@ -113,9 +112,9 @@ class ServerThread:
         return self
 
     def stop(self) -> None:
-        """Stop serving and join the thread."""
-        self._server.should_exit = True
-        self._thread.join(GRACEFUL_SHUTDOWN_S + 30)
+        """Stop serving as on SIGTERM (drain, abort what is left) and join the thread."""
+        self._server.handle_exit(signal.SIGTERM, None)
+        self._thread.join(self.state.args.shutdown_timeout_s + ABORT_GRACE_S + 30)
         self._sock.close()
 
     def __enter__(self) -> ServerThread:

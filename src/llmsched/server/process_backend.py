@@ -44,7 +44,10 @@ def engine_process_main(
     kv_metrics_sample: float = 0.0,
 ) -> None:
     """Entry point of the engine process: build the engine, announce it, serve commands until Stop."""
+    # The server process handles Ctrl-C and SIGTERM (a whole process group gets them) and
+    # stops this one with Stop once it has drained; a lost pipe ends it otherwise.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from llmsched.engine.llm_engine import LLMEngine
     from llmsched.server.engine_loop import EngineLoop
 

@@ -19,6 +19,21 @@ from llmsched.server.engine_messages import OutputDelta
 class EngineError(RuntimeError):
     """The engine failed this request (or is shutting down); the message says why."""
 
+    # The HTTP status a client gets for it (in the event stream once that started).
+    status = 500
+
+
+class RequestTimedOut(EngineError):
+    """The request ran past the server's --request-timeout-s; it was aborted and its blocks freed."""
+
+    status = 504
+
+
+class ServerShuttingDown(EngineError):
+    """The server stopped before the request finished; it was aborted."""
+
+    status = 503
+
 
 class RequestRejectedByEngine(ValueError):
     """The engine refused the request when it was queued (the message names the reason)."""
@@ -61,9 +76,20 @@ class RequestStream:
     counts_as_queued: bool = True
     max_tokens: int = 0
     group: SequenceGroup | None = None
+    # The --request-timeout-s timer, cancelled when the request ends.
+    timer: asyncio.TimerHandle | None = None
+
+    def end_timer(self) -> None:
+        """Cancel the timeout timer, if any."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     def put(self, out: OutputDelta) -> None:
-        """Add an engine output; wakes the handler."""
+        """Add an engine output; wakes the handler. After ``fail`` outputs are dropped: the error stands."""
+        if self.error is not None:
+            self.finished = self.finished or out.finished
+            return
         self.items.append(out)
         if out.finished:
             self.finished = True

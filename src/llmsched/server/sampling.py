@@ -8,6 +8,7 @@ from llmsched.core.errors import InvalidSamplingParams
 from llmsched.core.sampling_params import SamplingParams
 from llmsched.server.errors import APIError
 from llmsched.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from llmsched.server.request_limits import check_request_limits
 
 # The executor samples in float32, where a top_p below ~1e-45 rounds to 0
 # and would mask every token; any top_p this small keeps only the most
@@ -25,6 +26,9 @@ class ModelLimits:
     max_model_len: int
     scheduling_policy: str = "fcfs"
     generation_defaults: dict = field(default_factory=dict)
+    max_logprobs: int = 20
+    max_stop_strings: int = 64
+    max_stop_string_len: int = 1024
 
 
 def check_common(req: SamplingFields) -> None:
@@ -102,6 +106,13 @@ def build_sampling_params(
     req: SamplingFields, *, max_tokens: int, logprobs: int | None, limits: ModelLimits
 ) -> SamplingParams:
     """SamplingParams with the model's generation defaults under the request's values."""
+    check_request_limits(
+        req,
+        logprobs,
+        max_logprobs=limits.max_logprobs,
+        max_stop_strings=limits.max_stop_strings,
+        max_stop_len=limits.max_stop_string_len,
+    )
     if req.priority != 0 and limits.scheduling_policy != "priority":
         raise APIError(
             400,

@@ -90,6 +90,7 @@ def create_state(
         backend,
         max_num_queued_requests=server_args.queue_limit(info.max_num_seqs),
         max_num_queued_tokens=server_args.max_num_queued_tokens,
+        request_timeout_s=server_args.request_timeout_s,
     )
     metrics = ServerMetrics(
         names[0],
@@ -104,6 +105,9 @@ def create_state(
         max_model_len=info.max_model_len,
         scheduling_policy=info.scheduling_policy,
         generation_defaults=dict(info.generation_defaults),
+        max_logprobs=server_args.max_logprobs,
+        max_stop_strings=server_args.max_stop_strings,
+        max_stop_string_len=server_args.max_stop_string_len,
     )
     return ServerState(
         engine=engine,
