@@ -76,6 +76,8 @@ class EngineArgs:
     async_scheduling: bool | None = None
     # Check the scheduler's invariants after every step (slow).
     debug: bool = False
+    # Load no tokenizer: prompts are token ids, outputs token ids (vLLM's skip_tokenizer_init).
+    skip_tokenizer_init: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs"):
@@ -181,6 +183,12 @@ class EngineArgs:
             "demo model with random weights",
         )
         g.add_argument("--tokenizer", default=None, metavar="DIR", help="tokenizer folder (default: --model)")
+        g.add_argument(
+            "--skip-tokenizer-init",
+            action="store_true",
+            help="load no tokenizer: prompts must be token ids and outputs are token ids only (no text, "
+            "no stop strings, no chat)",
+        )
         g.add_argument("--dtype", choices=DTYPES, default="auto")
         g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
         g.add_argument("--seed", type=int, default=0, help="engine seed (default 0)")

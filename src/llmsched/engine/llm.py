@@ -41,8 +41,8 @@ class LLM:
         if self.llm_engine.model_notice:
             print(self.llm_engine.model_notice, file=sys.stderr)
 
-    def get_tokenizer(self) -> Tokenizer:
-        """The model's tokenizer."""
+    def get_tokenizer(self) -> Tokenizer | None:
+        """The model's tokenizer (None with ``skip_tokenizer_init=True``)."""
         return self.llm_engine.tokenizer
 
     def get_default_sampling_params(self) -> SamplingParams:
@@ -154,6 +154,8 @@ class LLM:
             raise ValueError("lora_request is not supported: llmsched runs the base model only")
         conversations, batched = _conversations(messages)
         tokenizer = self.get_tokenizer()
+        if tokenizer is None:
+            raise ValueError("chat needs a tokenizer; this LLM was built with skip_tokenizer_init=True")
         if chat_template is None and not tokenizer.chat_template:
             raise ConfigError(
                 f"the model {str(self.llm_engine.model_path)!r} has no chat template (tokenizer_config.json "

@@ -21,7 +21,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from llmsched.core.errors import RequestRejected
+from llmsched.core.errors import ConfigError, RequestRejected
 from llmsched.core.request import Request, RequestStatus
 from llmsched.core.sampling_params import SamplingParams
 from llmsched.core.scheduler import Scheduler
@@ -62,12 +62,15 @@ class LLMEngine:
 
             self.model_notice = random_weights_notice(self.model_path)
         files = load_model_files(self.model_path)
-        self.tokenizer: Tokenizer = load_tokenizer(files, engine_args.tokenizer)
+        self.tokenizer: Tokenizer | None = None
+        if not engine_args.skip_tokenizer_init:
+            self.tokenizer = load_tokenizer(files, engine_args.tokenizer)
         self.model_config = files.config
         self.generation_defaults = files.generation_defaults
-        vocab = files.config.get("vocab_size")
-        self.vocab_size: int = vocab if isinstance(vocab, int) and vocab > 0 else self.tokenizer.vocab_size
-        self.eos_token_ids: list[int] = self.tokenizer.eos_token_ids
+        self.vocab_size: int = _vocab_size(files.config, self.tokenizer)
+        self.eos_token_ids: list[int] = (
+            self.tokenizer.eos_token_ids if self.tokenizer is not None else files.eos_token_ids
+        )
         factory = executor_factory if executor_factory is not None else _torch_executor
         executor = factory(self.model_path, **self._executor_kwargs())
         try:
@@ -84,8 +87,12 @@ class LLMEngine:
         self.scheduler_config = config
         self.max_model_len: int = config.max_model_len
         self._states: dict[str, RequestState] = {}
-        self._decode = partial(self.tokenizer.decode, skip_special_tokens=True)
-        self._decode_keep_special = partial(self.tokenizer.decode, skip_special_tokens=False)
+        if self.tokenizer is not None:
+            self._decode = partial(self.tokenizer.decode, skip_special_tokens=True)
+            self._decode_keep_special = partial(self.tokenizer.decode, skip_special_tokens=False)
+        else:
+            # Token ids only: every output's text stays empty.
+            self._decode = self._decode_keep_special = _no_text
         # The step the last step() call applied (None: that call only
         # scheduled one, with async scheduling).
         self.last_step: EngineStep | None = None
@@ -111,9 +118,17 @@ class LLMEngine:
         """The step scheduler (for tracing and statistics)."""
         return self.engine_core.scheduler
 
-    def get_tokenizer(self) -> Tokenizer:
-        """The model's tokenizer."""
+    def get_tokenizer(self) -> Tokenizer | None:
+        """The model's tokenizer (None with skip_tokenizer_init)."""
         return self.tokenizer
+
+    def _encode(self, request_id: str, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise RequestRejected(
+                f"request {request_id!r}: a text prompt needs a tokenizer, and this engine runs with "
+                "skip_tokenizer_init; pass {'prompt_token_ids': [...]} instead"
+            )
+        return self.tokenizer.encode(text)
 
     def default_sampling_params(self) -> SamplingParams:
         """SamplingParams with the model's generation_config.json defaults (temperature, top_p, ...)."""
@@ -132,13 +147,13 @@ class LLMEngine:
         text: str | None = None
         if isinstance(prompt, str):
             text = prompt
-            ids = self.tokenizer.encode(prompt)
+            ids = self._encode(request_id, prompt)
         elif isinstance(prompt, Mapping):
             if "prompt_token_ids" in prompt:
                 ids = prompt["prompt_token_ids"]
             elif isinstance(prompt.get("prompt"), str):
                 text = prompt["prompt"]
-                ids = self.tokenizer.encode(text)
+                ids = self._encode(request_id, text)
             else:
                 raise RequestRejected(
                     f"request {request_id!r}: a dict prompt needs 'prompt' (text) or 'prompt_token_ids'"
@@ -189,6 +204,11 @@ class LLMEngine:
             )
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
             raise RequestRejected(f"request {request_id!r}: cache_salt must be a non-empty string")
+        if self.tokenizer is None and params.stop:
+            raise RequestRejected(
+                f"request {request_id!r}: stop strings need a tokenizer, and this engine runs with "
+                "skip_tokenizer_init; use stop_token_ids"
+            )
         text, ids = self.process_prompt(request_id, prompt)
         arrival = time.monotonic() if arrival_time is None else arrival_time
         req = Request(
@@ -307,7 +327,9 @@ class LLMEngine:
                 out[req.request_id] = entry if isinstance(entry, list) else [entry]
         return out
 
-    def _decode_one(self, token_id: int) -> str:
+    def _decode_one(self, token_id: int) -> str | None:
+        if self.tokenizer is None:
+            return None
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def close(self) -> None:
@@ -319,6 +341,20 @@ class LLMEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _no_text(_: Sequence[int]) -> str:
+    return ""
+
+
+def _vocab_size(config: dict, tokenizer: Tokenizer | None) -> int:
+    """config.json's vocab_size, else the tokenizer's; without either the engine cannot check ids."""
+    vocab = config.get("vocab_size")
+    if isinstance(vocab, int) and vocab > 0:
+        return vocab
+    if tokenizer is None:
+        raise ConfigError("config.json has no vocab_size, which skip_tokenizer_init needs")
+    return tokenizer.vocab_size
 
 
 def _resolve_model(model: str | os.PathLike | None) -> tuple[Path, bool]:

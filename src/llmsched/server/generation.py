@@ -34,6 +34,8 @@ async def generate(
     prompt_param: str,
 ) -> Response:
     """Queue the request, wait until the scheduler accepted it, then answer (SSE or JSON)."""
+    if state.tokenizer is None or (body.model_extra or {}).get("return_token_ids") is True:
+        formatter.include_token_ids(prompt_token_ids)
     engine = state.engine
     retry = {"Retry-After": str(state.args.retry_after_s)}
     try:

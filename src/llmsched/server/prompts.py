@@ -11,9 +11,11 @@ from llmsched.engine.tokenizer import Tokenizer
 from llmsched.server.errors import APIError
 from llmsched.server.protocol import ChatMessage
 
+NO_TOKENIZER = "needs a tokenizer, and this server runs with --skip-tokenizer-init"
+
 
 def completion_prompt_ids(
-    prompt: str | list[int] | list[str] | list[list[int]], tokenizer: Tokenizer, vocab_size: int
+    prompt: str | list[int] | list[str] | list[list[int]], tokenizer: Tokenizer | None, vocab_size: int
 ) -> list[int]:
     """The token ids of a completion prompt (one prompt: text or token ids)."""
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
@@ -25,6 +27,8 @@ def completion_prompt_ids(
             )
         prompt = prompt[0]  # type: ignore[assignment]
     if isinstance(prompt, str):
+        if tokenizer is None:
+            raise APIError(400, f"a text prompt {NO_TOKENIZER}; send the prompt as token ids", "prompt")
         return encode(tokenizer, prompt, add_special_tokens=True, param="prompt")
     ids = list(prompt)  # type: ignore[arg-type]
     check_token_ids(ids, vocab_size, "prompt")
@@ -48,7 +52,7 @@ def encode(tokenizer: Tokenizer, text: str, *, add_special_tokens: bool, param: 
 
 def chat_prompt_ids(
     messages: Sequence[ChatMessage],
-    tokenizer: Tokenizer,
+    tokenizer: Tokenizer | None,
     *,
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
@@ -56,6 +60,8 @@ def chat_prompt_ids(
     add_special_tokens: bool = False,
 ) -> list[int]:
     """The token ids of a chat rendered with the model's chat template."""
+    if tokenizer is None:
+        raise APIError(400, f"chat {NO_TOKENIZER}; use /v1/completions with token ids", "messages")
     dicts = [
         {"role": m.role, "content": m.content, **({"name": m.name} if m.name is not None else {})}
         for m in messages

@@ -1,4 +1,4 @@
-"""Per-request bounds the operator sets: how many logprobs, how many and how long stop strings."""
+"""Per-request bounds: how many logprobs, how many and how long stop strings, and none without a tokenizer."""
 
 from __future__ import annotations
 
@@ -7,9 +7,19 @@ from llmsched.server.protocol import SamplingFields
 
 
 def check_request_limits(
-    req: SamplingFields, logprobs: int | None, *, max_logprobs: int, max_stop_strings: int, max_stop_len: int
+    req: SamplingFields,
+    logprobs: int | None,
+    *,
+    max_logprobs: int,
+    max_stop_strings: int,
+    max_stop_len: int,
+    has_tokenizer: bool = True,
 ) -> None:
     """400 naming the field when a request asks for more than the server allows."""
+    if req.stop and not has_tokenizer:
+        raise APIError(
+            400, "stop strings need a tokenizer; this server runs with --skip-tokenizer-init", "stop"
+        )
     if logprobs is not None and logprobs > max_logprobs:
         param = "top_logprobs" if hasattr(req, "top_logprobs") else "logprobs"
         raise APIError(

@@ -72,6 +72,27 @@ class Formatter:
         self.num_top = num_top_logprobs
         self.num_tokens = 0
         self.num_cached = 0
+        # The choice's index (n > 1 runs one formatter per choice).
+        self.index = 0
+        # Set by include_token_ids: the prompt's ids, sent once with the first choice data.
+        self.prompt_token_ids: list[int] | None = None
+        self.with_token_ids = False
+
+    def include_token_ids(self, prompt_token_ids: list[int]) -> None:
+        """Add ``token_ids`` (and ``prompt_token_ids`` once) to every choice, as vLLM's return_token_ids."""
+        self.with_token_ids = True
+        self.prompt_token_ids = list(prompt_token_ids)
+
+    def _has_ids(self, d: Delta) -> bool:
+        return self.with_token_ids and bool(d.token_ids)
+
+    def _choice(self, choice: dict, d: Delta) -> dict:
+        choice["index"] = self.index
+        if self.with_token_ids:
+            choice["token_ids"] = list(d.token_ids)
+            if self.prompt_token_ids is not None:
+                choice["prompt_token_ids"], self.prompt_token_ids = self.prompt_token_ids, None
+        return choice
 
     def _envelope(self, obj: str, choices: list[dict]) -> dict:
         return {
@@ -128,7 +149,7 @@ class CompletionFormatter(Formatter):
         """A text_completion chunk."""
         self._count(d)
         lp = self._logprobs(d) if d.token_ids else None
-        if not d.text and d.finish_reason is None and not (lp and lp["tokens"]):
+        if not d.text and d.finish_reason is None and not (lp and lp["tokens"]) and not self._has_ids(d):
             return None
         choice = {
             "index": 0,
@@ -137,7 +158,7 @@ class CompletionFormatter(Formatter):
             "finish_reason": d.finish_reason,
             "stop_reason": d.stop_reason,
         }
-        return self._envelope(self.object_chunk, [choice])
+        return self._envelope(self.object_chunk, [self._choice(choice, d)])
 
     def final(self, d: Delta) -> dict:
         """The text_completion response."""
@@ -150,7 +171,7 @@ class CompletionFormatter(Formatter):
             "finish_reason": d.finish_reason,
             "stop_reason": d.stop_reason,
         }
-        out = self._envelope(self.object_final, [choice])
+        out = self._envelope(self.object_final, [self._choice(choice, d)])
         out["usage"] = self.usage()
         return out
 
@@ -169,7 +190,7 @@ class ChatFormatter(Formatter):
     def first_chunks(self) -> list[dict]:
         """The role chunk, as OpenAI sends it first."""
         choice = {
-            "index": 0,
+            "index": self.index,
             "delta": {"role": "assistant", "content": ""},
             "logprobs": None,
             "finish_reason": None,
@@ -180,7 +201,7 @@ class ChatFormatter(Formatter):
         """A chat.completion.chunk."""
         self._count(d)
         lp = self._logprobs(d) if d.token_ids else None
-        if not d.text and d.finish_reason is None and not (lp and lp["content"]):
+        if not d.text and d.finish_reason is None and not (lp and lp["content"]) and not self._has_ids(d):
             return None
         choice = {
             "index": 0,
@@ -189,7 +210,7 @@ class ChatFormatter(Formatter):
             "finish_reason": d.finish_reason,
             "stop_reason": d.stop_reason,
         }
-        return self._envelope(self.object_chunk, [choice])
+        return self._envelope(self.object_chunk, [self._choice(choice, d)])
 
     def final(self, d: Delta) -> dict:
         """The chat.completion response."""
@@ -201,6 +222,6 @@ class ChatFormatter(Formatter):
             "finish_reason": d.finish_reason,
             "stop_reason": d.stop_reason,
         }
-        out = self._envelope(self.object_final, [choice])
+        out = self._envelope(self.object_final, [self._choice(choice, d)])
         out["usage"] = self.usage()
         return out

@@ -29,6 +29,7 @@ class ModelLimits:
     max_logprobs: int = 20
     max_stop_strings: int = 64
     max_stop_string_len: int = 1024
+    has_tokenizer: bool = True
 
 
 def check_common(req: SamplingFields) -> None:
@@ -112,6 +113,7 @@ def build_sampling_params(
         max_logprobs=limits.max_logprobs,
         max_stop_strings=limits.max_stop_strings,
         max_stop_len=limits.max_stop_string_len,
+        has_tokenizer=limits.has_tokenizer,
     )
     if req.priority != 0 and limits.scheduling_policy != "priority":
         raise APIError(

@@ -27,7 +27,8 @@ class ServerState:
     served_model_names: list[str]
     model_root: str
     limits: ModelLimits
-    tokenizer: Tokenizer
+    # None with --skip-tokenizer-init: prompts and outputs are token ids only.
+    tokenizer: Tokenizer | None
     vocab_size: int
     args: ServerArgs
     model_notice: str | None = None
@@ -83,8 +84,9 @@ def create_state(
     backend = make_backend(engine_args, server_args, executor_factory)
     info = backend.info()
     # The HTTP side tokenizes, so it loads the tokenizer too (never the weights).
-    files = load_model_files(info.model_path)
-    tokenizer = load_tokenizer(files, engine_args.tokenizer)
+    tokenizer = None
+    if not engine_args.skip_tokenizer_init:
+        tokenizer = load_tokenizer(load_model_files(info.model_path), engine_args.tokenizer)
     names = list(server_args.served_model_name) or [engine_args.model or Path(info.model_path).name]
     engine = AsyncEngine(
         backend,
@@ -108,6 +110,7 @@ def create_state(
         max_logprobs=server_args.max_logprobs,
         max_stop_strings=server_args.max_stop_strings,
         max_stop_string_len=server_args.max_stop_string_len,
+        has_tokenizer=tokenizer is not None,
     )
     return ServerState(
         engine=engine,

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from llmsched.engine.tokenizer import Tokenizer
 from llmsched.server.errors import APIError
-from llmsched.server.prompts import chat_prompt_ids, check_token_ids, encode
+from llmsched.server.prompts import NO_TOKENIZER, chat_prompt_ids, check_token_ids, encode
 from llmsched.server.protocol import ChatMessage, _Body
 from llmsched.server.state import ServerState
 
@@ -45,7 +45,7 @@ class DetokenizeBody(_Body):
 def require_tokenizer(state: ServerState, route: str) -> Tokenizer:
     """The server's tokenizer; 400 when it runs on token ids alone."""
     if state.tokenizer is None:
-        raise APIError(400, f"{route} needs a tokenizer; this server runs with --skip-tokenizer-init")
+        raise APIError(400, f"{route} {NO_TOKENIZER}")
     return state.tokenizer
 
 
