@@ -198,7 +198,7 @@ def test_errors_reach_the_client_as_openai_errors(client: openai.OpenAI) -> None
     assert "256" in message and "300" in message
     assert long_prompt.value.body["param"] == "prompt"
     with pytest.raises(openai.BadRequestError) as n2:
-        client.completions.create(model=MODEL, prompt="x", max_tokens=1, n=2)
+        client.completions.create(model=MODEL, prompt="x", max_tokens=1, n=129)
     assert n2.value.body["param"] == "n"
     with pytest.raises(openai.BadRequestError) as temp:
         client.chat.completions.create(

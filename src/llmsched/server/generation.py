@@ -12,6 +12,7 @@ from llmsched.core.sampling_params import SamplingParams
 from llmsched.server.admission import Overloaded
 from llmsched.server.async_engine import EngineDead
 from llmsched.server.errors import APIError, sse_error
+from llmsched.server.fanout import generate_n
 from llmsched.server.protocol import SamplingFields, StreamOptions
 from llmsched.server.request_stream import (
     EngineError,
@@ -36,6 +37,12 @@ async def generate(
     """Queue the request, wait until the scheduler accepted it, then answer (SSE or JSON)."""
     if state.tokenizer is None or (body.model_extra or {}).get("return_token_ids") is True:
         formatter.include_token_ids(prompt_token_ids)
+    if getattr(body, "echo", False):
+        formatter.echo = echo_text(state, body, prompt_token_ids)
+    n = body.n or 1
+    if n > 1:
+        forks = [formatter.fork(i) for i in range(n)]
+        return await generate_n(state, request_id, prompt_token_ids, params, body, forks, prompt_param)
     engine = state.engine
     retry = {"Retry-After": str(state.args.retry_after_s)}
     try:
@@ -61,6 +68,18 @@ async def generate(
     if body.stream:
         return EventStreamResponse(_events(stream, formatter, body.stream_options, abort), abort)
     return DeferredJSONResponse(_final(stream, formatter), abort)
+
+
+def echo_text(state: ServerState, body: SamplingFields, prompt_token_ids: list[int]) -> str:
+    """The prompt as completions' echo shows it: the text given, or the ids decoded."""
+    prompt = getattr(body, "prompt", None)
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    if state.tokenizer is None:
+        return ""
+    return state.tokenizer.decode(prompt_token_ids, skip_special_tokens=False)
 
 
 async def _events(

@@ -77,6 +77,25 @@ class Formatter:
         # Set by include_token_ids: the prompt's ids, sent once with the first choice data.
         self.prompt_token_ids: list[int] | None = None
         self.with_token_ids = False
+        # Completions' echo: the prompt text, sent before the first generated text.
+        self.echo: str | None = None
+
+    def _echoed(self, text: str) -> str:
+        if self.echo is None:
+            return text
+        text, self.echo = self.echo + text, None
+        return text
+
+    def fork(self, index: int) -> Formatter:
+        """A formatter for choice ``index`` of the same request (n > 1), with the same options."""
+        f = type(self)(self.id, self.model, self.prompt_len, self.num_top)
+        f.created = self.created
+        f.index = index
+        f.with_token_ids = self.with_token_ids
+        f.echo = self.echo
+        if self.prompt_token_ids is not None:
+            f.prompt_token_ids = list(self.prompt_token_ids)
+        return f
 
     def include_token_ids(self, prompt_token_ids: list[int]) -> None:
         """Add ``token_ids`` (and ``prompt_token_ids`` once) to every choice, as vLLM's return_token_ids."""
@@ -149,11 +168,12 @@ class CompletionFormatter(Formatter):
         """A text_completion chunk."""
         self._count(d)
         lp = self._logprobs(d) if d.token_ids else None
-        if not d.text and d.finish_reason is None and not (lp and lp["tokens"]) and not self._has_ids(d):
+        text = self._echoed(d.text)
+        if not text and d.finish_reason is None and not (lp and lp["tokens"]) and not self._has_ids(d):
             return None
         choice = {
             "index": 0,
-            "text": d.text,
+            "text": text,
             "logprobs": lp,
             "finish_reason": d.finish_reason,
             "stop_reason": d.stop_reason,
@@ -166,7 +186,7 @@ class CompletionFormatter(Formatter):
         lp = self._logprobs(d)
         choice = {
             "index": 0,
-            "text": d.text,
+            "text": self._echoed(d.text),
             "logprobs": lp,
             "finish_reason": d.finish_reason,
             "stop_reason": d.stop_reason,

@@ -17,6 +17,8 @@ TOP_P_FLOOR = 1e-30
 # The penalty divides and multiplies float32 logits: beyond these bounds it
 # overflows to inf or 0, turning logits into NaN. No useful value lies outside.
 REPETITION_PENALTY_RANGE = (1e-6, 1e6)
+# Sequences one request may fork into (n).
+MAX_N = 128
 
 
 @dataclass(slots=True)
@@ -34,8 +36,8 @@ class ModelLimits:
 
 def check_common(req: SamplingFields) -> None:
     """Refuse fields llmsched does not support, before any tokenizing."""
-    if req.n is not None and req.n != 1:
-        raise APIError(400, f"n={req.n} is not supported: llmsched returns one choice; send n requests", "n")
+    if req.n is not None and req.n > MAX_N:
+        raise APIError(400, f"n={req.n} is more than this server forks (at most {MAX_N})", "n")
     if req.logit_bias:
         raise APIError(400, "logit_bias is not supported", "logit_bias")
     if req.stream_options is not None and not req.stream:
@@ -51,10 +53,18 @@ def check_common(req: SamplingFields) -> None:
 def check_completion(req: CompletionRequest) -> None:
     """Completion-only fields llmsched does not support."""
     check_common(req)
-    if req.best_of is not None and req.best_of != 1:
-        raise APIError(400, f"best_of={req.best_of} is not supported; only 1", "best_of")
-    if req.echo:
-        raise APIError(400, "echo is not supported", "echo")
+    if req.best_of is not None and req.best_of != (req.n or 1):
+        raise APIError(
+            400,
+            f"best_of={req.best_of} is not supported; it may only equal n (vLLM 0.33 dropped it)",
+            "best_of",
+        )
+    if req.echo and req.logprobs is not None:
+        raise APIError(
+            400, "echo with logprobs needs the prompt's logprobs, which llmsched does not compute", "echo"
+        )
+    if (req.model_extra or {}).get("prompt_logprobs") is not None:
+        raise APIError(400, "prompt_logprobs is not supported", "prompt_logprobs")
     if req.suffix:
         raise APIError(400, "suffix is not supported", "suffix")
 
