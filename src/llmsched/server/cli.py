@@ -14,8 +14,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     p = sub.add_parser(
         "serve",
         help="serve a model over an OpenAI-compatible HTTP API (default: the embedded demo model)",
-        description="Serve /v1/completions, /v1/chat/completions and /v1/models with streaming, plus "
-        "/health, /metrics (Prometheus, vLLM's names) and /debug/steps (the scheduler's decisions). "
+        description="Serve /v1/completions, /v1/chat/completions (streaming, n > 1) and /v1/models, "
+        "/tokenize and /detokenize, plus /health, /ping, /version, /metrics (Prometheus, vLLM's names) "
+        "and /debug/steps (the scheduler's decisions). SIGTERM drains, then exits 0. "
         "With no --model the embedded demo model (random weights) runs.",
     )
     p.add_argument(

@@ -26,7 +26,8 @@ def ops_router(state: ServerState) -> APIRouter:
         return Response(status_code=200)
 
     # vLLM answers the load balancers' /ping (GET or POST) exactly as /health.
-    router.add_api_route("/ping", health, methods=["GET", "POST"])
+    for method in ("GET", "POST"):
+        router.add_api_route("/ping", health, methods=[method], operation_id=f"ping_{method.lower()}")
 
     @router.get("/version")
     async def version() -> dict:
