@@ -125,11 +125,13 @@ def test_prometheus_answers_rates_and_quantiles(server: ServerThread, prometheus
     targets = httpx.get(prometheus + "/api/v1/targets").json()["data"]["activeTargets"]
     assert [t["health"] for t in targets] == ["up"], targets
     rate = instant(prometheus, "sum(rate(vllm:generation_tokens_total[30s]))")
-    # Prometheus extrapolates over the window; the mean rate of the load bounds it loosely.
+    # The whole load fell inside the 30 s window: the rate is about the tokens over the window
+    # (Prometheus extrapolates near the series' start, hence the slack).
     mean = generated / elapsed
-    assert generated > 0 and 0.2 * mean * elapsed / 30 < rate < 3 * mean, (rate, mean)
+    assert generated > 0 and 0.3 * generated / 30 < rate < 2 * generated / 30, (rate, generated)
     ttft = "sum by (le) (rate(vllm:time_to_first_token_seconds_bucket[30s]))"
     p90 = instant(prometheus, f"histogram_quantile(0.9, {ttft})")
     assert math.isfinite(p90) and 0 < p90 < 30, p90
-    running = instant(prometheus, "max_over_time(vllm:num_requests_running[30s])")
-    assert 1 <= running <= 2
+    # The latest scrape holds exactly what the clients were sent.
+    assert instant(prometheus, "sum(vllm:generation_tokens_total)") == generated
+    print(f"rate {rate:.1f} tok/s (load mean {mean:.1f}), TTFT p90 {p90 * 1e3:.1f} ms")
