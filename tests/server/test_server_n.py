@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
@@ -34,10 +35,10 @@ def post(server: ServerThread, path: str, body: dict) -> dict:
     return r.json()
 
 
-def counter(server: ServerThread, name: str) -> float:
-    """A counter's value from /metrics."""
+def counter(server: ServerThread, name: str, label: str = "") -> float:
+    """A sample's value from /metrics (the first whose labels contain ``label``)."""
     for line in httpx.get(server.base_url + "/metrics").text.splitlines():
-        if line.startswith(name + "{"):
+        if line.startswith(name + "{") and label in line:
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(name)
 
@@ -117,3 +118,25 @@ def test_echo_puts_the_prompt_before_the_completion(server: ServerThread) -> Non
     ids = [104, 105]
     out = post(server, "/v1/completions", {**body, "prompt": ids})["choices"][0]["text"]
     assert out.startswith("hi")
+
+
+def kv_blocks(server: ServerThread) -> tuple[float, float]:
+    """(free, usable) KV blocks."""
+    free = counter(server, "llmsched:kv_cache_free_blocks")
+    return free, counter(server, "llmsched:kv_cache_usable_blocks")
+
+
+def test_a_client_leaving_an_n3_stream_frees_every_sequence(server: ServerThread) -> None:
+    body = {"prompt": "leave early", "n": 3, "max_tokens": 200, "ignore_eos": True, "stream": True}
+    aborted = 'finished_reason="abort"'
+    aborts0 = counter(server, "vllm:request_success_total", aborted)
+    with httpx.stream("POST", server.base_url + "/v1/completions", json=body, timeout=60) as s:
+        for line in s.iter_lines():
+            if line.startswith("data: {") and json.loads(line[6:])["choices"]:
+                break
+    deadline = time.monotonic() + 10
+    while kv_blocks(server)[0] != kv_blocks(server)[1] or counter(server, "vllm:num_requests_running"):
+        assert time.monotonic() < deadline, kv_blocks(server)
+        time.sleep(0.05)
+    # All three sequences were aborted, not left to run to max_tokens.
+    assert counter(server, "vllm:request_success_total", aborted) - aborts0 == 3
