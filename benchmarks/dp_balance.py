@@ -40,9 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from llmsched.engine.dp import DPConfig  # noqa: E402
-from llmsched.executor.sim import DeploymentSpec, build_deployment, synthetic_workload  # noqa: E402
 from llmsched.executor.sim.cost_model import LAUNCH_MODE_NAMES  # noqa: E402
-from llmsched.executor.sim.dp_runner import simulate_dp  # noqa: E402
+from llmsched.sim import DeploymentSpec, build_deployment, synthetic_workload  # noqa: E402
+from llmsched.sim.dp_runner import simulate_dp  # noqa: E402
 
 # DeepSeek-V3.1, 3500/1500 tokens, 512 requests, batch 128, as published in
 # vllm-ascend PR #5212 (vLLM RFC #29722). It is a vLLM-Ascend feature, so

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from llmsched.engine.engine_core import EngineCore, EngineStep  # noqa: E402
-from llmsched.executor.sim import DeploymentSpec, build_deployment, simulate, synthetic_workload  # noqa: E402
+from llmsched.sim import DeploymentSpec, build_deployment, simulate, synthetic_workload  # noqa: E402
 
 
 class StepClock:

@@ -22,12 +22,12 @@ from llmsched.executor.sim.cost_model import (
     CostModel,
     Parallelism,
 )
-from llmsched.executor.sim.deployment import DeploymentSpec, build_deployment
-from llmsched.executor.sim.dp_runner import simulate_dp
 from llmsched.executor.sim.hardware import load_hardware
 from llmsched.executor.sim.model_shapes import load_model
-from llmsched.executor.sim.runner import simulate
-from llmsched.executor.sim.workload import synthetic_workload
+from llmsched.sim.deployment import DeploymentSpec, build_deployment
+from llmsched.sim.dp_runner import simulate_dp
+from llmsched.sim.runner import simulate
+from llmsched.sim.workload import synthetic_workload
 
 DSV3 = load_model("deepseek-v3")
 H100 = load_hardware("h100")

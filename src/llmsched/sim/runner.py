@@ -41,9 +41,9 @@ from llmsched.core.request import Request
 from llmsched.core.sampling_params import SamplingParams
 from llmsched.engine.engine_core import EngineCore, EngineStep
 from llmsched.executor.sim.cost_model import StepCostModel
-from llmsched.executor.sim.deployment import Deployment
 from llmsched.executor.sim.executor import SimExecutor, StepTiming
-from llmsched.executor.sim.workload import Workload
+from llmsched.sim.deployment import Deployment
+from llmsched.sim.workload import Workload
 
 if TYPE_CHECKING:
     from tqdm import tqdm

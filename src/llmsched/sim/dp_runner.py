@@ -32,8 +32,8 @@ from llmsched.executor.sim.cost_model import (
     LAUNCH_PIECEWISE,
     StepCostModel,
 )
-from llmsched.executor.sim.deployment import Deployment
-from llmsched.executor.sim.runner import (
+from llmsched.sim.deployment import Deployment
+from llmsched.sim.runner import (
     SimRequest,
     SimResult,
     StepSeries,
@@ -42,7 +42,7 @@ from llmsched.executor.sim.runner import (
     resolve_run,
     write_header,
 )
-from llmsched.executor.sim.workload import Workload
+from llmsched.sim.workload import Workload
 
 _PROGRESS_EVERY = 64
 _MAX_REJECTIONS_KEPT = 20

@@ -20,12 +20,12 @@ from llmsched.core.policy import POLICIES
 from llmsched.engine.dp.cli_args import add_dp_args, describe_dp, dp_config_from_args
 from llmsched.engine.dp.sim_transport import DEFAULT_SYNC_S
 from llmsched.executor.sim.cost_model import Efficiency
-from llmsched.executor.sim.deployment import KV_CACHE_DTYPES, DeploymentSpec, build_deployment
-from llmsched.executor.sim.dp_runner import simulate_dp
 from llmsched.executor.sim.hardware import known_hardware
 from llmsched.executor.sim.model_shapes import known_models
-from llmsched.executor.sim.runner import simulate
-from llmsched.executor.sim.workload import Workload, load_trace_workload, synthetic_workload
+from llmsched.sim.deployment import KV_CACHE_DTYPES, DeploymentSpec, build_deployment
+from llmsched.sim.dp_runner import simulate_dp
+from llmsched.sim.runner import simulate
+from llmsched.sim.workload import Workload, load_trace_workload, synthetic_workload
 
 
 def _positive_int(text: str) -> int:
@@ -327,7 +327,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.trace:
         print(f"wrote {args.trace}")
     if args.plot:
-        from llmsched.executor.sim.plots import write_plots
+        from llmsched.sim.plots import write_plots
 
         for path in write_plots(result, args.plot):
             print(f"wrote {path}")

@@ -15,13 +15,13 @@ from llmsched.bench.replay import replay
 from llmsched.bench.workload import load_workload, parse_workload
 from llmsched.core import SchedulerConfig
 from llmsched.executor.sim.cost_model import ConstantCostModel, CostModel
-from llmsched.executor.sim.deployment import DeploymentSpec, build_deployment
 from llmsched.executor.sim.hardware import load_hardware
 from llmsched.executor.sim.model_shapes import load_model
-from llmsched.executor.sim.runner import simulate
-from llmsched.executor.sim.workload import Workload, synthetic_workload
+from llmsched.sim.deployment import DeploymentSpec, build_deployment
+from llmsched.sim.runner import simulate
+from llmsched.sim.workload import Workload, synthetic_workload
 
-PARITY = Path(__file__).resolve().parents[2] / "data" / "parity"
+PARITY = Path(__file__).resolve().parents[1] / "data" / "parity"
 PARITY_ASYNC = PARITY.parent / "parity_async"
 BOOKKEEPING = ("total_tokens", "num_running", "kv_usage", "finished", "preempted", "sched")
 
