@@ -39,8 +39,9 @@ from llmsched.core.config import SchedulerConfig
 from llmsched.core.errors import RequestRejected
 from llmsched.core.request import Request
 from llmsched.core.sampling_params import SamplingParams
-from llmsched.engine.engine_core import EngineCore, EngineStep
-from llmsched.executor.sim.cost_model import StepCostModel
+from llmsched.core.scheduler import Scheduler
+from llmsched.engine.engine_core import EngineCore
+from llmsched.executor.sim.cost_model import BatchShape, StepCostModel
 from llmsched.executor.sim.executor import SimExecutor, StepTiming
 from llmsched.sim.deployment import Deployment
 from llmsched.sim.workload import Workload
@@ -98,6 +99,17 @@ class StepCosts:
     host_gap_s: float = 0.0
     # Per step, for percentiles.
     host_gaps: array = field(default_factory=lambda: array("d"))
+
+    def add_serial(self, hosts: Sequence[float], models: Sequence[float]) -> None:
+        """Count executed sync steps by their parts (a sync step's host gap is its host path)."""
+        host_s, model_s, gap_s = self.host_s, self.model_s, self.host_gap_s
+        for h, m in zip(hosts, models):
+            host_s += h
+            model_s += m
+            gap_s += h
+        self.host_s, self.model_s, self.host_gap_s = host_s, model_s, gap_s
+        self.num_steps += len(hosts)
+        self.host_gaps.extend(hosts)
 
     def add(self, t: StepTiming) -> None:
         """Count one executed step with tokens."""
@@ -241,13 +253,16 @@ def simulate(
     detailed: bool = False,
     max_steps: int | None = None,
     hold_back: bool = True,
+    fast_forward: bool = True,
 ) -> SimResult:
     """Run ``workload`` through the engine on a virtual clock and measure it.
 
     ``config`` is a resolved Deployment (its scheduler config and cost model
     are used) or a bare SchedulerConfig together with ``cost_model``. The
     config's ``async_scheduling`` picks the engine loop and how a step's
-    host path and model time combine (see SimExecutor).
+    host path and model time combine (see SimExecutor). ``fast_forward``
+    applies plain decode steps (see ``Scheduler.plain_decode_steps``)
+    without building their batches: the same steps, trace and figures.
     """
     deployment, sched_config, cost_model = resolve_run(config, cost_model, max_concurrency, "simulate")
     ex = SimExecutor(cost_model, async_scheduling=sched_config.async_scheduling)
@@ -278,6 +293,8 @@ def simulate(
     # For the trace and series: (loop turn, requests added, requests held
     # back) when each step not yet applied was scheduled, by its step number.
     keep = trace_out is not None or series is not None
+    # Plain decode steps are run without building their batches (sync only).
+    plain = fast_forward and not sched_config.async_scheduling
     scheduled_at: dict[int, tuple[int, list[str] | None, int]] = {}
     slots: deque[float] | None = deque([0.0] * max_concurrency) if max_concurrency else None
     params: dict[int, SamplingParams] = {}
@@ -346,6 +363,28 @@ def simulate(
                 continue
             if max_steps is not None and turn >= max_steps:
                 break
+            if plain:
+                limit = max_steps - turn if max_steps is not None else _PLAIN_RUN
+                free = nxt < n and (slots is None or bool(slots))
+                k, prev_end = _plain_decodes(
+                    engine,
+                    ex,
+                    limit,
+                    arrivals[nxt] if free else math.inf,
+                    prev_end,
+                    metrics,
+                    costs,
+                    series,
+                    trace_out,
+                    turn,
+                )
+                if k:
+                    num_steps += k
+                    num_busy += k
+                    turn += k
+                    if len(sched.running) > max_running:
+                        max_running = len(sched.running)
+                    continue
             es = engine.step()
             if keep and engine.last_scheduled is not None:
                 held = bisect_right(arrivals, now, nxt) - nxt if hold and nxt < n else 0
@@ -397,19 +436,14 @@ def simulate(
                 at, added_then, held = scheduled_at.pop(so.step)
                 t = timing if timing is not None else _IDLE
                 if series is not None:
-                    _record_step(series, es, t, end, held)
+                    _record_step(series, t, end, es.num_running, es.num_waiting + held, es.kv_usage)
                 if trace_out is not None:
                     rec = step_record(at, es, explain)
                     rec["added"] = added_then
                     if held:
                         rec["num_waiting"] += held
                         rec["held_back"] = held
-                    rec["sim_time_s"] = round(end - t.duration, 9)
-                    rec["sim_duration_s"] = round(t.duration, 9)
-                    rec["sim_host_s"] = round(t.host, 9)
-                    rec["sim_model_s"] = round(t.model, 9)
-                    rec["sim_host_gap_s"] = round(t.host_gap, 9)
-                    trace_out.write(json.dumps(rec, separators=(",", ":")) + "\n")
+                    _write_step(trace_out, rec, t, end)
             if bar is not None and done_pending and num_steps % _PROGRESS_EVERY == 0:
                 bar.update(done_pending)
                 done_pending = 0
@@ -449,14 +483,116 @@ def simulate(
 _IDLE = StepTiming()
 
 
-def _record_step(series: StepSeries, es: EngineStep, t: StepTiming, end: float, held: int) -> None:
+# Plain decode steps run at most this many at a time (the loop's other checks run in between).
+_PLAIN_RUN = 4096
+
+
+def _plain_decodes(
+    engine: EngineCore,
+    ex: SimExecutor,
+    limit: int,
+    next_arrival: float,
+    prev_end: float,
+    metrics: MetricsCollector,
+    costs: StepCosts,
+    series: StepSeries | None,
+    trace_out: IO[str] | None,
+    turn: int,
+) -> tuple[int, float]:
+    """Run the coming plain decode steps until an arrival is due; (steps run, the last one's end).
+
+    The scheduler proves the steps plain (``plain_decode_steps``) and
+    applies them (``advance_decode_steps``); the executor prices and clocks
+    each as ``execute()`` would. Every running request sampled at
+    ``prev_end``, so each step adds one token and one gap per request, as
+    the loop counts them.
+    """
+    sched = engine.scheduler
+    token = ex.sample_token_id
+    k = sched.plain_decode_steps(token, limit)
+    running = sched.running
+    if not k or any(r.last_token_time != prev_end for r in running):
+        return 0, prev_end
+    d = len(running)
+    ctx = 0
+    for r in running:
+        ctx += r.num_computed_tokens
+    first = sched.next_step
+    run = ex.run_decodes(first, d, ctx, k, next_arrival)
+    n = len(run)
+    prev_end = metrics.add_steps(run.ends, prev_end, d)
+    costs.add_serial(run.hosts, run.models)
+    if trace_out is None and series is None:
+        sched.advance_decode_steps(n, token)
+    else:
+        t = StepTiming()
+        for j in range(n):
+            t0 = time.perf_counter_ns()
+            sched.advance_decode_steps(1, token)
+            ns = time.perf_counter_ns() - t0
+            t.step = first + j
+            t.duration = run.totals[j]
+            t.host = t.host_gap = run.hosts[j]
+            t.model = run.models[j]
+            t.batch = BatchShape(d, d, 0, 0, 0, d, ctx + d * (j + 1), 0)
+            _record_plain(sched, t, run.ends[j], series, trace_out, turn + j, ns)
+    for r in running:
+        r.last_token_time = prev_end
+    return n, prev_end
+
+
+def _record_plain(
+    sched: Scheduler,
+    t: StepTiming,
+    end: float,
+    series: StepSeries | None,
+    trace_out: IO[str] | None,
+    turn: int,
+    ns: int,
+) -> None:
+    """The series point and trace line of a plain decode step, as a built step would give them."""
+    running = sched.running
+    d = len(running)
+    if series is not None:
+        _record_step(series, t, end, d, 0, sched.kv_usage)
+    if trace_out is not None:
+        rec = {
+            "step": turn,
+            "sched": [[r.request_id, 1] for r in running],
+            "admitted": [],
+            "preempted": [],
+            "finished": [],
+            "total_tokens": d,
+            "num_running": d,
+            "num_waiting": 0,
+            "kv_usage": round(sched.kv_usage, 6),
+            "schedule_ns": ns,
+            "update_ns": 0,
+            "added": [],
+        }
+        _write_step(trace_out, rec, t, end)
+
+
+def _write_step(out: IO[str], rec: dict, t: StepTiming, end: float) -> None:
+    """A step's trace line: the scheduler's record, then its simulated timing."""
+    rec["sim_time_s"] = round(end - t.duration, 9)
+    rec["sim_duration_s"] = round(t.duration, 9)
+    rec["sim_host_s"] = round(t.host, 9)
+    rec["sim_model_s"] = round(t.model, 9)
+    rec["sim_host_gap_s"] = round(t.host_gap, 9)
+    out.write(json.dumps(rec, separators=(",", ":")) + "\n")
+
+
+def _record_step(
+    series: StepSeries, t: StepTiming, end: float, num_running: int, num_waiting: int, kv_usage: float
+) -> None:
     """One point of the series: the applied step's state when scheduled, its timing."""
     b = t.batch
     series.time.append(end - t.duration)
     series.duration.append(t.duration)
-    series.num_running.append(es.num_running)
-    series.num_waiting.append(es.num_waiting + held)
-    series.kv_usage.append(es.kv_usage)
+    series.num_running.append(num_running)
+    series.num_waiting.append(num_waiting)
+    series.kv_usage.append(kv_usage)
     series.prefill_tokens.append(b.prefill_tokens)
     series.decode_tokens.append(b.num_decodes)
     series.host.append(t.host)

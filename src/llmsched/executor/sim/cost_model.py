@@ -293,6 +293,16 @@ def step_parts_of(cost_model: StepCostModel) -> Callable[[BatchShape], StepParts
     return model_only
 
 
+def decode_step_parts_of(cost_model: StepCostModel, num_decodes: int) -> Callable[[int], StepParts]:
+    """The step parts of ``num_decodes`` one-token decodes by summed context, for any cost model."""
+    fast = getattr(cost_model, "decode_step_parts", None)
+    if fast is not None:
+        return fast(num_decodes)
+    parts = step_parts_of(cost_model)
+    d = num_decodes
+    return lambda decode_context: parts(BatchShape(d, d, 0, 0, 0, d, decode_context, 0))
+
+
 class ConstantCostModel:
     """Every step takes the same time: a step-clocked simulation (tests, what-ifs).
 
@@ -681,9 +691,46 @@ class CostModel:
                 model += s
         return t, host, model
 
-    def _split_ops(
-        self, batch: BatchShape, mode: int
-    ) -> tuple[tuple[float, ...], tuple[tuple[float, bool], ...]]:
+    def decode_step_parts(self, num_decodes: int) -> Callable[[int], StepParts]:
+        """``step_parts`` of ``num_decodes`` one-token decodes, as a function of their summed context.
+
+        For stretches of steps that differ only in context (the simulator's
+        plain decode steps): the same figures, bit for bit, for a fraction
+        of the work.
+        """
+        d = num_decodes
+        batch = BatchShape(d, d, 0, 0, 0, d, 0, 0)
+        mode = self.launch_mode(batch)
+        key = (d, d, d, mode)
+        ops = self._shape_ops.get(key)
+        if ops is None:
+            ops = self._shape_ops[key] = self._split_ops(batch, mode)
+        before, after = ops
+        pair_flops, kv_bytes, qo_bytes = self.decode_pair_flops, self.kv_token_bytes, self.qo_token_bytes
+        rate, kv_rate = self.attn_rate, self.kv_read_rate
+
+        def parts(decode_context: int) -> StepParts:
+            t = host = model = 0.0
+            for s in before:
+                t += s
+                model += s
+            # _decode_attention and _roof_seconds, in the same arithmetic order.
+            tc = decode_context * pair_flops / rate
+            tm = ((decode_context + d) * kv_bytes + d * qo_bytes) / kv_rate
+            s = tc if tc > tm else tm
+            t += s
+            model += s
+            for s, on_host in after:
+                t += s
+                if on_host:
+                    host += s
+                else:
+                    model += s
+            return t, host, model
+
+        return parts
+
+    def _split_ops(self, batch: BatchShape, mode: int) -> _ShapeOps:
         """The seconds of the ops before the attention cores, and (seconds, host?) of those after."""
         if len(self._shape_ops) >= _MAX_SHAPES:
             self._shape_ops.clear()
