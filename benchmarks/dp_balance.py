@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from llmsched.engine.dp import DPConfig  # noqa: E402
 from llmsched.executor.sim.cost_model import LAUNCH_MODE_NAMES  # noqa: E402
 from llmsched.sim import DeploymentSpec, build_deployment, synthetic_workload  # noqa: E402
-from llmsched.sim.dp_runner import simulate_dp  # noqa: E402
+from llmsched.sim.runner import simulate  # noqa: E402
 
 # DeepSeek-V3.1, 3500/1500 tokens, 512 requests, batch 128, as published in
 # vllm-ascend PR #5212 (vLLM RFC #29722). It is a vLLM-Ascend feature, so
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace, scenario: str, policy: str) -> dict:
         prefill_schedule_interval=args.interval if policy == "cadence" else 1,
     )
     t0 = time.perf_counter()
-    res = simulate_dp(deployment, workload, dp, max_concurrency=sc["max_concurrency"], record_series=True)
+    res = simulate(deployment, workload, dp=dp, max_concurrency=sc["max_concurrency"], record_series=True)
     s = res.summary
     figures = res.data_parallel or {}
     # Where the time goes: steps carrying a prefill stall every rank's decodes.

@@ -23,7 +23,6 @@ from llmsched.executor.sim.cost_model import Efficiency
 from llmsched.executor.sim.hardware import known_hardware
 from llmsched.executor.sim.model_shapes import known_models
 from llmsched.sim.deployment import KV_CACHE_DTYPES, DeploymentSpec, build_deployment
-from llmsched.sim.dp_runner import simulate_dp
 from llmsched.sim.runner import simulate
 from llmsched.sim.workload import Workload, load_trace_workload, synthetic_workload
 
@@ -308,10 +307,7 @@ def run_simulate(args: argparse.Namespace) -> int:
             "progress": not args.disable_tqdm,
             "detailed": args.save_detailed,
         }
-        if dp is not None:
-            result = simulate_dp(deployment, workload, dp, sync_s=args.dp_sync_ms / 1e3, **kwargs)
-        else:
-            result = simulate(deployment, workload, **kwargs)
+        result = simulate(deployment, workload, dp=dp, sync_s=args.dp_sync_ms / 1e3, **kwargs)
     finally:
         if trace is not None:
             trace.close()
