@@ -195,8 +195,54 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
     o.add_argument("--goodput-tpot-ms", type=float, default=None)
     o.add_argument("--goodput-e2el-ms", type=float, default=None)
     o.add_argument("--metric-percentiles", default="50,90,99", help="comma-separated (default 50,90,99)")
+    sw = p.add_argument_group("sweeps")
+    sw.add_argument(
+        "--sweep",
+        metavar="SWEEP.yaml",
+        help="simulate every configuration of a sweep file (grid or random search over DeploymentSpec "
+        "knobs: tensor/data parallel size, max_num_seqs, max_num_batched_tokens, policy, hardware) and "
+        "report each point, the Pareto front of throughput per GPU vs p99 TTFT, and the cheapest "
+        "configuration meeting the file's SLO; the other deployment and workload flags are ignored",
+    )
+    sw.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="run the sweep's points as Ray tasks on this cluster (auto, HOST:PORT, ray://HOST:PORT, "
+        "or local to start one here); default: a local process pool",
+    )
+    sw.add_argument(
+        "--sweep-workers", type=_positive_int, default=None, help="process-pool size (default: CPU count)"
+    )
     p.set_defaults(func=run_simulate)
     return p
+
+
+def run_sweep_cli(args: argparse.Namespace) -> int:
+    """--sweep: simulate the file's points, print the table, write JSON and the plot."""
+    import time
+
+    from llmsched.sim.sweep import load_sweep, run_sweep
+    from llmsched.sim.sweep_report import format_table, sweep_json, write_sweep_plot
+
+    sweep = load_sweep(args.sweep)
+    backend = f"ray ({args.ray_address})" if args.ray_address else "process pool"
+    print(
+        f"sweep      {len(sweep.points)} points on a {backend}; SLO p99 TTFT <= {sweep.slo_p99_ttft_ms:g} ms"
+    )
+    t0 = time.perf_counter()
+    rows = run_sweep(sweep, workers=args.sweep_workers, ray_address=args.ray_address)
+    wall = time.perf_counter() - t0
+    print(format_table(rows, sweep))
+    print(f"Swept {len(rows)} points in {wall:.1f} s wall")
+    if args.result_json:
+        Path(args.result_json).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.result_json, "w") as f:
+            json.dump(sweep_json(rows, sweep, wall, backend), f, indent=2)
+        print(f"wrote {args.result_json}")
+    if args.plot:
+        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+        print(f"wrote {write_sweep_plot(rows, sweep, f'{args.plot}_sweep.png')}")
+    return 0
 
 
 def _workload(args: argparse.Namespace) -> Workload:
@@ -234,6 +280,10 @@ def _percentiles(text: str) -> list[float]:
 
 def run_simulate(args: argparse.Namespace) -> int:
     """Build the deployment and workload, simulate, print and write the results."""
+    if args.sweep:
+        return run_sweep_cli(args)
+    if args.ray_address:
+        raise ConfigError("--ray-address runs a sweep's points: give --sweep SWEEP.yaml too")
     slos = parse_goodput(args.goodput)
     for key in ("ttft", "tpot", "e2el"):
         v = getattr(args, f"goodput_{key}_ms")
