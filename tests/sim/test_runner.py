@@ -18,6 +18,7 @@ from llmsched.executor.sim.cost_model import ConstantCostModel, CostModel
 from llmsched.executor.sim.hardware import load_hardware
 from llmsched.executor.sim.model_shapes import load_model
 from llmsched.sim.deployment import DeploymentSpec, build_deployment
+from llmsched.sim.frontend import Frontend
 from llmsched.sim.runner import simulate
 from llmsched.sim.workload import Workload, synthetic_workload
 
@@ -331,6 +332,7 @@ def _without_wall_times(text: str) -> list[dict]:
         ({"max_model_len": 1100}, {"request_rate": 3.0, "range_ratio": 0.5}, {}),
         ({"enable_prefix_caching": False}, {"request_rate": math.inf}, {"max_concurrency": 5}),
         ({"block_size": 32}, {"request_rate": 2.0, "burstiness": 0.3}, {"max_steps": 3000}),
+        ({}, {"request_rate": 5.0}, {"frontend": Frontend(1, 2e-5)}),
     ],
 )
 def test_plain_decode_steps_leave_trace_series_and_figures_unchanged(spec, workload, kwargs, monkeypatch):

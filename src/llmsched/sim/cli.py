@@ -23,6 +23,7 @@ from llmsched.executor.sim.cost_model import Efficiency
 from llmsched.executor.sim.hardware import known_hardware
 from llmsched.executor.sim.model_shapes import known_models
 from llmsched.sim.deployment import KV_CACHE_DTYPES, DeploymentSpec, build_deployment
+from llmsched.sim.frontend import DEFAULT_TOKEN_S, Frontend
 from llmsched.sim.runner import simulate
 from llmsched.sim.workload import Workload, load_trace_workload, synthetic_workload
 
@@ -195,6 +196,23 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
     o.add_argument("--goodput-tpot-ms", type=float, default=None)
     o.add_argument("--goodput-e2el-ms", type=float, default=None)
     o.add_argument("--metric-percentiles", default="50,90,99", help="comma-separated (default 50,90,99)")
+    f = p.add_argument_group("frontend")
+    f.add_argument(
+        "--api-server-count",
+        type=_positive_int,
+        default=None,
+        help="model N API servers in front of each engine core (vLLM's flag): each tokenizes and passes on "
+        "one request at a time, so requests reach the engine over time and it starts stepping as soon as it "
+        "has work; the trace's in_frontend counts those still on the way (default: none, every request "
+        "reaches the engine when sent, as llmsched's offline path queues a batch)",
+    )
+    f.add_argument(
+        "--api-server-us-per-token",
+        type=float,
+        default=DEFAULT_TOKEN_S * 1e6,
+        help=f"an API server's work per prompt token (default {DEFAULT_TOKEN_S * 1e6:g}: tokenizing a "
+        "1024-token prompt and sending it to the engine process on the torch path, measured on a 2-core x86)",
+    )
     sw = p.add_argument_group("sweeps")
     sw.add_argument(
         "--sweep",
@@ -335,6 +353,9 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.dp_sync_ms < 0:
         raise ConfigError(f"--dp-sync-ms {args.dp_sync_ms} must be >= 0")
     workload = _workload(args)
+    frontend = None
+    if args.api_server_count is not None:
+        frontend = Frontend(args.api_server_count, args.api_server_us_per_token / 1e6)
     # Output folders are made up front so a long run cannot fail at the end.
     for path in (args.result_json, args.trace, args.plot):
         if path:
@@ -344,6 +365,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     if dp is not None:
         print(f"data       {describe_dp(dp)}")
     print(f"workload   {workload.describe()}")
+    if frontend is not None:
+        print(f"frontend   {frontend.describe()}")
     print()
     trace = open(args.trace, "w") if args.trace else None  # noqa: SIM115
     try:
@@ -357,7 +380,9 @@ def run_simulate(args: argparse.Namespace) -> int:
             "progress": not args.disable_tqdm,
             "detailed": args.save_detailed,
         }
-        result = simulate(deployment, workload, dp=dp, sync_s=args.dp_sync_ms / 1e3, **kwargs)
+        result = simulate(
+            deployment, workload, dp=dp, sync_s=args.dp_sync_ms / 1e3, frontend=frontend, **kwargs
+        )
     finally:
         if trace is not None:
             trace.close()

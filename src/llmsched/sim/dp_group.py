@@ -73,7 +73,7 @@ class DPGroup:
 
     def add(self, i: int, sent: float, order_t: float, added: list | None) -> None:
         """Route request ``i``; build it now unless its rank's queue is held back."""
-        self.transport.advance_to(sent)
+        self.transport.advance_to(self.arrivals.reach_time(i, sent))
         if self.hold:
             self.deferred[self.engine.route()].append((i, sent, order_t))
         else:

@@ -21,12 +21,14 @@ from __future__ import annotations
 import gc
 import math
 import time
+from bisect import bisect_right
 from collections import deque
 from typing import IO, TYPE_CHECKING, Protocol
 
 from llmsched.bench.metrics import MetricsCollector
-from llmsched.core.errors import RequestRejected
+from llmsched.core.errors import ConfigError, RequestRejected
 from llmsched.core.sampling_params import SamplingParams
+from llmsched.sim.frontend import Frontend
 from llmsched.sim.requests import SimRequest
 from llmsched.sim.workload import Workload
 
@@ -44,12 +46,34 @@ _MAX_REJECTIONS_KEPT = 20
 class Arrivals:
     """The client: the workload's requests in arrival order, when each is sent, and its Request."""
 
-    __slots__ = ("arrivals", "last_arrival", "n", "nxt", "out_lens", "params", "prios", "slots", "workload")
+    __slots__ = (
+        "arrivals",
+        "due_at",
+        "frontend",
+        "last_arrival",
+        "n",
+        "nxt",
+        "out_lens",
+        "params",
+        "prios",
+        "slots",
+        "workload",
+    )
 
-    def __init__(self, workload: Workload, max_concurrency: int | None) -> None:
+    def __init__(
+        self, workload: Workload, max_concurrency: int | None, frontend: Frontend | None = None
+    ) -> None:
         self.workload = workload
         self.n = len(workload)
         self.arrivals = workload.arrivals
+        # When each request reaches the engine: when it is sent, unless API
+        # servers stand in between.
+        self.frontend = frontend
+        self.due_at = workload.arrivals
+        if frontend is not None:
+            if max_concurrency is not None:
+                raise ConfigError("the API-server model covers open-loop arrivals: drop --max-concurrency")
+            self.due_at = frontend.delivery_times(workload.arrivals, workload.input_lens)
         self.out_lens = workload.output_lens
         self.prios = workload.priorities
         self.nxt = 0
@@ -63,20 +87,33 @@ class Arrivals:
         return self.nxt < self.n
 
     def due(self, now: float) -> bool:
-        """True if the next request arrives by ``now`` and a client slot is free for it."""
-        return (
-            self.nxt < self.n and self.arrivals[self.nxt] <= now and (self.slots is None or bool(self.slots))
-        )
+        """True if the next request reaches the engine by ``now`` and a client slot is free for it."""
+        i = self.nxt
+        return i < self.n and self.due_at[i] <= now and (self.slots is None or bool(self.slots))
 
     def next_time(self) -> float:
-        """When the next request arrives (inf: none left)."""
-        return self.arrivals[self.nxt] if self.nxt < self.n else math.inf
+        """When the next request reaches the engine (inf: none left)."""
+        return self.due_at[self.nxt] if self.nxt < self.n else math.inf
 
     def next_due_time(self) -> float:
         """When the next request can be sent: its arrival, or never while no client slot is free."""
         if self.nxt >= self.n or (self.slots is not None and not self.slots):
             return math.inf
-        return self.arrivals[self.nxt]
+        return self.due_at[self.nxt]
+
+    def reach_time(self, i: int, sent: float) -> float:
+        """When request ``i``, sent at ``sent``, reaches the engine."""
+        return sent if self.frontend is None else self.due_at[i]
+
+    def num_due(self, now: float) -> int:
+        """Requests not yet taken that have reached the engine by ``now``."""
+        return bisect_right(self.due_at, now, self.nxt) - self.nxt if self.nxt < self.n else 0
+
+    def in_frontend(self, now: float) -> int:
+        """Requests sent by ``now`` that the API servers have not handed to the engine yet."""
+        if self.frontend is None or self.nxt >= self.n:
+            return 0
+        return bisect_right(self.arrivals, now, self.nxt) - bisect_right(self.due_at, now, self.nxt)
 
     def take(self) -> tuple[int, float, float]:
         """Send the next request (``due`` must hold): its index, sent time and ordering time."""

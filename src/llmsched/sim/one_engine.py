@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import time
-from bisect import bisect_right
 from typing import IO
 
 from llmsched.bench.replay import step_record
@@ -69,7 +68,7 @@ class OneEngine:
         # For the trace and series: (loop turn, requests added, requests held
         # back) when each step not yet applied was scheduled, by its step number.
         self.keep = tally.trace_out is not None or tally.series is not None
-        self.scheduled_at: dict[int, tuple[int, list | None, int]] = {}
+        self.scheduled_at: dict[int, tuple[int, list | None, int, int]] = {}
         self.turns = 0
         self.prev_end = -1.0
 
@@ -115,10 +114,13 @@ class OneEngine:
         es = engine.step()
         arrivals = self.arrivals
         if self.keep and engine.last_scheduled is not None:
-            held = 0
-            if self.hold and arrivals.pending():
-                held = bisect_right(arrivals.arrivals, now, arrivals.nxt) - arrivals.nxt
-            self.scheduled_at[engine.last_scheduled.step] = (self.turns, added, held)
+            held = arrivals.num_due(now) if self.hold else 0
+            self.scheduled_at[engine.last_scheduled.step] = (
+                self.turns,
+                added,
+                held,
+                arrivals.in_frontend(now),
+            )
         self.turns += 1
         if es is None:
             return  # async: a step put in flight, none applied yet
@@ -144,7 +146,7 @@ class OneEngine:
         if es.num_running > tally.max_running:
             tally.max_running = es.num_running
         if self.keep:
-            at, added_then, held = self.scheduled_at.pop(so.step)
+            at, added_then, held, in_frontend = self.scheduled_at.pop(so.step)
             t = timing if timing is not None else _IDLE
             if tally.series is not None:
                 record_step(tally.series, t, end, es.num_running, es.num_waiting + held, es.kv_usage)
@@ -154,6 +156,9 @@ class OneEngine:
                 if held:
                     rec["num_waiting"] += held
                     rec["held_back"] = held
+                if in_frontend:
+                    # Sent, but still being tokenized or passed on by an API server.
+                    rec["in_frontend"] = in_frontend
                 write_step(tally.trace_out, rec, t, end)
 
     def _count_tokens(self, samplers: list, end: float) -> None:
@@ -200,6 +205,7 @@ class OneEngine:
         for r in running:
             ctx += r.num_computed_tokens
         first = sched.next_step
+        start = ex.now
         run = ex.run_decodes(first, d, ctx, k, self.arrivals.next_due_time())
         n = len(run)
         if not n:
@@ -219,7 +225,8 @@ class OneEngine:
                 t.host = t.host_gap = run.hosts[j]
                 t.model = run.models[j]
                 t.batch = BatchShape(d, d, 0, 0, 0, d, ctx + d * (j + 1), 0)
-                _record_plain(sched, t, run.ends[j], tally.series, tally.trace_out, self.turns + j, ns)
+                in_frontend = self.arrivals.in_frontend(run.ends[j - 1] if j else start)
+                _record_plain(sched, t, run.ends[j], tally, self.turns + j, ns, in_frontend)
         for r in running:
             r.last_token_time = prev_end
         self.turns += n
@@ -241,19 +248,14 @@ class OneEngine:
 
 
 def _record_plain(
-    sched: Scheduler,
-    t: StepTiming,
-    end: float,
-    series: StepSeries | None,
-    trace_out: IO[str] | None,
-    turn: int,
-    ns: int,
+    sched: Scheduler, t: StepTiming, end: float, tally: Tally, turn: int, ns: int, in_frontend: int
 ) -> None:
     """The series point and trace line of a plain decode step, as a built step would give them."""
     running = sched.running
     d = len(running)
-    if series is not None:
-        record_step(series, t, end, d, 0, sched.kv_usage)
+    if tally.series is not None:
+        record_step(tally.series, t, end, d, 0, sched.kv_usage)
+    trace_out = tally.trace_out
     if trace_out is not None:
         rec = {
             "step": turn,
@@ -269,6 +271,8 @@ def _record_plain(
             "update_ns": 0,
             "added": [],
         }
+        if in_frontend:
+            rec["in_frontend"] = in_frontend
         write_step(trace_out, rec, t, end)
 
 

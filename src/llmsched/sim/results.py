@@ -118,6 +118,8 @@ class SimResult:
     data_parallel: dict | None = None
     # Single-engine runs: host path and model time of the steps.
     step_costs: StepCosts | None = None
+    # The API servers modelled in front of the engine (None: requests reach it when sent).
+    frontend: dict | None = None
 
     @property
     def wall_us_per_request(self) -> float:
@@ -178,6 +180,8 @@ class SimResult:
         if self.step_costs is not None:
             out["simulation"]["async_scheduling"] = self.step_costs.async_scheduling
             out["simulation"]["step_costs"] = self.step_costs.to_dict(self.sim_duration_s)
+        if self.frontend is not None:
+            out["simulation"]["frontend"] = self.frontend
         if self.deployment is not None:
             out["deployment"] = self.deployment.to_dict()
         return out

@@ -20,6 +20,7 @@ from llmsched.engine.dp.sim_transport import DEFAULT_SYNC_S
 from llmsched.executor.sim.cost_model import StepCostModel
 from llmsched.sim.deployment import Deployment
 from llmsched.sim.dp_group import DPGroup, dp_dict
+from llmsched.sim.frontend import Frontend
 from llmsched.sim.loop import Arrivals, Tally, run_loop
 from llmsched.sim.one_engine import OneEngine
 from llmsched.sim.requests import SimRequest
@@ -47,6 +48,7 @@ def simulate(
     max_steps: int | None = None,
     hold_back: bool = True,
     fast_forward: bool = True,
+    frontend: Frontend | None = None,
 ) -> SimResult:
     """Run ``workload`` through the engine (or ``dp``'s ranks) on a virtual clock and measure it.
 
@@ -57,13 +59,17 @@ def simulate(
     With ``dp`` the ranks are simulated behind one router, ``sync_s`` being
     their per-step exchange. ``fast_forward`` applies a single engine's
     plain decode steps (see ``Scheduler.plain_decode_steps``) without
-    building their batches: the same steps, trace and figures.
+    building their batches: the same steps, trace and figures. ``frontend``
+    puts API servers between the client and the engine (see ``Frontend``);
+    without it every request reaches the engine when it is sent.
     """
     deployment, sched_config, cost_model = resolve_run(config, cost_model, max_concurrency, "simulate")
     if trace_out is not None:
-        extra = {"data_parallel": dp_dict(dp)} if dp is not None else {}
+        extra: dict = {"data_parallel": dp_dict(dp)} if dp is not None else {}
+        if frontend is not None:
+            extra["frontend"] = frontend.to_dict()
         write_header(trace_out, sched_config, len(workload), deployment, cost_model, **extra)
-    arrivals = Arrivals(workload, max_concurrency)
+    arrivals = Arrivals(workload, max_concurrency, frontend)
     series = StepSeries() if record_series else None
     tally = Tally(arrivals, trace_out, explain, series, progress)
     # Priority order needs the whole queue built; so does --explain, which lists it.
@@ -93,6 +99,7 @@ def simulate(
         max_concurrency=max_concurrency,
         request_rate=workload.request_rate,
         percentiles=percentiles,
+        frontend=frontend.to_dict() if frontend is not None else None,
         **fields,
     )
 
