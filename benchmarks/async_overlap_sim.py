@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from llmsched.executor.sim import (  # noqa: E402
+from llmsched.sim import (  # noqa: E402
     DeploymentSpec,
     SimResult,
     build_deployment,

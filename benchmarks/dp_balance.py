@@ -40,9 +40,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from llmsched.engine.dp import DPConfig  # noqa: E402
-from llmsched.executor.sim import DeploymentSpec, build_deployment, synthetic_workload  # noqa: E402
 from llmsched.executor.sim.cost_model import LAUNCH_MODE_NAMES  # noqa: E402
-from llmsched.executor.sim.dp_runner import simulate_dp  # noqa: E402
+from llmsched.sim import DeploymentSpec, build_deployment, synthetic_workload  # noqa: E402
+from llmsched.sim.frontend import DEFAULT_TOKEN_S, Frontend  # noqa: E402
+from llmsched.sim.runner import simulate  # noqa: E402
 
 # DeepSeek-V3.1, 3500/1500 tokens, 512 requests, batch 128, as published in
 # vllm-ascend PR #5212 (vLLM RFC #29722). It is a vLLM-Ascend feature, so
@@ -92,7 +93,17 @@ def run(args: argparse.Namespace, scenario: str, policy: str) -> dict:
         prefill_schedule_interval=args.interval if policy == "cadence" else 1,
     )
     t0 = time.perf_counter()
-    res = simulate_dp(deployment, workload, dp, max_concurrency=sc["max_concurrency"], record_series=True)
+    frontend = (
+        Frontend(args.api_server_count, args.api_server_us_per_token / 1e6) if args.api_server_count else None
+    )
+    res = simulate(
+        deployment,
+        workload,
+        dp=dp,
+        max_concurrency=sc["max_concurrency"],
+        record_series=True,
+        frontend=frontend,
+    )
     s = res.summary
     figures = res.data_parallel or {}
     # Where the time goes: steps carrying a prefill stall every rank's decodes.
@@ -202,12 +213,27 @@ def main() -> int:
     ap.add_argument("--cuda-graph-max-tokens", type=int, default=None, help="as in llmsched simulate")
     ap.add_argument("--launch-latency-us", type=float, default=None, help="as in llmsched simulate")
     ap.add_argument("--kernels-per-layer", type=float, default=None, help="as in llmsched simulate")
+    ap.add_argument(
+        "--api-server-count",
+        type=int,
+        default=None,
+        help="model API servers in front of the engine (as llmsched simulate; open-loop scenarios only)",
+    )
+    ap.add_argument("--api-server-us-per-token", type=float, default=DEFAULT_TOKEN_S * 1e6)
     ap.add_argument("--json", default=str(ROOT / "results" / "dp_balance.json"))
     args = ap.parse_args()
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = [s for s in scenarios if s not in SCENARIOS]
     if unknown:
         ap.error(f"unknown scenarios {unknown}; choose from {', '.join(SCENARIOS)}")
+    if args.api_server_count:
+        closed = [s for s in scenarios if SCENARIOS[s]["max_concurrency"] is not None]
+        if closed:
+            print(
+                f"the API-server model covers open-loop arrivals: skipping {', '.join(closed)}",
+                file=sys.stderr,
+            )
+            scenarios = [s for s in scenarios if s not in closed]
     rows = []
     for sc in scenarios:
         for policy in ("baseline", "balance", "cadence"):
@@ -221,12 +247,28 @@ def main() -> int:
     print(rows[0]["deployment"])
     print(rows[0]["launches"])
     print(f"{args.num_prompts} requests of {args.input_len}/{args.output_len} tokens, sent at once")
+    if args.api_server_count:
+        print(
+            f"through {args.api_server_count} API server(s) at {args.api_server_us_per_token:g} us per "
+            "prompt "
+            "token: requests reach the ranks over time"
+        )
     print(table(rows, args.interval))
     print()
     print(why_table(rows, args.interval))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump({"published": PUBLISHED, "interval": args.interval, "rows": rows}, f, indent=2)
+        json.dump(
+            {
+                "published": PUBLISHED,
+                "interval": args.interval,
+                "api_server_count": args.api_server_count,
+                "api_server_us_per_token": args.api_server_us_per_token if args.api_server_count else None,
+                "rows": rows,
+            },
+            f,
+            indent=2,
+        )
     print(f"wrote {args.json}")
     return 0
 

@@ -1,27 +1,35 @@
 #!/usr/bin/env python3
 """How fast the simulator runs: wall and CPU time per simulated request, and where it goes.
 
-Workload (the acceptance figure): Poisson arrivals, 1024-token prompts, 64
-output tokens, --max-num-seqs 128, llama-3-8b on one H100, prefix caching on
-(vLLM's default). Each run reports wall time, this process's CPU time (less
-sensitive to a busy shared machine), microseconds per request, peak RSS, and
-the split between the scheduler (schedule() + update_from_output()), the
+Workload (the acceptance figure): 10,000 requests, Poisson arrivals at 4
+req/s, 1024-token prompts, 64 output tokens, --max-num-seqs 128, llama-3-8b
+on one H100, sync scheduling, prefix caching on (vLLM's default). Each run
+reports wall time, this process's CPU time (less sensitive to a busy shared
+machine), microseconds per request, peak RSS, and the split between the
+scheduler (schedule() + update_from_output() of the steps built), the
 SimExecutor (cost model included), and the rest of the simulation loop
-(arrivals, request creation, metrics).
+(arrivals, request creation, metrics, plain decode steps).
 
-    python benchmarks/sim_speed.py                      # 10,000 requests at a few rates
+Baseline in the same run: the first rate is also simulated step by step
+(``fast_forward=False``: every step's batch built and priced), which gives
+the same figures; the ratio is printed. If Vidur is installed beside the
+project (``import vidur`` works), it is run on the same workload and timed.
+
+    python benchmarks/sim_speed.py                      # 10,000 requests at 4, 30, inf req/s
     python benchmarks/sim_speed.py --million            # plus 1,000,000 requests
-    python benchmarks/sim_speed.py --profile 3000       # where the scheduler spends its time
+    python benchmarks/sim_speed.py --profile 3000       # where the time goes (cProfile)
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib.util
 import json
 import math
 import pstats
 import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from llmsched.engine.engine_core import EngineCore, EngineStep  # noqa: E402
-from llmsched.executor.sim import DeploymentSpec, build_deployment, simulate, synthetic_workload  # noqa: E402
+from llmsched.sim import DeploymentSpec, build_deployment, simulate, synthetic_workload  # noqa: E402
 
 
 class StepClock:
@@ -57,7 +65,7 @@ class StepClock:
         EngineCore.step = self._orig
 
 
-def run_once(args: argparse.Namespace, num_requests: int, rate: float) -> dict:
+def run_once(args: argparse.Namespace, num_requests: int, rate: float, fast_forward: bool = True) -> dict:
     """One simulation; timings and figures."""
     dep = build_deployment(
         DeploymentSpec(
@@ -71,7 +79,7 @@ def run_once(args: argparse.Namespace, num_requests: int, rate: float) -> dict:
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     with StepClock() as clock:
-        res = simulate(dep, wl)
+        res = simulate(dep, wl, fast_forward=fast_forward)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
     sched_s = (clock.schedule_ns + clock.update_ns) / 1e9
@@ -79,6 +87,7 @@ def run_once(args: argparse.Namespace, num_requests: int, rate: float) -> dict:
     return {
         "num_requests": num_requests,
         "request_rate": rate if not math.isinf(rate) else "inf",
+        "fast_forward": fast_forward,
         "wall_s": round(wall, 3),
         "cpu_s": round(cpu, 3),
         "wall_us_per_request": round(wall * 1e6 / num_requests, 1),
@@ -98,9 +107,41 @@ def run_once(args: argparse.Namespace, num_requests: int, rate: float) -> dict:
     }
 
 
+def run_vidur(args: argparse.Namespace, num_requests: int, rate: float) -> dict | None:
+    """Vidur's simulator on the same workload, timed (None when Vidur is not installed)."""
+    if importlib.util.find_spec("vidur") is None:
+        print("Vidur is not installed beside the project: no Vidur figure")
+        return None
+    cmd = [
+        sys.executable, "-m", "vidur.main",
+        "--replica_config_device", args.hardware,
+        "--replica_config_model_name", "meta-llama/Meta-Llama-3-8B",
+        "--cluster_config_num_replicas", "1",
+        "--replica_config_tensor_parallel_size", "1",
+        "--replica_config_num_pipeline_stages", "1",
+        "--request_generator_config_type", "synthetic",
+        "--synthetic_request_generator_config_num_requests", str(num_requests),
+        "--length_generator_config_type", "fixed",
+        "--fixed_request_length_generator_config_prefill_tokens", str(args.input_len),
+        "--fixed_request_length_generator_config_decode_tokens", str(args.output_len),
+        "--interval_generator_config_type", "poisson",
+        "--poisson_request_interval_generator_config_qps", str(rate),
+        "--replica_scheduler_config_type", "vllm",
+        "--vllm_scheduler_config_batch_size_cap", str(args.max_num_seqs),
+    ]  # fmt: skip
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    if done.returncode:
+        print(f"Vidur failed ({done.returncode}): {done.stderr.strip()[-300:]}")
+        return None
+    return {"wall_s": round(wall, 3), "command": " ".join(cmd[1:])}
+
+
 def show(r: dict) -> None:
     """One line per run."""
     print(
+        f"{'' if r['fast_forward'] else 'step-by-step '}"
         f"{r['num_requests']:>9} req @ {r['request_rate']!s:>5} req/s: wall {r['wall_s']:8.2f} s "
         f"({r['wall_us_per_request']:6.1f} us/req), cpu {r['cpu_s']:8.2f} s "
         f"({r['cpu_us_per_request']:6.1f} us/req), {r['steps']:>8} steps, scheduler "
@@ -115,7 +156,9 @@ def profile(args: argparse.Namespace, num_requests: int) -> list[dict]:
     dep = build_deployment(
         DeploymentSpec(model=args.model, hardware=args.hardware, max_num_seqs=args.max_num_seqs)
     )
-    wl = synthetic_workload(num_requests, args.input_len, args.output_len, request_rate=math.inf, seed=0)
+    wl = synthetic_workload(
+        num_requests, args.input_len, args.output_len, request_rate=args.profile_rate, seed=0
+    )
     prof = cProfile.Profile()
     prof.enable()
     simulate(dep, wl)
@@ -142,7 +185,13 @@ def main() -> int:
     """Run the benchmark, print the figures, write JSON."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--num-requests", type=int, default=10_000)
-    ap.add_argument("--rates", default="30,inf", help="request rates for the main runs (default 30,inf)")
+    ap.add_argument(
+        "--rates",
+        default="4,30,inf",
+        help="request rates for the main runs (default 4,30,inf; the first is "
+        "the acceptance figure and also runs step by step as the baseline)",
+    )
+    ap.add_argument("--no-baseline", action="store_true", help="skip the step-by-step baseline runs")
     ap.add_argument("--input-len", type=int, default=1024)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--max-num-seqs", type=int, default=128)
@@ -153,6 +202,7 @@ def main() -> int:
     ap.add_argument("--million", action="store_true", help="also simulate 1,000,000 requests (minutes)")
     ap.add_argument("--million-rate", default="30")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile a run of N requests")
+    ap.add_argument("--profile-rate", type=float, default=4.0, help="request rate of the profiled run")
     ap.add_argument("--json", default=str(ROOT / "results" / "sim_speed.json"))
     args = ap.parse_args()
 
@@ -165,17 +215,36 @@ def main() -> int:
             "hardware": args.hardware,
             "arrivals": "Poisson",
         },
-        "target": "10,000 requests in <= 3 s wall; 1,000,000 in < 300 s",
+        "target": "10,000 requests at 4 req/s in <= 1.4 s wall; 1,000,000 in <= 60 s",
         "runs": [],
     }
-    for rate_text in args.rates.split(","):
+    for k, rate_text in enumerate(args.rates.split(",")):
         rate = float(rate_text)
-        runs = [run_once(args, args.num_requests, rate) for _ in range(args.repeats)]
-        for r in runs:
+        runs = []
+        base = []
+        for _ in range(args.repeats):
+            runs.append(run_once(args, args.num_requests, rate))
+            if k == 0 and not args.no_baseline:
+                base.append(run_once(args, args.num_requests, rate, fast_forward=False))
+        for r in runs + base:
             show(r)
         best = min(runs, key=lambda r: r["wall_s"])
         best["all_wall_s"] = [r["wall_s"] for r in runs]
         result["runs"].append(best)
+        if base:
+            b = min(base, key=lambda r: r["wall_s"])
+            b["all_wall_s"] = [r["wall_s"] for r in base]
+            same = all(b[key] == best[key] for key in ("steps", "completed", "mean_ttft_ms", "mean_tpot_ms"))
+            result["step_by_step"] = b
+            result["speedup_vs_step_by_step"] = round(b["wall_s"] / best["wall_s"], 2)
+            print(
+                f"plain decode steps: {result['speedup_vs_step_by_step']:.2f}x the step-by-step loop's wall "
+                f"({b['wall_s']:.2f} -> {best['wall_s']:.2f} s), figures {'equal' if same else 'DIFFERENT'}"
+            )
+    vidur = run_vidur(args, args.num_requests, float(args.rates.split(",")[0]))
+    if vidur is not None:
+        result["vidur"] = vidur
+        print(f"Vidur on the same workload: wall {vidur['wall_s']:.2f} s")
     if args.million:
         r = run_once(args, 1_000_000, float(args.million_rate))
         show(r)

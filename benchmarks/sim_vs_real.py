@@ -49,7 +49,8 @@ from llmsched.bench.metrics import MetricsCollector  # noqa: E402
 from llmsched.core import Request, SchedulerConfig  # noqa: E402
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput  # noqa: E402
 from llmsched.engine import EngineCore  # noqa: E402
-from llmsched.executor.sim import (  # noqa: E402
+from llmsched.executor.torch import TorchExecutor  # noqa: E402
+from llmsched.sim import (  # noqa: E402
     Deployment,
     DeploymentSpec,
     SimExecutor,
@@ -59,7 +60,6 @@ from llmsched.executor.sim import (  # noqa: E402
     load_hardware,
     simulate,
 )
-from llmsched.executor.torch import TorchExecutor  # noqa: E402
 
 TARGET_ERROR = 0.20
 # Compared figures: (summary key, label, whether the figure is a target).

@@ -12,8 +12,8 @@ from llmsched.bench.cli import add_bench_parser
 from llmsched.core.errors import ConfigError
 from llmsched.engine.chat_cli import add_chat_parser
 from llmsched.engine.cli import add_generate_parser
-from llmsched.executor.sim.cli import add_simulate_parser
 from llmsched.server.cli import add_serve_parser
+from llmsched.sim.cli import add_simulate_parser
 
 
 def _replay(args: argparse.Namespace) -> int:

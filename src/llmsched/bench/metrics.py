@@ -191,6 +191,22 @@ class MetricsCollector:
         b = self._token_buckets
         b[k] = b.get(k, 0) + count
 
+    def add_steps(self, ends: Iterable[float], prev_end: float, count: int) -> float:
+        """Steps ending at ``ends`` that each gave ``count`` requests a token, all sampled at the step before.
+
+        The first gap is from ``prev_end``; returns the last end.
+        """
+        origin = self.origin
+        buckets = self._token_buckets
+        itl = self._itl
+        for end in ends:
+            k = int(end - origin)
+            buckets[k] = buckets.get(k, 0) + count
+            gap = end - prev_end
+            itl[gap] = itl.get(gap, 0) + count
+            prev_end = end
+        return prev_end
+
     def add_failed(self, prompt_len: int = 0) -> None:
         """A request that never completed (rejected or errored)."""
         self.failed += 1

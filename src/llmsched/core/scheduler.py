@@ -332,6 +332,99 @@ class Scheduler:
             self._check_invariants(out)
         return out
 
+    # ---- plain decode steps -----------------------------------------------------
+
+    @property
+    def next_step(self) -> int:
+        """The number the next scheduled step will carry."""
+        return self._step
+
+    def plain_decode_steps(self, token_id: int, limit: int) -> int:
+        """How many of the next steps (at most ``limit``) are plain decodes, if every sample is ``token_id``.
+
+        A plain decode step schedules one token for every running request
+        and admits, preempts, finishes and defers nothing: nothing waits,
+        every running request has sampled all its known tokens, the budget
+        covers them all, none reaches its stop length or samples a stop
+        token, and the free blocks cover every table's growth. Such steps
+        are exactly what ``advance_decode_steps`` applies. 0 whenever the
+        next step might be anything else (sync mode without drafts,
+        lookahead or a trace only).
+        """
+        running = self.running
+        if (
+            self._async
+            or self._has_drafts
+            or self._lookahead
+            or self._trace_enabled
+            or self._finished_ids
+            or len(self.waiting)
+            or not running
+            or len(running) > self._max_tokens_budget
+        ):
+            return 0
+        k = limit
+        for r in running:
+            if r.is_prefill_chunk or r.num_tokens != r.num_computed_tokens + 1 or token_id in r.stop_ids:
+                return 0
+            # The step that brings it to stop_length finishes it (which also
+            # keeps positions below max_model_len).
+            left = r.stop_length - r.num_tokens - 1
+            if left < k:
+                k = left
+        if k <= 0:
+            return 0
+        kv = self.kv
+        need = 0
+        for r in running:
+            need += kv.decode_blocks_needed(r, k)
+        return k if need <= kv.num_free_blocks else 0
+
+    def advance_decode_steps(self, num_steps: int, token_id: int) -> None:
+        """Apply ``num_steps`` plain decode steps (see ``plain_decode_steps``) with ``token_id`` sampled.
+
+        Each step leaves the state ``schedule()`` then ``update_from_output()``
+        would: the step counters advance, every running request computes one
+        token (its KV slots allocated in running order, as schedule() does,
+        wherever the allocation adds or registers a block) and appends the
+        sampled token.
+        """
+        kv = self.kv
+        running = self.running
+        events = [kv.next_decode_event(r) for r in running]
+        left = num_steps
+        while left:
+            # Steps before any request's next allocation event change only
+            # counts and tokens: taken together.
+            quiet = left
+            for i, r in enumerate(running):
+                q = events[i] - r.num_computed_tokens - 1
+                if q < quiet:
+                    quiet = q
+            if quiet > 0:
+                more = [token_id] * quiet
+                for r in running:
+                    r.num_computed_tokens += quiet
+                    r.token_ids.extend(more)
+                    r.num_tokens += quiet
+                left -= quiet
+                if not left:
+                    break
+            # One step with its allocations, in running order.
+            for i, r in enumerate(running):
+                c = r.num_computed_tokens + 1
+                if c >= events[i]:
+                    kv.allocate_slots(r, 1)
+                    events[i] = kv.next_decode_event(r)
+                r.num_computed_tokens = c
+                r.token_ids.append(token_id)
+                r.num_tokens = c + 1
+            left -= 1
+        self._step += num_steps
+        self._num_executed_steps += num_steps
+        # What an admitting step with an empty queue sets.
+        self._prefill_capacity_bound = False
+
     def _mark_in_flight(self, out: SchedulerOutput) -> None:
         """Async mode: count the batch in flight and give each sampling request its placeholders."""
         spec = out.spec_decode_tokens

@@ -22,12 +22,11 @@ from llmsched.executor.sim.cost_model import (
     CostModel,
     Parallelism,
 )
-from llmsched.executor.sim.deployment import DeploymentSpec, build_deployment
-from llmsched.executor.sim.dp_runner import simulate_dp
 from llmsched.executor.sim.hardware import load_hardware
 from llmsched.executor.sim.model_shapes import load_model
-from llmsched.executor.sim.runner import simulate
-from llmsched.executor.sim.workload import synthetic_workload
+from llmsched.sim.deployment import DeploymentSpec, build_deployment
+from llmsched.sim.runner import simulate
+from llmsched.sim.workload import synthetic_workload
 
 DSV3 = load_model("deepseek-v3")
 H100 = load_hardware("h100")
@@ -69,7 +68,7 @@ def test_one_independent_rank_simulates_exactly_like_the_single_engine_loop() ->
     d = build_deployment(DeploymentSpec(model="llama-3-8b", max_num_seqs=16))
     wl = synthetic_workload(60, 300, 40, request_rate=20.0, range_ratio=0.5, seed=1)
     single = simulate(d, wl, hold_back=False).summary
-    dp = simulate_dp(d, wl, DPConfig(1, lockstep=False), sync_s=0.0).summary
+    dp = simulate(d, wl, dp=DPConfig(1, lockstep=False), sync_s=0.0).summary
     for key in ("duration", "completed", "mean_ttft_ms", "mean_tpot_ms", "p99_itl_ms", "output_throughput"):
         assert dp[key] == pytest.approx(single[key], rel=1e-9), key
 
@@ -77,8 +76,8 @@ def test_one_independent_rank_simulates_exactly_like_the_single_engine_loop() ->
 def test_two_independent_dense_ranks_double_the_throughput_of_one() -> None:
     d = build_deployment(DeploymentSpec(model="llama-3-8b", max_num_seqs=8))
     wl = synthetic_workload(64, 200, 64)
-    one = simulate_dp(d, wl, DPConfig(1, lockstep=False)).summary["output_throughput"]
-    two = simulate_dp(d, wl, DPConfig(2, lockstep=False)).summary["output_throughput"]
+    one = simulate(d, wl, dp=DPConfig(1, lockstep=False)).summary["output_throughput"]
+    two = simulate(d, wl, dp=DPConfig(2, lockstep=False)).summary["output_throughput"]
     assert two == pytest.approx(2 * one, rel=0.05)
 
 
@@ -93,7 +92,7 @@ def dsv3_run(range_ratio: float, balance: bool) -> dict:
         )
     )
     wl = synthetic_workload(96, 3500, 300, range_ratio=range_ratio, seed=3)
-    return simulate_dp(d, wl, DPConfig(4, lockstep=True, balance_scheduling=balance)).summary
+    return simulate(d, wl, dp=DPConfig(4, lockstep=True, balance_scheduling=balance)).summary
 
 
 def test_balance_scheduling_cuts_tpot_when_ranks_are_out_of_phase_and_is_moot_when_they_are_not() -> None:
@@ -153,8 +152,8 @@ def test_holding_back_unbuilt_requests_changes_nothing() -> None:
     d = build_deployment(DeploymentSpec(model="llama-3-8b", max_num_seqs=4))
     wl = synthetic_workload(300, 64, 8, range_ratio=0.5, seed=2)
     dp = DPConfig(3, lockstep=True, balance_scheduling=True)
-    held = simulate_dp(d, wl, dp).summary
-    built = simulate_dp(d, wl, dp, hold_back=False).summary
+    held = simulate(d, wl, dp=dp).summary
+    built = simulate(d, wl, dp=dp, hold_back=False).summary
     assert held == built
     assert held["completed"] == 300
 
@@ -163,7 +162,7 @@ def test_the_step_trace_names_each_rank_and_the_balance_gate() -> None:
     d = build_deployment(DeploymentSpec(model="qwen3-30b-a3b", data_parallel_size=2, max_num_seqs=2))
     wl = synthetic_workload(12, 128, 24, range_ratio=0.5, seed=1)
     buf = io.StringIO()
-    res = simulate_dp(d, wl, DPConfig(2, lockstep=True, balance_scheduling=True), trace_out=buf, explain=True)
+    res = simulate(d, wl, dp=DPConfig(2, lockstep=True, balance_scheduling=True), trace_out=buf, explain=True)
     lines = [json.loads(line) for line in buf.getvalue().splitlines()]
     assert lines[0]["header"]["data_parallel"]["balance_scheduling"] is True
     recs = lines[1:]
@@ -212,7 +211,7 @@ def test_the_dp_run_counts_its_lock_steps_by_launch_mode() -> None:
     )
     assert d.cost_model.cuda_graph_max_tokens == 16  # vLLM: 2 x max_num_seqs
     wl = synthetic_workload(64, 1000, 40, range_ratio=0.3, seed=5)
-    res = simulate_dp(d, wl, DPConfig(4, lockstep=True))
+    res = simulate(d, wl, dp=DPConfig(4, lockstep=True))
     modes = res.data_parallel["launch_modes"]
     assert sum(modes.values()) == res.num_busy_steps
     assert modes["eager"] > 0 and modes["graph"] > modes["eager"]
@@ -221,7 +220,7 @@ def test_the_dp_run_counts_its_lock_steps_by_launch_mode() -> None:
     # Without graphs every lock-step launches eagerly: the steps that replayed a graph
     # (most of them) each take the eager launches longer, the others are unchanged.
     no_graphs = build_deployment(replace(d.spec, cuda_graph_max_tokens=0))
-    res0 = simulate_dp(no_graphs, wl, DPConfig(4, lockstep=True))
+    res0 = simulate(no_graphs, wl, dp=DPConfig(4, lockstep=True))
     assert res0.data_parallel["launch_modes"] == {"eager": res0.num_busy_steps, "piecewise": 0, "graph": 0}
     assert res0.num_busy_steps == res.num_busy_steps
     extra_ms = 1e3 * d.cost_model.eager_launch_s

@@ -11,12 +11,25 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import sys
+from array import array
 from collections.abc import Callable
 
 from llmsched.core.errors import ConfigError
 from llmsched.core.request import Request
 
 HashFn = Callable[[bytes], bytes]
+
+
+def _pack_le(token_ids: list[int]) -> bytes:
+    """The ids as little-endian signed 64-bit integers (``struct.pack("<...q")``'s bytes)."""
+    a = array("q", token_ids)
+    if _BIG_ENDIAN:
+        a.byteswap()
+    return a.tobytes()
+
+
+_BIG_ENDIAN = sys.byteorder == "big"
 
 
 def _sha256(data: bytes) -> bytes:
@@ -105,14 +118,20 @@ class BlockHasher:
             return hashes
         tokens = request.token_ids
         parent = hashes[-1] if hashes else ROOT_HASH
-        plain = request.lora_name is None and not request.cache_salt
-        pack, hash_fn = self._pack, self.hash_fn
+        hash_fn = self.hash_fn
+        if request.lora_name is None and not request.cache_salt:
+            # No extra keys: every block's input is the parent, a zero
+            # length, and its tokens' bytes, packed for all blocks at once.
+            width = bs * 8
+            raw = _pack_le(tokens[i * bs : num_blocks * bs])
+            end = len(raw)
+            for off in range(0, end, width):
+                parent = hash_fn(parent + b"\x00\x00\x00\x00" + raw[off : off + width])
+                hashes.append(parent)
+            return hashes
         while i < num_blocks:
             start = i * bs
-            if plain:
-                parent = hash_fn(parent + b"\x00\x00\x00\x00" + pack(*tokens[start : start + bs]))
-            else:
-                parent = self.hash_block(parent, tokens[start : start + bs], block_extra_keys(request, i))
+            parent = self.hash_block(parent, tokens[start : start + bs], block_extra_keys(request, i))
             hashes.append(parent)
             i += 1
         return hashes

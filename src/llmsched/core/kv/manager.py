@@ -206,6 +206,27 @@ class KVCacheManager:
                 self._cache_full_blocks(request, table, num_known)
         return new_blocks
 
+    def next_decode_event(self, request: Request) -> int:
+        """The computed count, after a one-token step, at which ``allocate_slots(request, 1)`` next acts.
+
+        Below it such a call adds no block and registers none, so a caller
+        that knows it may skip the call without changing anything.
+        """
+        table = self._tables[request.request_id]
+        bs = self.block_size
+        at = len(table.blocks) * bs + 1
+        if self.enable_caching:
+            full = (table.num_cached + 1) * bs
+            if full < at:
+                at = full
+        return at
+
+    def decode_blocks_needed(self, request: Request, num_steps: int) -> int:
+        """Blocks ``num_steps`` more one-token steps of ``request`` would add to its table."""
+        need = -(-(request.num_computed_tokens + num_steps) // self.block_size)
+        have = len(self._tables[request.request_id].blocks)
+        return need - have if need > have else 0
+
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Register the full blocks among the request's first ``num_tokens`` tokens in the prefix cache."""
         table = self._tables.get(request.request_id)

@@ -252,6 +252,21 @@ class OpCost:
 HOST_OPS = frozenset({"step_overhead", "request_overhead", "eager_launches", "piecewise_launches"})
 
 StepParts = tuple[float, float, float]
+# The ops whose time depends on the batch's context, and those _ops lists before them.
+_ATTENTION_CORES = frozenset({"attention_prefill", "attention_decode"})
+_BEFORE_ATTENTION = frozenset({"embedding", "attention_linears"})
+# Batch shapes whose other ops' times are kept (a step's token count bounds them in practice).
+_MAX_SHAPES = 1 << 16
+# Per batch shape: seconds of the ops before the attention cores, (seconds, host?) of those after.
+_ShapeOps = tuple[tuple[float, ...], tuple[tuple[float, bool], ...]]
+
+
+def _roof_seconds(flops: float, nbytes: float, rate: float, mem: float) -> float:
+    """An op's time on the roofline: its compute or its memory traffic, whichever is longer."""
+    tc, tm = flops / rate, nbytes / mem
+    return tc if tc > tm else tm
+
+
 _NO_PARTS: StepParts = (0.0, 0.0, 0.0)
 
 
@@ -276,6 +291,16 @@ def step_parts_of(cost_model: StepCostModel) -> Callable[[BatchShape], StepParts
         return t, 0.0, t
 
     return model_only
+
+
+def decode_step_parts_of(cost_model: StepCostModel, num_decodes: int) -> Callable[[int], StepParts]:
+    """The step parts of ``num_decodes`` one-token decodes by summed context, for any cost model."""
+    fast = getattr(cost_model, "decode_step_parts", None)
+    if fast is not None:
+        return fast(num_decodes)
+    parts = step_parts_of(cost_model)
+    d = num_decodes
+    return lambda decode_context: parts(BatchShape(d, d, 0, 0, 0, d, decode_context, 0))
 
 
 class ConstantCostModel:
@@ -357,6 +382,8 @@ class CostModel:
         self.request_overhead_s = hw.request_overhead_s
         self.link_rate = hw.link_bandwidth * eff.network
         self.latency = hw.collective_latency_s
+        # step_parts' figures per batch shape (see there).
+        self._shape_ops: dict[tuple[int, int, int, int], _ShapeOps] = {}
         self._precompute()
 
     def _precompute(self) -> None:
@@ -470,6 +497,7 @@ class CostModel:
         ops: list[tuple[str, float, float, float, float, str]] = []
 
         def roof(name: str, flops: float, nbytes: float, rate: float, mem: float = mem) -> None:
+            # _roof_seconds' arithmetic, spelled out for the bound's name.
             tc, tm = flops / rate, nbytes / mem
             ops.append((name, flops, nbytes, 0.0, tc if tc > tm else tm, "compute" if tc > tm else "memory"))
 
@@ -483,22 +511,9 @@ class CostModel:
         p = self.attn_linear_params
         roof("attention_linears", 2 * T * p, p * wb + T * self.attn_linear_io, gemm)
         if b.prefill_tokens:
-            roof(
-                "attention_prefill",
-                b.prefill_pairs * self.prefill_pair_flops + b.prefill_context * self.context_upproj_flops,
-                (b.prefill_context + 2 * b.prefill_tokens) * self.kv_token_bytes
-                + b.prefill_tokens * self.qo_token_bytes,
-                attn,
-            )
+            roof("attention_prefill", *self._prefill_attention(b), attn)
         if b.num_decodes:
-            roof(
-                "attention_decode",
-                b.decode_context * self.decode_pair_flops,
-                (b.decode_context + b.num_decodes) * self.kv_token_bytes
-                + b.num_decodes * self.qo_token_bytes,
-                attn,
-                self.kv_read_rate,
-            )
+            roof("attention_decode", *self._decode_attention(b), attn, self.kv_read_rate)
         if self.mlp_params:
             p = self.mlp_params
             roof("mlp", 2 * T * p, p * wb + T * self.mlp_io, gemm)
@@ -546,6 +561,21 @@ class CostModel:
         elif mode == LAUNCH_PIECEWISE and self.piecewise_launch_s:
             ops.append(("piecewise_launches", 0.0, 0.0, 0.0, self.piecewise_launch_s, "overhead"))
         return ops
+
+    def _prefill_attention(self, b: BatchShape) -> tuple[float, float]:
+        """(FLOPs, bytes) of the step's prefill attention core."""
+        return (
+            b.prefill_pairs * self.prefill_pair_flops + b.prefill_context * self.context_upproj_flops,
+            (b.prefill_context + 2 * b.prefill_tokens) * self.kv_token_bytes
+            + b.prefill_tokens * self.qo_token_bytes,
+        )
+
+    def _decode_attention(self, b: BatchShape) -> tuple[float, float]:
+        """(FLOPs, bytes) of the step's decode attention core."""
+        return (
+            b.decode_context * self.decode_pair_flops,
+            (b.decode_context + b.num_decodes) * self.kv_token_bytes + b.num_decodes * self.qo_token_bytes,
+        )
 
     def _moe_ops(self, T: int, G: int, roof: _Roof, comm: _Comm) -> None:
         # T: this engine's tokens (router, shared experts); G: the expert-
@@ -623,20 +653,100 @@ class CostModel:
         return t
 
     def step_parts(self, batch: BatchShape) -> StepParts:
-        """(sync step time, host path, model time) in seconds; the first is exactly ``step_time``."""
+        """(sync step time, host path, model time) in seconds; the first is exactly ``step_time``.
+
+        Only the attention cores depend on the batch's context; every other
+        op's time is a function of the token, sample and request counts and
+        the launch mode, so those are kept per such shape and the sums are
+        taken in ``_ops``' order (bit for bit the same figures, several
+        times faster: a simulation prices every step).
+        """
         if batch.num_tokens == 0:
             return _NO_PARTS
+        mode = self.launch_mode(batch)
+        key = (batch.num_tokens, batch.num_sampled, batch.num_decodes + batch.num_prefills, mode)
+        ops = self._shape_ops.get(key)
+        if ops is None:
+            ops = self._shape_ops[key] = self._split_ops(batch, mode)
         t = host = model = 0.0
-        host_ops = HOST_OPS
-        for op in self._ops(batch):
-            s = op[4]
-            # Summed in the same order as step_time, so sync prices stay bit for bit.
+        # Summed in the same order as step_time, so sync prices stay bit for bit.
+        for s in ops[0]:
             t += s
-            if op[0] in host_ops:
+            model += s
+        if batch.prefill_tokens:
+            flops, nbytes = self._prefill_attention(batch)
+            s = _roof_seconds(flops, nbytes, self.attn_rate, self.mem_rate)
+            t += s
+            model += s
+        if batch.num_decodes:
+            flops, nbytes = self._decode_attention(batch)
+            s = _roof_seconds(flops, nbytes, self.attn_rate, self.kv_read_rate)
+            t += s
+            model += s
+        for s, on_host in ops[1]:
+            t += s
+            if on_host:
                 host += s
             else:
                 model += s
         return t, host, model
+
+    def decode_step_parts(self, num_decodes: int) -> Callable[[int], StepParts]:
+        """``step_parts`` of ``num_decodes`` one-token decodes, as a function of their summed context.
+
+        For stretches of steps that differ only in context (the simulator's
+        plain decode steps): the same figures, bit for bit, for a fraction
+        of the work.
+        """
+        d = num_decodes
+        batch = BatchShape(d, d, 0, 0, 0, d, 0, 0)
+        mode = self.launch_mode(batch)
+        key = (d, d, d, mode)
+        ops = self._shape_ops.get(key)
+        if ops is None:
+            ops = self._shape_ops[key] = self._split_ops(batch, mode)
+        before, after = ops
+        pair_flops, kv_bytes, qo_bytes = self.decode_pair_flops, self.kv_token_bytes, self.qo_token_bytes
+        rate, kv_rate = self.attn_rate, self.kv_read_rate
+
+        def parts(decode_context: int) -> StepParts:
+            t = host = model = 0.0
+            for s in before:
+                t += s
+                model += s
+            # _decode_attention and _roof_seconds, in the same arithmetic order.
+            tc = decode_context * pair_flops / rate
+            tm = ((decode_context + d) * kv_bytes + d * qo_bytes) / kv_rate
+            s = tc if tc > tm else tm
+            t += s
+            model += s
+            for s, on_host in after:
+                t += s
+                if on_host:
+                    host += s
+                else:
+                    model += s
+            return t, host, model
+
+        return parts
+
+    def _split_ops(self, batch: BatchShape, mode: int) -> _ShapeOps:
+        """The seconds of the ops before the attention cores, and (seconds, host?) of those after."""
+        if len(self._shape_ops) >= _MAX_SHAPES:
+            self._shape_ops.clear()
+        before: list[float] = []
+        after: list[tuple[float, bool]] = []
+        for op in self._ops(batch, None, mode):
+            name = op[0]
+            if name in _ATTENTION_CORES:
+                continue
+            if after or name not in _BEFORE_ATTENTION:
+                after.append((op[4], name in HOST_OPS))
+            else:
+                if name in HOST_OPS:
+                    raise AssertionError(f"{name} is host work ahead of the attention cores")
+                before.append(op[4])
+        return tuple(before), tuple(after)
 
     def step_time_in_group(self, batch: BatchShape, group_tokens: int, mode: int | None = None) -> float:
         """Seconds of one rank's step when its EP group runs ``group_tokens`` tokens, launched in ``mode``."""

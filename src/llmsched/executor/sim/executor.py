@@ -30,11 +30,12 @@ one call later.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput
 from llmsched.core.request import Request
-from llmsched.executor.sim.cost_model import BatchShape, StepCostModel, step_parts_of
+from llmsched.executor.sim.cost_model import BatchShape, StepCostModel, decode_step_parts_of, step_parts_of
 
 _NONE: tuple[int, ...] = ()
 
@@ -61,6 +62,19 @@ class StepTiming:
     batch: BatchShape = field(default_factory=BatchShape)
 
 
+@dataclass(slots=True)
+class DecodeRun:
+    """Steps clocked by ``SimExecutor.run_decodes``: each one's end and parts (sync: host gap = host)."""
+
+    ends: array = field(default_factory=lambda: array("d"))
+    totals: array = field(default_factory=lambda: array("d"))
+    hosts: array = field(default_factory=lambda: array("d"))
+    models: array = field(default_factory=lambda: array("d"))
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+
 class SimExecutor:
     """Implements the Executor protocol with simulated time instead of a model."""
 
@@ -75,6 +89,7 @@ class SimExecutor:
         self._parts = step_parts_of(cost_model)
         self.now = start_time
         self.async_scheduling = async_scheduling
+        self.sample_token_id = sample_token_id
         self._token = (sample_token_id,)
         # When the device finishes the last forward issued (async pipeline).
         self.device_free_at = start_time
@@ -138,10 +153,58 @@ class SimExecutor:
             decode_context,
             num_prefills,
         )
+        self._run(scheduler_output.step, batch)
+        self.last_sampled = samplers
+        return ModelRunnerOutput(sampled_token_ids=sampled)
+
+    def run_decodes(
+        self, first_step: int, num_decodes: int, decode_context: int, num_steps: int, until: float
+    ) -> DecodeRun:
+        """Clock up to ``num_steps`` steps of the same one-token decodes, each starting before ``until``.
+
+        Sync scheduling only. Each step is priced and clocked as ``execute()``
+        would its batch (``decode_context``: the requests' summed computed
+        counts before the first step; each step adds one per request), and
+        the last one's timing is kept for ``timing()``. For steps whose
+        requests the caller does not build (the simulator's plain decode
+        steps); ``last_sampled`` is left empty.
+        """
+        if self.async_scheduling:
+            raise ValueError("run_decodes() clocks sync steps only")
+        d = num_decodes
+        price = decode_step_parts_of(self.cost_model, d)
+        run = DecodeRun()
+        ends, totals, hosts, models = run.ends, run.totals, run.hosts, run.models
+        start = now = self.now
+        ctx = decode_context
+        n = 0
+        while n < num_steps and now < until:
+            ctx += d
+            total, host, model = price(ctx)
+            start = now
+            # _serial's arithmetic: a step ends its price after it starts.
+            now = start + total
+            ends.append(now)
+            totals.append(total)
+            hosts.append(host)
+            models.append(model)
+            n += 1
+        if n:
+            # The last step again through _run, so the clock's state is exactly execute()'s.
+            self.now = start
+            t = self._run(first_step + n - 1, BatchShape(d, d, 0, 0, 0, d, ctx, 0))
+            if t.end != now:
+                raise AssertionError(f"a plain decode step priced twice differently: {t.end} != {now}")
+            self.last_sampled = []
+        return run
+
+    def _run(self, step: int, batch: BatchShape) -> StepTiming:
+        """Clock one executed batch; its timing, also kept for ``timing()``."""
+        num_tokens = batch.num_tokens
         t = self._prev
         self._prev = self._last
         self._last = t
-        t.step = scheduler_output.step
+        t.step = step
         t.batch = batch
         if num_tokens:
             total, host, model = self._parts(batch)
@@ -153,8 +216,7 @@ class SimExecutor:
             self._serial(t, total, host, model)
         self.last_duration = t.duration
         self.last_batch = batch
-        self.last_sampled = samplers
-        return ModelRunnerOutput(sampled_token_ids=sampled)
+        return t
 
     def _serial(self, t: StepTiming, total: float, host: float, model: float) -> None:
         """Sync (or a batch with no tokens): host path then model, the clock moved by the step's price."""

@@ -191,7 +191,7 @@ def load_hardware(name_or_path: str, *, recalibrate: bool = False) -> HardwarePr
     if key in BUILTIN_HARDWARE:
         return BUILTIN_HARDWARE[key]
     if key == "cpu":
-        from llmsched.executor.sim.calibrate import cpu_profile
+        from llmsched.sim.calibrate import cpu_profile
 
         return cpu_profile(recalibrate=recalibrate)
     path = Path(name_or_path)

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from llmsched.executor.sim import calibrate_executor as ce
-from llmsched.executor.sim.calibrate_executor import StepSample, fit_host_costs
 from llmsched.executor.sim.hardware import HardwareProfile
+from llmsched.sim import calibrate_executor as ce
+from llmsched.sim.calibrate_executor import StepSample, fit_host_costs
 
 STEP, LAYER, REQUEST, RATE = 2e-3, 3e-4, 2e-5, 6e9
 

@@ -19,7 +19,7 @@ was written steps ago and the weights and other requests' KV have passed
 through the caches since, so its reads come from memory; a probe that read
 back what its prefill just wrote would see the last-level cache instead.
 
-Runs in a child process (``python -m llmsched.executor.sim.calibrate_executor``)
+Runs in a child process (``python -m llmsched.sim.calibrate_executor``)
 so the executor's process-wide settings (allocator, threads) never leak into
 the caller or into microbenchmarks measured after it.
 """

@@ -20,12 +20,12 @@ from llmsched.core.policy import POLICIES
 from llmsched.engine.dp.cli_args import add_dp_args, describe_dp, dp_config_from_args
 from llmsched.engine.dp.sim_transport import DEFAULT_SYNC_S
 from llmsched.executor.sim.cost_model import Efficiency
-from llmsched.executor.sim.deployment import KV_CACHE_DTYPES, DeploymentSpec, build_deployment
-from llmsched.executor.sim.dp_runner import simulate_dp
 from llmsched.executor.sim.hardware import known_hardware
 from llmsched.executor.sim.model_shapes import known_models
-from llmsched.executor.sim.runner import simulate
-from llmsched.executor.sim.workload import Workload, load_trace_workload, synthetic_workload
+from llmsched.sim.deployment import KV_CACHE_DTYPES, DeploymentSpec, build_deployment
+from llmsched.sim.frontend import DEFAULT_TOKEN_S, Frontend
+from llmsched.sim.runner import simulate
+from llmsched.sim.workload import Workload, load_trace_workload, synthetic_workload
 
 
 def _positive_int(text: str) -> int:
@@ -196,8 +196,71 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
     o.add_argument("--goodput-tpot-ms", type=float, default=None)
     o.add_argument("--goodput-e2el-ms", type=float, default=None)
     o.add_argument("--metric-percentiles", default="50,90,99", help="comma-separated (default 50,90,99)")
+    f = p.add_argument_group("frontend")
+    f.add_argument(
+        "--api-server-count",
+        type=_positive_int,
+        default=None,
+        help="model N API servers in front of each engine core (vLLM's flag): each tokenizes and passes on "
+        "one request at a time, so requests reach the engine over time and it starts stepping as soon as it "
+        "has work; the trace's in_frontend counts those still on the way (default: none, every request "
+        "reaches the engine when sent, as llmsched's offline path queues a batch)",
+    )
+    f.add_argument(
+        "--api-server-us-per-token",
+        type=float,
+        default=DEFAULT_TOKEN_S * 1e6,
+        help=f"an API server's work per prompt token (default {DEFAULT_TOKEN_S * 1e6:g}: tokenizing a "
+        "1024-token prompt and sending it to the engine process on the torch path, measured on a 2-core x86)",
+    )
+    sw = p.add_argument_group("sweeps")
+    sw.add_argument(
+        "--sweep",
+        metavar="SWEEP.yaml",
+        help="simulate every configuration of a sweep file (grid or random search over DeploymentSpec "
+        "knobs: tensor/data parallel size, max_num_seqs, max_num_batched_tokens, policy, hardware) and "
+        "report each point, the Pareto front of throughput per GPU vs p99 TTFT, and the cheapest "
+        "configuration meeting the file's SLO; the other deployment and workload flags are ignored",
+    )
+    sw.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="run the sweep's points as Ray tasks on this cluster (auto, HOST:PORT, ray://HOST:PORT, "
+        "or local to start one here); default: a local process pool",
+    )
+    sw.add_argument(
+        "--sweep-workers", type=_positive_int, default=None, help="process-pool size (default: CPU count)"
+    )
     p.set_defaults(func=run_simulate)
     return p
+
+
+def run_sweep_cli(args: argparse.Namespace) -> int:
+    """--sweep: simulate the file's points, print the table, write JSON and the plot."""
+    import time
+
+    from llmsched.sim.sweep import load_sweep, run_sweep
+    from llmsched.sim.sweep_report import format_table, sweep_json, write_sweep_plot
+
+    sweep = load_sweep(args.sweep)
+    backend = f"ray ({args.ray_address})" if args.ray_address else "process pool"
+    print(
+        f"sweep      {len(sweep.points)} points on a {backend}; SLO p99 TTFT <= {sweep.slo_p99_ttft_ms:g} ms"
+    )
+    t0 = time.perf_counter()
+    rows = run_sweep(sweep, workers=args.sweep_workers, ray_address=args.ray_address)
+    wall = time.perf_counter() - t0
+    print(format_table(rows, sweep))
+    print(f"Swept {len(rows)} points in {wall:.1f} s wall")
+    if args.result_json:
+        Path(args.result_json).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.result_json, "w") as f:
+            json.dump(sweep_json(rows, sweep, wall, backend), f, indent=2)
+        print(f"wrote {args.result_json}")
+    if args.plot:
+        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+        print(f"wrote {write_sweep_plot(rows, sweep, f'{args.plot}_sweep.png')}")
+    return 0
 
 
 def _workload(args: argparse.Namespace) -> Workload:
@@ -235,6 +298,10 @@ def _percentiles(text: str) -> list[float]:
 
 def run_simulate(args: argparse.Namespace) -> int:
     """Build the deployment and workload, simulate, print and write the results."""
+    if args.sweep:
+        return run_sweep_cli(args)
+    if args.ray_address:
+        raise ConfigError("--ray-address runs a sweep's points: give --sweep SWEEP.yaml too")
     slos = parse_goodput(args.goodput)
     for key in ("ttft", "tpot", "e2el"):
         v = getattr(args, f"goodput_{key}_ms")
@@ -286,6 +353,9 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.dp_sync_ms < 0:
         raise ConfigError(f"--dp-sync-ms {args.dp_sync_ms} must be >= 0")
     workload = _workload(args)
+    frontend = None
+    if args.api_server_count is not None:
+        frontend = Frontend(args.api_server_count, args.api_server_us_per_token / 1e6)
     # Output folders are made up front so a long run cannot fail at the end.
     for path in (args.result_json, args.trace, args.plot):
         if path:
@@ -295,6 +365,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     if dp is not None:
         print(f"data       {describe_dp(dp)}")
     print(f"workload   {workload.describe()}")
+    if frontend is not None:
+        print(f"frontend   {frontend.describe()}")
     print()
     trace = open(args.trace, "w") if args.trace else None  # noqa: SIM115
     try:
@@ -308,10 +380,9 @@ def run_simulate(args: argparse.Namespace) -> int:
             "progress": not args.disable_tqdm,
             "detailed": args.save_detailed,
         }
-        if dp is not None:
-            result = simulate_dp(deployment, workload, dp, sync_s=args.dp_sync_ms / 1e3, **kwargs)
-        else:
-            result = simulate(deployment, workload, **kwargs)
+        result = simulate(
+            deployment, workload, dp=dp, sync_s=args.dp_sync_ms / 1e3, frontend=frontend, **kwargs
+        )
     finally:
         if trace is not None:
             trace.close()
@@ -327,7 +398,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.trace:
         print(f"wrote {args.trace}")
     if args.plot:
-        from llmsched.executor.sim.plots import write_plots
+        from llmsched.sim.plots import write_plots
 
         for path in write_plots(result, args.plot):
             print(f"wrote {path}")

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from llmsched.executor.sim import calibrate
 from llmsched.executor.sim.hardware import load_hardware
+from llmsched.sim import calibrate
 
 FAKE = {
     "backend": "python",

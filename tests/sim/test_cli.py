@@ -136,7 +136,7 @@ def test_tensor_parallel_big_model(capsys):
 
 
 def test_cpu_hardware_uses_the_calibration(tmp_path, monkeypatch, capsys):
-    from llmsched.executor.sim import calibrate
+    from llmsched.sim import calibrate
 
     monkeypatch.setenv("LLMSCHED_CACHE_DIR", str(tmp_path))
     fake = {"backend": "numpy", "peak_flops": 5e10, "mem_bandwidth": 2e10, "mem_capacity": 32 * 2**30}

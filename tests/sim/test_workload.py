@@ -10,7 +10,7 @@ import statistics
 import pytest
 
 from llmsched.core.errors import ConfigError
-from llmsched.executor.sim.workload import arrival_times, load_trace_workload, synthetic_workload
+from llmsched.sim.workload import arrival_times, load_trace_workload, synthetic_workload
 
 
 def gaps(times) -> list[float]:

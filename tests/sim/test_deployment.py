@@ -7,7 +7,7 @@ import json
 import pytest
 
 from llmsched.core.errors import ConfigError
-from llmsched.executor.sim.deployment import DeploymentSpec, build_deployment, resolve_hash_algo
+from llmsched.sim.deployment import DeploymentSpec, build_deployment, resolve_hash_algo
 
 
 def build(**kw) -> object:

@@ -161,7 +161,7 @@ def _executor_figures(figures: dict) -> dict | None:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "llmsched.executor.sim.calibrate_executor"],
+            [sys.executable, "-m", "llmsched.sim.calibrate_executor"],
             input=json.dumps(figures),
             capture_output=True,
             text=True,
@@ -231,7 +231,7 @@ def _measure_once() -> dict:
     name = backend()
     t = time.perf_counter()
     if name == "torch":
-        from llmsched.executor.sim.calibrate_torch import host_figures, measure_torch
+        from llmsched.sim.calibrate_torch import host_figures, measure_torch
 
         figures = measure_torch()
         probe = _executor_figures(figures)

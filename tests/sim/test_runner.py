@@ -13,15 +13,16 @@ import pytest
 from llmsched.bench.parity import compare, decisions
 from llmsched.bench.replay import replay
 from llmsched.bench.workload import load_workload, parse_workload
-from llmsched.core import SchedulerConfig
+from llmsched.core import Scheduler, SchedulerConfig
 from llmsched.executor.sim.cost_model import ConstantCostModel, CostModel
-from llmsched.executor.sim.deployment import DeploymentSpec, build_deployment
 from llmsched.executor.sim.hardware import load_hardware
 from llmsched.executor.sim.model_shapes import load_model
-from llmsched.executor.sim.runner import simulate
-from llmsched.executor.sim.workload import Workload, synthetic_workload
+from llmsched.sim.deployment import DeploymentSpec, build_deployment
+from llmsched.sim.frontend import Frontend
+from llmsched.sim.runner import simulate
+from llmsched.sim.workload import Workload, synthetic_workload
 
-PARITY = Path(__file__).resolve().parents[2] / "data" / "parity"
+PARITY = Path(__file__).resolve().parents[1] / "data" / "parity"
 PARITY_ASYNC = PARITY.parent / "parity_async"
 BOOKKEEPING = ("total_tokens", "num_running", "kv_usage", "finished", "preempted", "sched")
 
@@ -311,3 +312,59 @@ def test_launch_modes_move_the_clock_but_not_the_decisions():
         assert low < r["sim_duration_s"] < high, (r["step"], mode, r["sim_duration_s"])
         seen.add(mode)
     assert seen == {"graph", "piecewise", "eager"}
+
+
+def _without_wall_times(text: str) -> list[dict]:
+    out = []
+    for line in text.splitlines():
+        rec = json.loads(line)
+        rec.pop("schedule_ns", None)
+        rec.pop("update_ns", None)
+        out.append(rec)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("spec", "workload", "kwargs"),
+    [
+        ({}, {"request_rate": 4.0}, {}),
+        ({"num_gpu_blocks": 700, "max_num_seqs": 16}, {"request_rate": 8.0, "prefix_len": 256}, {}),
+        ({"max_model_len": 1100}, {"request_rate": 3.0, "range_ratio": 0.5}, {}),
+        ({"enable_prefix_caching": False}, {"request_rate": math.inf}, {"max_concurrency": 5}),
+        ({"block_size": 32}, {"request_rate": 2.0, "burstiness": 0.3}, {"max_steps": 3000}),
+        ({}, {"request_rate": 5.0}, {"frontend": Frontend(1, 2e-5)}),
+    ],
+)
+def test_plain_decode_steps_leave_trace_series_and_figures_unchanged(spec, workload, kwargs, monkeypatch):
+    applied = []
+    advance = Scheduler.advance_decode_steps
+    monkeypatch.setattr(
+        Scheduler, "advance_decode_steps", lambda s, k, t: applied.append(k) or advance(s, k, t)
+    )
+    dep = build_deployment(DeploymentSpec(model="llama-3-8b", hardware="h100", **spec))
+    wl = synthetic_workload(
+        150,
+        1000,
+        60,
+        seed=3,
+        **{"num_prefix_groups": 2, **workload} if "prefix_len" in workload else workload,
+    )
+    runs = []
+    for fast in (False, True):
+        buf = io.StringIO()
+        res = simulate(dep, wl, trace_out=buf, record_series=True, fast_forward=fast, **kwargs)
+        plain = simulate(dep, wl, fast_forward=fast, **kwargs)
+        data = res.to_json()
+        data["simulation"].pop("wall_s")
+        data["simulation"].pop("wall_us_per_request")
+        quiet = plain.to_json()
+        quiet["simulation"].pop("wall_s")
+        quiet["simulation"].pop("wall_us_per_request")
+        assert quiet == data
+        series = {name: list(getattr(res.series, name)) for name in res.series.__slots__}
+        runs.append((_without_wall_times(buf.getvalue()), data, series))
+    # Most steps were plain ones; the trace, figures and series are still the same.
+    assert sum(applied) > runs[0][1]["simulation"]["num_steps"] // 2
+    assert runs[0][0] == runs[1][0]
+    assert runs[0][1] == runs[1][1]
+    assert runs[0][2] == runs[1][2]

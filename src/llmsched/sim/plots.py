@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llmsched.core.errors import ConfigError
-from llmsched.executor.sim.runner import SimResult
+from llmsched.sim.runner import SimResult
 
 if TYPE_CHECKING:
     from matplotlib.backends.backend_agg import FigureCanvasAgg

@@ -7,9 +7,9 @@ import pytest
 from llmsched.core import SchedulerConfig
 from llmsched.core.errors import ConfigError
 from llmsched.executor.sim.cost_model import ConstantCostModel
-from llmsched.executor.sim.plots import _binned, write_plots
-from llmsched.executor.sim.runner import simulate
-from llmsched.executor.sim.workload import synthetic_workload
+from llmsched.sim.plots import _binned, write_plots
+from llmsched.sim.runner import simulate
+from llmsched.sim.workload import synthetic_workload
 
 
 def test_writes_three_pngs(tmp_path):

@@ -15,12 +15,12 @@ from llmsched.core import Request, SamplingParams, SchedulerConfig
 from llmsched.core.errors import ConfigError
 from llmsched.core.output import SchedulerOutput
 from llmsched.executor.sim.cost_model import BatchShape, ConstantCostModel, CostModel, step_parts_of
-from llmsched.executor.sim.deployment import DeploymentSpec, build_deployment
 from llmsched.executor.sim.executor import SimExecutor
 from llmsched.executor.sim.hardware import load_hardware
 from llmsched.executor.sim.model_shapes import load_model
-from llmsched.executor.sim.runner import simulate
-from llmsched.executor.sim.workload import Workload, synthetic_workload
+from llmsched.sim.deployment import DeploymentSpec, build_deployment
+from llmsched.sim.runner import simulate
+from llmsched.sim.workload import Workload, synthetic_workload
 
 
 class PrefillDecode:

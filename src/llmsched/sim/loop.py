@@ -1,0 +1,299 @@
+"""The simulation loop, for one engine or many data-parallel ranks: arrivals, steps, measurements.
+
+Each iteration adds every request whose arrival time the clock has passed
+(and, with ``max_concurrency``, for which a client slot is free), then lets
+the engines take one step: the unmodified scheduler decides each batch and
+the cost model prices it on the virtual clock. Idle engines jump to the next
+arrival. Requests are created when they arrive and dropped when they finish;
+under FCFS a waiting queue longer than the scheduler can reach in one step
+is held back unbuilt, so memory stays bounded by the requests in flight even
+when a million arrive at once.
+
+What differs between one engine and a data-parallel group (routing, the
+clock, how a step's output is read) lives in an ``Engines`` object
+(``one_engine.OneEngine``, ``dp_group.DPGroup``); this module owns what is
+common: the client side (arrivals, client slots, request construction) and
+the measurements (tokens, gaps, finishes, rejections, progress).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from bisect import bisect_right
+from collections import deque
+from typing import IO, TYPE_CHECKING, Protocol
+
+from llmsched.bench.metrics import MetricsCollector
+from llmsched.core.errors import ConfigError, RequestRejected
+from llmsched.core.sampling_params import SamplingParams
+from llmsched.sim.frontend import Frontend
+from llmsched.sim.requests import SimRequest
+from llmsched.sim.workload import Workload
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
+
+    from llmsched.sim.results import StepSeries
+
+# Progress-bar updates are batched: tqdm costs a few microseconds per call.
+_PROGRESS_EVERY = 64
+# Failed requests whose reason is kept for the report.
+_MAX_REJECTIONS_KEPT = 20
+
+
+class Arrivals:
+    """The client: the workload's requests in arrival order, when each is sent, and its Request."""
+
+    __slots__ = (
+        "arrivals",
+        "due_at",
+        "frontend",
+        "last_arrival",
+        "n",
+        "nxt",
+        "out_lens",
+        "params",
+        "prios",
+        "slots",
+        "workload",
+    )
+
+    def __init__(
+        self, workload: Workload, max_concurrency: int | None, frontend: Frontend | None = None
+    ) -> None:
+        self.workload = workload
+        self.n = len(workload)
+        self.arrivals = workload.arrivals
+        # When each request reaches the engine: when it is sent, unless API
+        # servers stand in between.
+        self.frontend = frontend
+        self.due_at = workload.arrivals
+        if frontend is not None:
+            if max_concurrency is not None:
+                raise ConfigError("the API-server model covers open-loop arrivals: drop --max-concurrency")
+            self.due_at = frontend.delivery_times(workload.arrivals, workload.input_lens)
+        self.out_lens = workload.output_lens
+        self.prios = workload.priorities
+        self.nxt = 0
+        self.last_arrival = -math.inf
+        # Closed loop: when each client slot frees up.
+        self.slots: deque[float] | None = deque([0.0] * max_concurrency) if max_concurrency else None
+        self.params: dict[int, SamplingParams] = {}
+
+    def pending(self) -> bool:
+        """True while requests are left to send."""
+        return self.nxt < self.n
+
+    def due(self, now: float) -> bool:
+        """True if the next request reaches the engine by ``now`` and a client slot is free for it."""
+        i = self.nxt
+        return i < self.n and self.due_at[i] <= now and (self.slots is None or bool(self.slots))
+
+    def next_time(self) -> float:
+        """When the next request reaches the engine (inf: none left)."""
+        return self.due_at[self.nxt] if self.nxt < self.n else math.inf
+
+    def next_due_time(self) -> float:
+        """When the next request can be sent: its arrival, or never while no client slot is free."""
+        if self.nxt >= self.n or (self.slots is not None and not self.slots):
+            return math.inf
+        return self.due_at[self.nxt]
+
+    def reach_time(self, i: int, sent: float) -> float:
+        """When request ``i``, sent at ``sent``, reaches the engine."""
+        return sent if self.frontend is None else self.due_at[i]
+
+    def num_due(self, now: float) -> int:
+        """Requests not yet taken that have reached the engine by ``now``."""
+        return bisect_right(self.due_at, now, self.nxt) - self.nxt if self.nxt < self.n else 0
+
+    def in_frontend(self, now: float) -> int:
+        """Requests sent by ``now`` that the API servers have not handed to the engine yet."""
+        if self.frontend is None or self.nxt >= self.n:
+            return 0
+        return bisect_right(self.arrivals, now, self.nxt) - bisect_right(self.due_at, now, self.nxt)
+
+    def take(self) -> tuple[int, float, float]:
+        """Send the next request (``due`` must hold): its index, sent time and ordering time."""
+        i = self.nxt
+        t_arr = self.arrivals[i]
+        if self.slots is not None:
+            free_at = self.slots.popleft()
+            sent = t_arr if t_arr > free_at else free_at
+        else:
+            sent = t_arr
+        # The scheduler breaks priority ties by arrival time: keep it
+        # strictly increasing in arrival order, as wall-clock arrivals are.
+        last = self.last_arrival
+        order_t = sent if sent > last else math.nextafter(last, math.inf)
+        self.last_arrival = order_t
+        self.nxt = i + 1
+        return i, sent, order_t
+
+    def build(self, i: int, sent: float, order_t: float) -> SimRequest:
+        """Workload request ``i``, built now (its prompt included)."""
+        out_len = self.out_lens[i]
+        sp = self.params.get(out_len)
+        if sp is None:
+            sp = self.params[out_len] = SamplingParams(max_tokens=out_len, ignore_eos=True)
+        wl = self.workload
+        return SimRequest(
+            wl.request_id(i),
+            wl.prompt(i),
+            sp,
+            priority=self.prios[i] if self.prios is not None else 0,
+            arrival_time=order_t,
+            sent_time=sent,
+        )
+
+
+class Tally:
+    """The measurements: metrics at the client, counters, rejections, and the progress bar."""
+
+    __slots__ = (
+        "arrivals",
+        "bar",
+        "capped",
+        "done_pending",
+        "explain",
+        "max_running",
+        "metrics",
+        "num_busy",
+        "num_steps",
+        "rejections",
+        "series",
+        "trace_out",
+    )
+
+    def __init__(
+        self,
+        arrivals: Arrivals,
+        trace_out: IO[str] | None,
+        explain: bool,
+        series: StepSeries | None,
+        progress: bool,
+    ) -> None:
+        self.arrivals = arrivals
+        self.metrics = MetricsCollector()
+        self.trace_out = trace_out
+        self.explain = explain
+        self.series = series
+        self.rejections: list[tuple[str, str]] = []
+        self.bar = _progress_bar(arrivals.n, progress)
+        self.done_pending = 0
+        self.num_steps = self.num_busy = self.max_running = self.capped = 0
+
+    def rejected(self, req: SimRequest, err: RequestRejected) -> None:
+        """Count a request the engine refused; its client slot frees at once."""
+        self.metrics.add_failed(req.num_prompt_tokens)
+        self.done_pending += 1
+        if len(self.rejections) < _MAX_REJECTIONS_KEPT:
+            self.rejections.append((req.request_id, str(err)))
+        slots = self.arrivals.slots
+        if slots is not None:
+            slots.appendleft(req.sent_time)
+
+    def finished(self, r: SimRequest, end: float) -> None:
+        """Count a finished request's latencies and free its client slot."""
+        self.metrics.add_request(
+            r.sent_time, r.first_token_time, end, r.num_prompt_tokens, r.num_output_tokens
+        )
+        slots = self.arrivals.slots
+        if slots is not None:
+            slots.append(end)
+        if r.num_tokens - r.num_prompt_tokens < r.max_tokens:
+            self.capped += 1  # cut short by max_model_len
+        self.done_pending += 1
+
+    def progress(self) -> None:
+        """Move the progress bar on now and then."""
+        if self.bar is not None and self.done_pending and self.num_steps % _PROGRESS_EVERY == 0:
+            self.bar.update(self.done_pending)
+            self.done_pending = 0
+
+    def close(self) -> None:
+        """Finish the progress bar."""
+        if self.bar is not None:
+            self.bar.update(self.done_pending)
+            self.bar.close()
+
+
+class Engines(Protocol):
+    """One engine or a data-parallel group, as the loop drives it."""
+
+    # Loop turns taken (what max_steps bounds).
+    turns: int
+
+    def clock(self) -> float:
+        """The time up to which arrivals are added before the next step."""
+
+    def accepts(self) -> bool:
+        """False while the engines should not be handed more requests yet (the FCFS hold-back)."""
+
+    def add(self, i: int, sent: float, order_t: float, added: list | None) -> None:
+        """Hand workload request ``i`` to the engines (build it, route it, or hold it back)."""
+
+    def feed(self, added: list | None) -> None:
+        """Build held-back requests the engines can now reach."""
+
+    def has_work(self) -> bool:
+        """True while a step would do anything."""
+
+    def has_held(self) -> bool:
+        """True while routed requests wait to be built."""
+
+    def idle_until(self, t: float) -> None:
+        """Nothing to run: move the clock to the next arrival at ``t``."""
+
+    def step(self, now: float, added: list | None) -> None:
+        """Take one step (a lock-step of every rank, or one rank's step) and record what it produced."""
+
+
+def run_loop(engines: Engines, arrivals: Arrivals, tally: Tally, max_steps: int | None) -> float:
+    """Run the workload to the end (or ``max_steps`` turns); returns the wall seconds it took."""
+    tracing = tally.trace_out is not None
+    gc_was_enabled = gc.isenabled()
+    # The loop allocates many short-lived objects and no cycles; the cyclic
+    # collector would only rescan the live requests' token lists over and over
+    # (it is restored below, whatever happens).
+    gc.disable()
+    t_wall = time.perf_counter()
+    try:
+        while True:
+            now = engines.clock()
+            added: list | None = [] if tracing else None
+            while arrivals.due(now) and engines.accepts():
+                engines.add(*arrivals.take(), added)
+            engines.feed(added)
+            if not engines.has_work():
+                if engines.has_held():
+                    continue  # fed to their ranks on the next pass
+                if not arrivals.pending():
+                    break
+                if arrivals.slots is not None and not arrivals.slots:
+                    raise AssertionError("no client slot is free while no request runs")
+                engines.idle_until(arrivals.next_time())
+                continue
+            if max_steps is not None and engines.turns >= max_steps:
+                break
+            engines.step(now, added)
+            tally.progress()
+    finally:
+        wall = time.perf_counter() - t_wall
+        if gc_was_enabled:
+            gc.enable()
+        tally.close()
+    return wall
+
+
+def _progress_bar(total: int, enabled: bool) -> tqdm | None:
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    # disable=None: tqdm shows itself only on a terminal.
+    return tqdm(total=total, unit="req", desc="simulating", disable=None, mininterval=0.5)

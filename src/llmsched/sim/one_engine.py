@@ -1,0 +1,303 @@
+"""One engine in the simulation loop: an EngineCore on a SimExecutor's clock, sync or async.
+
+With async scheduling (``SchedulerConfig.async_scheduling``) a call
+schedules one step and applies the one before it. The executor keeps each
+executed batch's timing (``StepTiming``): a step's tokens, finishes and
+trace line are timed by that step's own forward end, when the engine
+applies it, and the clock moves to that end then (the engine waits for the
+step's output). Trace lines carry the loop turn at which the step was
+scheduled and the requests added before it, as ``llmsched replay`` writes
+them for an async workload.
+
+Sync steps in which every running request decodes one token and nothing
+else can happen are applied without building their batches (see
+``Scheduler.plain_decode_steps``): the same steps, trace and figures.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import IO
+
+from llmsched.bench.replay import step_record
+from llmsched.core.config import SchedulerConfig
+from llmsched.core.errors import RequestRejected
+from llmsched.core.scheduler import Scheduler
+from llmsched.engine.engine_core import EngineCore
+from llmsched.executor.sim.cost_model import BatchShape, StepCostModel
+from llmsched.executor.sim.executor import SimExecutor, StepTiming
+from llmsched.sim.loop import Arrivals, Tally
+from llmsched.sim.results import StepCosts, StepSeries
+
+# A step that ran nothing: no time of its own.
+_IDLE = StepTiming()
+# Plain decode steps run at most this many at a time (the loop's other checks run in between).
+_PLAIN_RUN = 4096
+
+
+class OneEngine:
+    """Implements the loop's Engines for a single engine."""
+
+    def __init__(
+        self,
+        sched_config: SchedulerConfig,
+        cost_model: StepCostModel,
+        arrivals: Arrivals,
+        tally: Tally,
+        hold: bool,
+        fast_forward: bool,
+        max_steps: int | None,
+    ) -> None:
+        self.ex = SimExecutor(cost_model, async_scheduling=sched_config.async_scheduling)
+        self.engine = EngineCore(sched_config, self.ex)
+        self.sched = self.engine.scheduler
+        if tally.explain:
+            self.sched.enable_trace()
+        self.arrivals = arrivals
+        self.tally = tally
+        self.costs = StepCosts(sched_config.async_scheduling)
+        # Under FCFS the scheduler reads the waiting queue from the head and
+        # admits at most max_num_seqs per step, so requests queued behind more
+        # than that many cannot affect a step: they are held back (and counted
+        # in num_waiting) rather than built.
+        self.hold = hold
+        self.window = 2 * sched_config.max_num_seqs + 2
+        self.plain = fast_forward and not sched_config.async_scheduling
+        self.max_steps = max_steps
+        # For the trace and series: (loop turn, requests added, requests held
+        # back) when each step not yet applied was scheduled, by its step number.
+        self.keep = tally.trace_out is not None or tally.series is not None
+        self.scheduled_at: dict[int, tuple[int, list | None, int, int]] = {}
+        self.turns = 0
+        self.prev_end = -1.0
+
+    def clock(self) -> float:
+        """The executor's clock."""
+        return self.ex.now
+
+    def accepts(self) -> bool:
+        """False while the FCFS queue is longer than the scheduler can reach."""
+        return not (self.hold and len(self.sched.waiting) >= self.window)
+
+    def add(self, i: int, sent: float, order_t: float, added: list | None) -> None:
+        """Build request ``i`` and queue it (a refusal is counted as failed)."""
+        req = self.arrivals.build(i, sent, order_t)
+        try:
+            self.sched.add_request(req)
+        except RequestRejected as e:
+            self.tally.rejected(req, e)
+        else:
+            if added is not None:
+                added.append(req.request_id)
+
+    def feed(self, added: list | None) -> None:
+        """Nothing is routed ahead of time."""
+
+    def has_work(self) -> bool:
+        """True while a step would do anything."""
+        return self.engine.has_requests()
+
+    def has_held(self) -> bool:
+        """Held-back requests are simply not taken yet."""
+        return False
+
+    def idle_until(self, t: float) -> None:
+        """Jump the clock to the next arrival."""
+        self.ex.advance_to(t)
+
+    def step(self, now: float, added: list | None) -> None:
+        """One EngineCore.step() (or a run of plain decode steps); record the step it applied."""
+        if self.plain and self._plain_decodes():
+            return
+        engine = self.engine
+        es = engine.step()
+        arrivals = self.arrivals
+        if self.keep and engine.last_scheduled is not None:
+            held = arrivals.num_due(now) if self.hold else 0
+            self.scheduled_at[engine.last_scheduled.step] = (
+                self.turns,
+                added,
+                held,
+                arrivals.in_frontend(now),
+            )
+        self.turns += 1
+        if es is None:
+            return  # async: a step put in flight, none applied yet
+        tally = self.tally
+        tally.num_steps += 1
+        so = es.scheduler_output
+        # The applied step's own timing (async: not the batch just
+        # scheduled); None when it ran nothing and skipped the executor.
+        timing = self.ex.timing(so.step)
+        if timing is not None:
+            end = timing.end
+            # Async: the engine waited for this step's output.
+            self.ex.advance_to(end)
+            if timing.batch.num_tokens:
+                self.costs.add(timing)
+        else:
+            end = self.ex.now
+        self._count_tokens(es.outputs.updated, end)
+        for r in es.outputs.finished:
+            tally.finished(r, end)
+        if so.total_num_scheduled_tokens:
+            tally.num_busy += 1
+        if es.num_running > tally.max_running:
+            tally.max_running = es.num_running
+        if self.keep:
+            at, added_then, held, in_frontend = self.scheduled_at.pop(so.step)
+            t = timing if timing is not None else _IDLE
+            if tally.series is not None:
+                record_step(tally.series, t, end, es.num_running, es.num_waiting + held, es.kv_usage)
+            if tally.trace_out is not None:
+                rec = step_record(at, es, tally.explain)
+                rec["added"] = added_then
+                if held:
+                    rec["num_waiting"] += held
+                    rec["held_back"] = held
+                if in_frontend:
+                    # Sent, but still being tokenized or passed on by an API server.
+                    rec["in_frontend"] = in_frontend
+                write_step(tally.trace_out, rec, t, end)
+
+    def _count_tokens(self, samplers: list, end: float) -> None:
+        """Count the tokens of the requests a step gave one (async: less those finished meanwhile)."""
+        prev_end = self.prev_end
+        self.prev_end = end
+        if not samplers:
+            return
+        metrics = self.tally.metrics
+        metrics.add_tokens_at(end, len(samplers))
+        add_itl = metrics.add_itl
+        same = 0
+        for r in samplers:
+            last = r.last_token_time
+            if last < 0.0:
+                r.first_token_time = end
+            elif last == prev_end:
+                same += 1
+            else:
+                add_itl(end - last)
+            r.last_token_time = end
+        if same:
+            add_itl(end - prev_end, same)
+
+    def _plain_decodes(self) -> int:
+        """Run the coming plain decode steps until an arrival is due; how many ran.
+
+        The scheduler proves the steps plain (``plain_decode_steps``) and
+        applies them (``advance_decode_steps``); the executor prices and
+        clocks each as ``execute()`` would. Every running request sampled at
+        the last step's end, so each step adds one token and one gap per
+        request, as ``_count_tokens`` counts them.
+        """
+        sched, ex, tally = self.sched, self.ex, self.tally
+        limit = self.max_steps - self.turns if self.max_steps is not None else _PLAIN_RUN
+        token = ex.sample_token_id
+        k = sched.plain_decode_steps(token, limit)
+        running = sched.running
+        prev_end = self.prev_end
+        if not k or any(r.last_token_time != prev_end for r in running):
+            return 0
+        d = len(running)
+        ctx = 0
+        for r in running:
+            ctx += r.num_computed_tokens
+        first = sched.next_step
+        start = ex.now
+        run = ex.run_decodes(first, d, ctx, k, self.arrivals.next_due_time())
+        n = len(run)
+        if not n:
+            return 0
+        self.prev_end = prev_end = tally.metrics.add_steps(run.ends, prev_end, d)
+        self.costs.add_serial(run.hosts, run.models)
+        if not self.keep:
+            sched.advance_decode_steps(n, token)
+        else:
+            t = StepTiming()
+            for j in range(n):
+                t0 = time.perf_counter_ns()
+                sched.advance_decode_steps(1, token)
+                ns = time.perf_counter_ns() - t0
+                t.step = first + j
+                t.duration = run.totals[j]
+                t.host = t.host_gap = run.hosts[j]
+                t.model = run.models[j]
+                t.batch = BatchShape(d, d, 0, 0, 0, d, ctx + d * (j + 1), 0)
+                in_frontend = self.arrivals.in_frontend(run.ends[j - 1] if j else start)
+                _record_plain(sched, t, run.ends[j], tally, self.turns + j, ns, in_frontend)
+        for r in running:
+            r.last_token_time = prev_end
+        self.turns += n
+        tally.num_steps += n
+        tally.num_busy += n
+        if d > tally.max_running:
+            tally.max_running = d
+        return n
+
+    def result_fields(self) -> dict:
+        """SimResult's fields that come from the engine."""
+        sched = self.sched
+        return {
+            "num_preemptions": sched.num_preemptions,
+            "prefix_cache_hit_rate": sched.prefix_cache_stats.hit_rate,
+            "sim_duration_s": self.ex.now,
+            "step_costs": self.costs,
+        }
+
+
+def _record_plain(
+    sched: Scheduler, t: StepTiming, end: float, tally: Tally, turn: int, ns: int, in_frontend: int
+) -> None:
+    """The series point and trace line of a plain decode step, as a built step would give them."""
+    running = sched.running
+    d = len(running)
+    if tally.series is not None:
+        record_step(tally.series, t, end, d, 0, sched.kv_usage)
+    trace_out = tally.trace_out
+    if trace_out is not None:
+        rec = {
+            "step": turn,
+            "sched": [[r.request_id, 1] for r in running],
+            "admitted": [],
+            "preempted": [],
+            "finished": [],
+            "total_tokens": d,
+            "num_running": d,
+            "num_waiting": 0,
+            "kv_usage": round(sched.kv_usage, 6),
+            "schedule_ns": ns,
+            "update_ns": 0,
+            "added": [],
+        }
+        if in_frontend:
+            rec["in_frontend"] = in_frontend
+        write_step(trace_out, rec, t, end)
+
+
+def write_step(out: IO[str], rec: dict, t: StepTiming, end: float) -> None:
+    """A step's trace line: the scheduler's record, then its simulated timing."""
+    rec["sim_time_s"] = round(end - t.duration, 9)
+    rec["sim_duration_s"] = round(t.duration, 9)
+    rec["sim_host_s"] = round(t.host, 9)
+    rec["sim_model_s"] = round(t.model, 9)
+    rec["sim_host_gap_s"] = round(t.host_gap, 9)
+    out.write(json.dumps(rec, separators=(",", ":")) + "\n")
+
+
+def record_step(
+    series: StepSeries, t: StepTiming, end: float, num_running: int, num_waiting: int, kv_usage: float
+) -> None:
+    """One point of the series: the applied step's state when scheduled, its timing."""
+    b = t.batch
+    series.time.append(end - t.duration)
+    series.duration.append(t.duration)
+    series.num_running.append(num_running)
+    series.num_waiting.append(num_waiting)
+    series.kv_usage.append(kv_usage)
+    series.prefill_tokens.append(b.prefill_tokens)
+    series.decode_tokens.append(b.num_decodes)
+    series.host.append(t.host)
+    series.model.append(t.model)
+    series.host_gap.append(t.host_gap)

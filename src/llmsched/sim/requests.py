@@ -1,0 +1,17 @@
+"""The simulator's request: a scheduler Request with its client-side timestamps."""
+
+from __future__ import annotations
+
+from llmsched.core.request import Request
+
+
+class SimRequest(Request):
+    """A Request that also carries its client-side timestamps on the virtual clock."""
+
+    __slots__ = ("first_token_time", "last_token_time", "sent_time")
+
+    def __init__(self, *args: object, sent_time: float = 0.0, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent_time = sent_time
+        self.first_token_time = -1.0
+        self.last_token_time = -1.0

@@ -1,0 +1,114 @@
+"""Plain decode steps: advance_decode_steps leaves exactly the state that schedule() + update would."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from llmsched.core import SamplingParams, Scheduler
+from support.scheduling import make_req, make_sched, run_step
+
+
+def _ids(v: object) -> list[int] | int:
+    return [x.block_id for x in v] if isinstance(v, list) else v.block_id
+
+
+def snapshot(s: Scheduler) -> dict:
+    """Everything a later step can read: requests, block tables, the free queue, the cache, counters."""
+    kv = s.kv
+    pool = kv.pool
+    return {
+        "step": s.next_step,
+        "executed": s._num_executed_steps,
+        "capacity_bound": s._prefill_capacity_bound,
+        "running": [
+            (r.request_id, r.num_computed_tokens, r.num_tokens, list(r.token_ids), r.is_prefill_chunk)
+            for r in s.running
+        ],
+        "waiting": [r.request_id for r in s.waiting],
+        "tables": {rid: ([b.block_id for b in t.blocks], t.num_cached) for rid, t in kv._tables.items()},
+        "free": [b.block_id for b in pool.free_queue],
+        "hashes": [(b.block_id, b.block_hash, b.ref_cnt) for b in pool.blocks],
+        "cached": sorted(
+            (h, [x.block_id for x in v] if isinstance(v, list) else v.block_id)
+            for h, v in pool._cached.items()
+        ),
+        "usage": s.kv_usage,
+    }
+
+
+def feed(scheds: list[Scheduler], rng: random.Random, n: int, shared: list[int]) -> None:
+    """The same new requests into every scheduler (some share a prefix, some stop on token 7)."""
+    for i in range(n):
+        rid = f"r{rng.randrange(10**9)}"
+        plen = rng.randrange(3, 60)
+        max_tokens = rng.randrange(1, 40)
+        stop = [7] if rng.random() < 0.1 else []
+        for s in scheds:
+            req = make_req(rid, plen, params=SamplingParams(max_tokens=max_tokens, stop_token_ids=stop))
+            if i % 3 == 0:
+                req.token_ids[: len(shared)] = shared[:plen]
+                req.prompt_token_ids = list(req.token_ids)
+            s.add_request(req)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"enable_prefix_caching": False},
+        {"num_gpu_blocks": 40, "max_num_seqs": 6, "plain_steps_expected": False},
+        {"block_size": 16, "num_gpu_blocks": 60, "max_model_len": 96},
+        {"max_num_batched_tokens": 8, "max_num_seqs": 8, "plain_steps_expected": False},
+    ],
+)
+def test_plain_decode_steps_equal_scheduled_steps(seed, overrides):
+    overrides = dict(overrides)
+    expected = overrides.pop("plain_steps_expected", True)
+    rng = random.Random(seed)
+    stepped, skipped = make_sched(**overrides), make_sched(**overrides)
+    shared = [900_000 + j for j in range(64)]
+    num_plain = 0
+    for _ in range(60):
+        if rng.random() < 0.3:
+            feed([stepped, skipped], random.Random(rng.random()), rng.randrange(1, 4), shared)
+        limit = rng.randrange(1, 30)
+        k = skipped.plain_decode_steps(7, limit)
+        assert k <= limit
+        if k:
+            for _ in range(k):
+                out, res = run_step(stepped)
+                # A plain step: everyone runs one token, nothing is admitted, preempted or finished.
+                assert out.num_scheduled_tokens == [1] * len(out.scheduled) and not out.admitted
+                assert not out.preempted and not res.finished
+            skipped.advance_decode_steps(k, 7)
+            num_plain += k
+        else:
+            run_step(stepped)
+            run_step(skipped)
+        assert snapshot(skipped) == snapshot(stepped)
+    # Under KV or budget pressure a queue usually waits, and no step is plain.
+    assert num_plain or not expected
+
+
+def test_no_plain_steps_while_anything_else_may_happen():
+    s = make_sched()
+    s.add_request(make_req("a", 10, max_tokens=5))
+    assert s.plain_decode_steps(7, 100) == 0  # waiting
+    run_step(s)
+    assert s.plain_decode_steps(7, 100) == 3  # the 5th token finishes it: 4 samples to go, the last not plain
+    s.add_request(make_req("b", 10, max_tokens=5))
+    assert s.plain_decode_steps(7, 100) == 0
+    run_step(s)
+    run_step(s)
+    stop = make_sched()
+    stop.add_request(make_req("c", 10, params=SamplingParams(max_tokens=9, stop_token_ids=[7])))
+    run_step(stop, token=8)
+    assert stop.plain_decode_steps(7, 100) == 0  # would sample its stop token
+    assert stop.plain_decode_steps(8, 100) == 7
+    async_sched = make_sched(async_scheduling=True)
+    async_sched.add_request(make_req("d", 10))
+    run_step(async_sched)
+    assert async_sched.plain_decode_steps(7, 100) == 0

@@ -1,0 +1,84 @@
+"""The API servers in front of the engine: requests reach it over time, and the trace says so."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from llmsched.core.errors import ConfigError
+from llmsched.sim.deployment import DeploymentSpec, build_deployment
+from llmsched.sim.frontend import Frontend
+from llmsched.sim.runner import simulate
+from llmsched.sim.workload import synthetic_workload
+
+
+def test_servers_take_requests_round_robin_one_at_a_time():
+    fe = Frontend(2, token_s=1e-3)
+    done = fe.delivery_times([0.0, 0.0, 0.0, 0.0, 10.0], [100, 200, 100, 100, 50])
+    # Server 0: 0.1, then 0.1 + 0.1; server 1: 0.2, then 0.2 + 0.1; then server 0 idle until 10.
+    assert list(done) == pytest.approx([0.1, 0.2, 0.2, 0.3, 10.05])
+
+
+@pytest.mark.parametrize(("count", "token_s"), [(0, 1e-6), (True, 1e-6), (1, -1.0), (1, float("nan"))])
+def test_bad_frontend_settings_are_refused(count, token_s):
+    with pytest.raises(ConfigError, match=r"api_server_count|per prompt token"):
+        Frontend(count, token_s)
+
+
+def first_steps(frontend: Frontend | None, n: int = 3) -> list[dict]:
+    """Seed 000's scenario: 16 prompts of 1024 tokens sent at once, a 16384-token budget."""
+    dep = build_deployment(DeploymentSpec(max_num_batched_tokens=16384, max_num_seqs=128))
+    wl = synthetic_workload(16, 1024, 16, seed=0)
+    buf = io.StringIO()
+    simulate(dep, wl, trace_out=buf, frontend=frontend)
+    return [json.loads(line) for line in buf.getvalue().splitlines()[1 : 1 + n]]
+
+
+def test_seed_000_first_batch_is_partial_through_an_api_server_and_whole_offline():
+    offline = first_steps(None)
+    assert len(offline[0]["sched"]) == 16 and "in_frontend" not in offline[0]
+    served = first_steps(Frontend(1))
+    first = served[0]
+    assert 1 <= len(first["sched"]) < 16
+    # The trace says where the others are: still in the API server.
+    assert first["in_frontend"] == 16 - len(first["admitted"])
+    assert first["sim_time_s"] > 0.0  # the engine waited for the first request, then stepped at once
+    assert sum(len(s["admitted"]) for s in served) <= 16
+
+
+def test_more_api_servers_deliver_a_burst_sooner():
+    one = first_steps(Frontend(1), 1)[0]
+    four = first_steps(Frontend(4), 1)[0]
+    assert four["sim_time_s"] == one["sim_time_s"]  # the first request takes as long either way
+    assert (
+        Frontend(4).delivery_times([0.0] * 16, [1024] * 16)[-1]
+        < Frontend(1).delivery_times([0.0] * 16, [1024] * 16)[-1]
+    )
+
+
+def test_the_frontend_needs_open_loop_arrivals():
+    dep = build_deployment(DeploymentSpec())
+    with pytest.raises(ConfigError, match="open-loop"):
+        simulate(dep, synthetic_workload(4, 64, 4), max_concurrency=2, frontend=Frontend(1))
+
+
+def test_data_parallel_ranks_get_requests_through_the_frontend():
+    from llmsched.engine.dp import DPConfig
+
+    dep = build_deployment(DeploymentSpec(data_parallel_size=2))
+    wl = synthetic_workload(40, 512, 8, seed=1)
+    added = []
+    for frontend in (None, Frontend(1, 2e-6)):
+        buf = io.StringIO()
+        res = simulate(dep, wl, dp=DPConfig(2, lockstep=False), frontend=frontend, trace_out=buf)
+        assert res.summary["completed"] == 40
+        lines = [json.loads(line) for line in buf.getvalue().splitlines()[1:]]
+        added.append(sum(len(r["added"]) for r in lines if r["group_step"] == 0))
+    # Offline, the first (one rank's) step sees its half of the burst; through one API server, one request.
+    assert added == [20, 1]
+    assert res.to_json()["simulation"]["frontend"] == {
+        "api_server_count": 1,
+        "seconds_per_prompt_token": 2e-6,
+    }
