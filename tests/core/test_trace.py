@@ -469,6 +469,9 @@ def test_every_reason_has_a_scenario() -> None:
         "admission_gated",
         "prefill_deferred",
         "dp_balance_gate",
+        "waiting_for_remote_kv",
+        "kv_load_failed_recomputing",
+        "blocks_held_while_sending",
     }
 
 
