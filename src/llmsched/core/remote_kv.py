@@ -110,8 +110,10 @@ class RemoteKV:
     ) -> list[KVBlock] | None:
         """The admission's allocation: blocks for the hit, the load and this step's tokens."""
         kv = self.kv
-        if req.num_computed_tokens:
-            return kv.allocate_held(req, n, lookahead, reserve_full, watermark)
+        if kv.num_held_blocks(req.request_id):
+            # Loaded earlier (a one-token prompt's whole-prompt load leaves
+            # nothing computed, yet its block stays).
+            return kv.allocate_held(req, ext + n, lookahead, reserve_full, watermark)
         if not load_async:
             return kv.allocate_new(req, ext + n, hit_blocks, lookahead, reserve_full, watermark)
         # An async load holds its blocks for the whole transfer and cannot

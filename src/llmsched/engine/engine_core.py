@@ -162,7 +162,7 @@ class EngineCore:
             result = _EMPTY_RESULT
         elif submit:
             result = submit_step(self.executor, so)
-        return _InFlight(so, result, len(sched.running), len(sched.waiting), sched.kv.usage, t1 - t0, now)
+        return _InFlight(so, result, len(sched.running), sched.num_waiting, sched.kv.usage, t1 - t0, now)
 
     def _update(self, item: _InFlight) -> EngineStep:
         t2 = time.perf_counter_ns()
