@@ -62,6 +62,8 @@ class RemoteKV:
         self._finish_extra = 1 + spec_tokens + lookahead if spec_tokens else 0
         # Finished requests whose blocks the connector keeps until it has sent them.
         self.sending: dict[str, Request] = {}
+        # Failed loads being recomputed since the last step, for the decision trace.
+        self.failure_notes: dict[str, str] = {}
 
     # ---- admission -----------------------------------------------------------
 
@@ -75,6 +77,7 @@ class RemoteKV:
         self.finished_recving.discard(rid)
         if rid in self.failed_recving:
             self.failed_recving.discard(rid)
+            self.failure_notes[rid] = f"async load failed; recomputing from token {req.num_computed_tokens}"
             if req.num_computed_tokens:
                 self.kv.cache_blocks(req, req.num_computed_tokens)
             else:
@@ -150,6 +153,8 @@ class RemoteKV:
     def after_schedule(self, out: SchedulerOutput) -> None:
         """Hand the connector's metadata out; track prefills and the step's fence."""
         out.kv_connector_metadata = self.connector.build_connector_meta(out)
+        if self.failure_notes:
+            self.failure_notes = {}
         inflight = self.inflight_prefills
         for req in out.scheduled:
             if not req.is_prefill_chunk:
@@ -237,6 +242,11 @@ class RemoteKV:
         if not self.recompute_failures:
             return async_ids | sync_ids
         self.failed_recving |= async_ids
+        for req in running:
+            if req.request_id in sync_ids:
+                self.failure_notes[req.request_id] = (
+                    f"blocks failed to load; recomputing from token {req.num_computed_tokens}"
+                )
         return sync_ids
 
     def _truncate_at_invalid(
@@ -309,8 +319,10 @@ class RemoteKV:
         self.failed_recving.discard(rid)
         return not done
 
-    def trace_sending(self, trace: StepTrace) -> None:
-        """List the finished requests whose blocks are held for sending."""
+    def trace_events(self, trace: StepTrace) -> None:
+        """Name this step's recomputed load failures and the requests holding blocks to send."""
+        for rid, note in self.failure_notes.items():
+            trace.add(rid, Reason.KV_LOAD_FAILED, detail=note)
         for rid in self.sending:
             trace.add(rid, Reason.SENDING, detail=f"{self.kv.num_held_blocks(rid)} blocks held")
 

@@ -379,9 +379,9 @@ class Scheduler:
 
         out.total_num_scheduled_tokens = total = self._max_tokens_budget - budget
         if remote is not None:
-            remote.after_schedule(out)
             if trace is not None:
-                remote.trace_sending(trace)
+                remote.trace_events(trace)
+            remote.after_schedule(out)
         if self._async:
             self._mark_in_flight(out)
         if total:
