@@ -11,6 +11,7 @@ import pytest
 from llmsched.bench.parity import compare, decisions, load_trace
 from llmsched.bench.replay import replay
 from llmsched.bench.workload import load_workload
+from support.traces import events
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 # parity/: vLLM's synchronous Scheduler; parity_async/: its AsyncScheduler on
@@ -120,7 +121,8 @@ def test_connector_bookkeeping_matches_vllm(name):
     for a, b in zip(ours, ref):
         for key in ("step", "total_tokens", "num_running", "num_waiting", "kv_usage", "finished", "kv_loads"):
             assert a[key] == b[key], (name, a["step"], key)
-        assert a["kv_out"] == b["kv_out"], (name, a["step"])
+        # Invalid block ids by count: see support.traces.events.
+        assert events(a["kv_out"]) == events(b["kv_out"]), (name, a["step"])
         assert sorted(map(tuple, a["admitted"])) == sorted(map(tuple, b["admitted"])), (name, a["step"])
 
 

@@ -24,6 +24,7 @@ import pytest
 from llmsched.bench.parity import compare, decisions
 from llmsched.bench.replay import replay
 from llmsched.bench.workload import parse_workload
+from support.traces import events
 
 CORPUS_DIR = Path(__file__).resolve().parents[1] / "data" / "parity_fuzz"
 # Order of the fields in a compact corpus step record.
@@ -161,7 +162,7 @@ def differences(ours: list[dict], ref: list[dict]) -> list[str]:
                 diffs.append(f"step {b['step']}: {key} {a[key]!r} vs recorded {b[key]!r}")
         if sorted(map(tuple, a["admitted"])) != sorted(map(tuple, b["admitted"])):
             diffs.append(f"step {b['step']}: admitted {a['admitted']} vs recorded {b['admitted']}")
-        if "kv_out" in b and a.get("kv_out") != b["kv_out"]:
+        if "kv_out" in b and events(a.get("kv_out")) != events(b["kv_out"]):
             diffs.append(f"step {b['step']}: kv_out {a.get('kv_out')} vs recorded {b['kv_out']}")
         if len(diffs) > 5:
             break

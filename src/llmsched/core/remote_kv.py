@@ -298,7 +298,9 @@ class RemoteKV:
         """Transfers that ended in this step: loads become admissible, sent blocks are freed."""
         if not result:
             return
-        for rid in result.finished_recving or ():
+        # Sorted: the events come as sets, and the order of frees decides
+        # which blocks are reused first; a fixed one keeps replays repeatable.
+        for rid in sorted(result.finished_recving or ()):
             req = self.sending.get(rid)
             if req is not None:
                 # It ended (error or abort) while loading; its blocks can go now.
@@ -306,7 +308,7 @@ class RemoteKV:
                 self.free(req)
             else:
                 self.finished_recving.add(rid)
-        for rid in result.finished_sending or ():
+        for rid in sorted(result.finished_sending or ()):
             req = self.sending.pop(rid, None)
             if req is not None:
                 self.free(req)

@@ -437,6 +437,18 @@ class Scheduler:
                 if remote is not None or req.num_stale_output_tokens or loras is not None
                 else None
             )
+            ext = 0
+            load_async = False
+            if why is None:
+                if req.num_computed_tokens == 0:
+                    hit_blocks, hit = kv.get_computed_blocks(req)
+                    if remote is not None:
+                        ext, load_async = remote.lookup(req, hit)
+                        if ext is None:
+                            why = Reason.REMOTE_KV, 0, "the connector cannot tell yet"
+                else:
+                    # Its blocks hold KV loaded by the connector; nothing to look up.
+                    hit_blocks, hit = _NO_BLOCKS, -1
             if why is not None:
                 queue.pop()
                 self._set_aside.add(req)
@@ -444,39 +456,12 @@ class Scheduler:
                 if trace is not None:
                     trace.add(req.request_id, *why)
                 continue
-            ext = 0
-            load_async = False
-            if req.num_computed_tokens == 0:
-                hit_blocks, hit = kv.get_computed_blocks(req)
-                if remote is not None:
-                    ext, load_async = remote.lookup(req, hit)
-                    if ext is None:
-                        queue.pop()
-                        self._set_aside.add(req)
-                        set_aside.append(req)
-                        if trace is not None:
-                            trace.add(
-                                req.request_id, Reason.REMOTE_KV, detail="the connector cannot tell yet"
-                            )
-                        continue
-            else:
-                # Its blocks hold KV loaded by the connector; nothing to look up.
-                hit_blocks, hit = _NO_BLOCKS, -1
             computed = hit + ext if hit >= 0 else req.num_computed_tokens
-            if load_async:
-                n = 0
-            else:
-                if defer and computed < req.num_tokens - 1:
-                    stop, detail = Reason.PREFILL_DEFERRED, "prompt held to a cadence step"
+            n = 0
+            if not load_async:
+                n, stop, detail = self._admission_chunk(req, computed, budget, threshold, defer)
+                if stop is not None:
                     break
-                n = req.num_tokens - computed
-                if 0 < threshold < n:
-                    n = threshold
-                if not self._chunked and n > budget:
-                    stop, detail = Reason.NO_CHUNKING, f"needs {n} tokens, {budget} left"
-                    break
-                if n > budget:
-                    n = budget
             reserved = self._watermark_blocks if running else 0
             if remote is None:
                 blocks = kv.allocate_new(req, n, hit_blocks, lookahead, self._reserve_full, reserved)
@@ -521,6 +506,19 @@ class Scheduler:
                 stop, detail = Reason.BUDGET, f"all {self._max_tokens_budget} tokens of the step are used"
             self._trace_waiting(trace, set_aside, stop, detail)
         return budget, prefill_admitted
+
+    def _admission_chunk(
+        self, req: Request, computed: int, budget: int, threshold: int, defer: bool
+    ) -> tuple[int, Reason | None, str]:
+        """Tokens to admit ``req`` with beyond ``computed``, or why admissions stop at it."""
+        if defer and computed < req.num_tokens - 1:
+            return 0, Reason.PREFILL_DEFERRED, "prompt held to a cadence step"
+        n = req.num_tokens - computed
+        if 0 < threshold < n:
+            n = threshold
+        if not self._chunked and n > budget:
+            return 0, Reason.NO_CHUNKING, f"needs {n} tokens, {budget} left"
+        return min(n, budget), None, ""
 
     def _why_set_aside(
         self, req: Request, loras: set[int] | None, max_loras: int | None
