@@ -416,6 +416,10 @@ def run_ours(workload: dict, paths: set[str] | None = None) -> tuple[dict, list[
 
 def diff_traces(ours: list[dict], ref: list[dict], limit: int = 5) -> list[str]:
     """Decision differences (parity.compare) then bookkeeping ones, first ``limit``."""
+    capped = bool(ref) and ref[-1]["step"] >= MAX_STEPS_CONNECTOR - 10 and "kv_loads" in ref[-1]
+    if capped:
+        # vLLM's run stopped at the cap: compare the steps both made.
+        ours = [s for s in ours if s["step"] <= ref[-1]["step"]]
     diffs = compare(ours, ref, limit)
     if diffs:
         # compare() counts non-empty steps; name the replay step too.
@@ -427,8 +431,8 @@ def diff_traces(ours: list[dict], ref: list[dict], limit: int = 5) -> list[str]:
             out.append(f"{head} (step {steps[k]}){sep}{rest}" if 0 <= k < len(steps) else d)
         return out
     if len(ours) != len(ref):
-        if ref and ref[-1]["step"] >= MAX_STEPS_CONNECTOR - 10 and "kv_loads" in ref[-1]:
-            return []  # both cut off by the step cap, with the same decisions until then
+        if capped:
+            return []  # cut off by the step cap, with the same decisions until then
         return [f"ours has {len(ours)} steps, ref {len(ref)}"]
     for a, b in zip(ours, ref):
         for key in BOOKKEEPING:

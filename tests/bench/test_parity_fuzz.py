@@ -125,6 +125,7 @@ REQUIRED_FEATURES = {
     "obs:kv_failed",
     "obs:kv_invalid",
     "obs:kv_sent",
+    "obs:kv_load_after_preemption",
 }
 
 

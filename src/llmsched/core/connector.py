@@ -25,7 +25,7 @@ block ids whose synchronous load failed. Nothing here moves bytes.
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from llmsched.core.errors import ConfigError
@@ -77,7 +77,7 @@ class KVConnectorOutput:
     finished_sending: Collection[str] = ()
     finished_recving: Collection[str] = ()
     failed_recving: Collection[str] = ()
-    invalid_block_ids: Collection[int] = field(default_factory=frozenset)
+    invalid_block_ids: Collection[int] = ()
 
     def __bool__(self) -> bool:
         return bool(

@@ -8,6 +8,7 @@ connector path), so that decisions stay equal to vLLM's with a connector.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Collection
 
 from llmsched.core.connector import KVConnector, KVConnectorOutput
 from llmsched.core.kv.block import KVBlock
@@ -219,7 +220,7 @@ class RemoteKV:
         while deferred and deferred[0][0] <= self.processed_seq:
             self.kv.release(deferred.popleft()[1])
 
-    def _failed_recving(self, ids: object) -> set[str]:
+    def _failed_recving(self, ids: Collection[str]) -> set[str]:
         affected: set[str] = set()
         for req in self.holding:
             rid = req.request_id
