@@ -1,4 +1,4 @@
-"""Helpers for comparing step traces with recorded ones."""
+"""Comparing step traces with recorded ones."""
 
 from __future__ import annotations
 
