@@ -22,6 +22,9 @@ Run from the repository root with the project's virtualenv::
     # async scheduling only (vLLM's AsyncScheduler, REPLAY_ASYNC.md); --mode mixed draws both
     .venv/bin/python tools/parity_fuzz.py fuzz --seed 3 --count 10000 --mode async --jobs 2
 
+    # with a scripted KV connector (REPLAY_PD.md): random roles, hits, delays, failures
+    .venv/bin/python tools/parity_fuzz.py fuzz --seed 4 --count 1000 --mode mixed --connector on
+
     # re-check saved or hand-written workloads
     .venv/bin/python tools/parity_fuzz.py check /tmp/parity_fuzz/fail-*/shrunk/workload.json
 
@@ -77,6 +80,17 @@ REJECTED = (ConfigError, RequestRejected, InvalidSamplingParams)
 DEFAULT_REF_PYTHON = "/work/vllm-ref-venv/bin/python"
 DEFAULT_DRIVER = str((REPO / ".." / "shared" / "vllm_ref" / "drive_vllm.py").resolve())
 MAX_STEPS = 100_000
+# With a scripted KV connector some scripts never finish, in vLLM as here (a
+# failed async load retried asynchronously reserves blocks against itself):
+# runs stop sooner, and two runs cut off alike count as agreeing.
+MAX_STEPS_CONNECTOR = 3000
+
+
+def max_steps_for(workload: dict) -> int:
+    """The step cap of both runs of a workload."""
+    return MAX_STEPS_CONNECTOR if workload["config"].get("kv_connector") else MAX_STEPS
+
+
 # Per-step fields checked beyond the decisions; "admitted" carries the prefix hits.
 BOOKKEEPING = ("step", "total_tokens", "num_running", "num_waiting", "kv_usage")
 # Knobs of the resolved config that both sides report and must agree on.
@@ -100,6 +114,7 @@ RESOLVED_KEYS = (
 WORKER_CODE = r"""
 import contextlib, importlib.util, io, json, os, sys, traceback
 driver = sys.argv[1]
+sys.path.insert(0, os.path.dirname(driver))  # the driver imports scripted_connector beside it
 proto = os.fdopen(os.dup(1), "w")
 os.dup2(2, 1)  # stray prints from vLLM must not corrupt the protocol stream
 spec = importlib.util.spec_from_file_location("drive_vllm", driver)
@@ -161,8 +176,10 @@ class RefWorker:
             raise RuntimeError(f"vLLM worker died; see {self.log.name}")
         return json.loads(line)
 
-    def run(self, workload: dict, max_steps: int = MAX_STEPS) -> tuple[dict, list[dict]]:
+    def run(self, workload: dict, max_steps: int | None = None) -> tuple[dict, list[dict]]:
         """(header, step records) of vLLM's trace for ``workload``."""
+        if max_steps is None:
+            max_steps = max_steps_for(workload)
         with self.lock:
             wpath = os.path.join(self.tmp, "w.json")
             tpath = os.path.join(self.tmp, "t.jsonl")
@@ -204,7 +221,7 @@ def run_ref_fresh(ref_python: str, driver: str, workload: dict) -> tuple[dict, l
         w, t = os.path.join(d, "w.json"), os.path.join(d, "t.jsonl")
         Path(w).write_text(json.dumps(workload))
         p = subprocess.run(
-            [ref_python, driver, w, t, "--max-steps", str(MAX_STEPS)],
+            [ref_python, driver, w, t, "--max-steps", str(max_steps_for(workload))],
             capture_output=True,
             text=True,
         )
@@ -340,8 +357,12 @@ def _install_probes() -> None:
         _PROBE.retrying = res is None
         return res
 
-    def p_allocate_new(self, request, num_new_tokens, hit_blocks=(), lookahead=0, full=False, reserved=0):
-        res = allocate_new(self, request, num_new_tokens, hit_blocks, lookahead, full, reserved)
+    def p_allocate_new(
+        self, request, num_new_tokens, hit_blocks=(), lookahead=0, full=False, reserved=0, **kw
+    ):
+        res = allocate_new(self, request, num_new_tokens, hit_blocks, lookahead, full, reserved, **kw)
+        if kw:
+            return res  # an async KV load: none of the paths below
         hit = len(hit_blocks) * self.block_size
         thr = getattr(_PROBE, "threshold", 0)
         if (
@@ -386,7 +407,7 @@ def run_ours(workload: dict, paths: set[str] | None = None) -> tuple[dict, list[
     _PROBE.hits = paths
     _PROBE.threshold = int(wl.config.get("long_prefill_token_threshold") or 0)
     try:
-        replay(wl, buf, max_steps=MAX_STEPS)
+        replay(wl, buf, max_steps=max_steps_for(workload))
     finally:
         _PROBE.hits = None
     header, steps = read_trace(buf.getvalue())
@@ -395,10 +416,14 @@ def run_ours(workload: dict, paths: set[str] | None = None) -> tuple[dict, list[
 
 def diff_traces(ours: list[dict], ref: list[dict], limit: int = 5) -> list[str]:
     """Decision differences (parity.compare) then bookkeeping ones, first ``limit``."""
+    capped = bool(ref) and ref[-1]["step"] >= MAX_STEPS_CONNECTOR - 10 and "kv_loads" in ref[-1]
+    if capped:
+        # vLLM's run stopped at the cap: compare the steps both made.
+        ours = [s for s in ours if s["step"] <= ref[-1]["step"]]
     diffs = compare(ours, ref, limit)
     if diffs:
         # compare() counts non-empty steps; name the replay step too.
-        steps = [s["step"] for s in ref if s["total_tokens"] > 0]
+        steps = [s["step"] for s in ref if s["total_tokens"] > 0 or s.get("kv_loads")]
         out = []
         for d in diffs:
             head, sep, rest = d.partition(": ")
@@ -406,6 +431,8 @@ def diff_traces(ours: list[dict], ref: list[dict], limit: int = 5) -> list[str]:
             out.append(f"{head} (step {steps[k]}){sep}{rest}" if 0 <= k < len(steps) else d)
         return out
     if len(ours) != len(ref):
+        if capped:
+            return []  # cut off by the step cap, with the same decisions until then
         return [f"ours has {len(ours)} steps, ref {len(ref)}"]
     for a, b in zip(ours, ref):
         for key in BOOKKEEPING:
@@ -517,10 +544,16 @@ class Gen:
     # Scheduling modes: vLLM's sync Scheduler, its AsyncScheduler, or either.
     MODES = ("sync", "async", "mixed")
 
-    def __init__(self, rng: random.Random, profile: str = "mixed", mode: str = "sync") -> None:
+    # A scripted KV connector: never (the corpora before it), always, or either.
+    CONNECTOR = ("off", "on", "mixed")
+
+    def __init__(
+        self, rng: random.Random, profile: str = "mixed", mode: str = "sync", connector: str = "off"
+    ) -> None:
         self.rng = rng
         self.profile = profile
         self.mode = mode
+        self.connector = connector
         # A tiny alphabet makes unrelated prompts (and generated tokens) share
         # blocks, which stresses duplicate hashes and eviction order.
         self.alphabet: tuple[int, ...] | None = None
@@ -556,8 +589,54 @@ class Gen:
             # Drawn last, so a sync run's workloads are the ones it always made.
             if self.mode == "async" or (self.mode == "mixed" and self.rng.random() < 0.5):
                 wl["config"]["async_scheduling"] = True
+            if self.connector == "on" or (self.connector == "mixed" and self.rng.random() < 0.5):
+                self._add_connector(wl)
             if is_valid(wl):
                 return wl, feats
+
+    def _add_connector(self, wl: dict) -> None:
+        """A scripted KV connector with a random role and policy, and random per-request scripts."""
+        rng = self.rng
+        role = rng.choice(("kv_consumer", "kv_consumer", "kv_producer", "kv_both", "kv_both"))
+        conn: dict = {"role": role}
+        if rng.random() < 0.8:
+            conn["load_failure_policy"] = rng.choice(("recompute", "fail"))
+        wl["config"]["kv_connector"] = conn
+        prompts = prompts_of(wl)
+        for r, p in zip(wl["requests"], prompts):
+            if rng.random() < 0.2:
+                continue
+            kv: dict = {}
+            if role != "kv_producer" or rng.random() < 0.2:
+                x = rng.random()
+                total = len(p) + int(r["max_tokens"])
+                if x < 0.3:
+                    kv["external"] = len(p)
+                elif x < 0.5:
+                    kv["external"] = rng.randint(0, total + 4)
+                elif x < 0.8:
+                    kv["external"] = max(0, len(p) - rng.randint(0, len(p)))
+                else:
+                    kv["external"] = 16 * rng.randint(0, max(1, len(p) // 16 + 1))
+                if role == "kv_consumer":
+                    kv["async"] = rng.random() < 0.8
+                elif rng.random() < 0.8:
+                    kv["async"] = rng.random() < 0.4
+                if rng.random() < 0.7:
+                    kv["recv_steps"] = rng.choice((0, 1, 1, 2, 3, rng.randint(1, 12)))
+                if rng.random() < 0.25:
+                    kv["fail"] = True
+                if rng.random() < 0.6:
+                    kv["offer"] = rng.choice(("once", "always"))
+                if len(p) == 1 and kv.get("async", True):
+                    # Loading a one-token prompt whole leaves nothing computed:
+                    # offered again, it would load forever (in vLLM too).
+                    kv["offer"] = "once"
+            # A send after a failed load ending the request is a script vLLM cannot follow.
+            if role != "kv_consumer" and not kv.get("fail") and rng.random() < 0.8:
+                kv["send_steps"] = rng.choice((0, 1, 1, 2, 3, rng.randint(1, 12)))
+            if kv:
+                r["kv"] = kv
 
     def _attempt_preempt(self) -> tuple[dict, set[str]]:
         rng = self.rng
@@ -799,6 +878,7 @@ def features(workload: dict, ref_steps: list[dict] | None = None) -> set[str]:
         f"block_size:{bs}",
         f"sched:{'async' if cfg.get('async_scheduling') else 'sync'}",
     }
+    f |= connector_features(workload, ref_steps)
     blocks = cfg.get("num_gpu_blocks")
     lo = min_gpu_blocks(workload, prompts, mml)
     if blocks is not None and blocks <= lo + 3:
@@ -861,6 +941,31 @@ def features(workload: dict, ref_steps: list[dict] | None = None) -> set[str]:
                 f.add("obs:multi_preemption")
             if s["total_tokens"] == cfg.get("max_num_batched_tokens", 8192):
                 f.add("obs:budget_full")
+    return f
+
+
+def connector_features(workload: dict, ref_steps: list[dict] | None) -> set[str]:
+    """What a case with a scripted KV connector exercises (nothing without one)."""
+    conn = workload["config"].get("kv_connector")
+    if not conn:
+        return set()
+    f = {
+        f"connector:{conn.get('role', 'kv_consumer')}",
+        f"connector:policy_{conn.get('load_failure_policy', 'recompute')}",
+    }
+    for r in workload["requests"]:
+        kv = r.get("kv") or {}
+        if kv.get("offer") == "always":
+            f.add("connector:offer_always")
+    preempted: set[str] = set()
+    for s in ref_steps or ():
+        for rid, _, is_async in s.get("kv_loads") or ():
+            f.add("obs:kv_load_async" if is_async else "obs:kv_load_sync")
+            if rid in preempted:
+                f.add("obs:kv_load_after_preemption")
+        preempted.update(s["preempted"])
+        out = s.get("kv_out") or {}
+        f |= {f"obs:kv_{k}" for k in ("failed", "invalid", "sent") if out.get(k)}
     return f
 
 
@@ -1059,6 +1164,8 @@ def compact_steps(steps: list[dict]) -> list[list]:
             s["num_running"],
             s["num_waiting"],
             s["kv_usage"],
+            # With a KV connector: the loads started, and the events the step's output carried.
+            *([s["kv_loads"], s.get("kv_out") or {}] if "kv_loads" in s else []),
         ]
         for s in steps
     ]
@@ -1115,7 +1222,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
-    gen = Gen(rng, args.profile, args.mode)
+    gen = Gen(rng, args.profile, args.mode, args.connector)
     cases = [gen.workload() for _ in range(args.count)]
     pool = RefPool(args.jobs, args.ref_python, args.driver)
     mixes: Counter[str] = Counter()
@@ -1231,7 +1338,7 @@ def _record(name: str, wl: dict, ref: tuple[dict, list[dict]], feats: set[str], 
 def cmd_corpus(args: argparse.Namespace) -> int:
     """Fuzz workloads and keep a feature-covering subset (plus --include cases) as a corpus file."""
     rng = random.Random(args.seed)
-    gen = Gen(rng, args.profile, args.mode)
+    gen = Gen(rng, args.profile, args.mode, args.connector)
     generated = [gen.workload() for _ in range(args.count)]
     included: list[tuple[str, dict]] = []
     for inc in args.include or []:
@@ -1261,6 +1368,8 @@ def cmd_corpus(args: argparse.Namespace) -> int:
         for k, ((wl, gfeats), (ref, _, diffs, paths)) in enumerate(zip(generated, gen_res)):
             if ref is None:
                 continue
+            if args.connector != "off" and sum(len(st["finished"]) for st in ref[1]) != len(wl["requests"]):
+                continue  # a script that never finishes (in vLLM too) cannot be replayed to its end
             if diffs:
                 # Every mismatch is kept, whatever its size.
                 mism += 1
@@ -1272,7 +1381,8 @@ def cmd_corpus(args: argparse.Namespace) -> int:
             ):
                 continue
             cands.append((wl, features(wl, ref[1]) | gfeats | paths, ref[1]))
-            names.append(f"{args.profile}-s{args.seed}-{k:05d}")
+            kind = "" if args.connector == "off" else "kv-"
+            names.append(f"{kind}{args.profile}-s{args.seed}-{k:05d}")
         picked = sorted(set(choose_corpus(cands, args.size, random.Random(args.seed), args.cover)) | failing)
         for i in picked:
             wl, feats, steps = cands[i]
@@ -1304,6 +1414,7 @@ def cmd_corpus(args: argparse.Namespace) -> int:
                     print(f"witness {path} MISMATCH: {diffs[0]}", flush=True)
                 # Names stay unique across corpus files of both modes.
                 mode = "" if args.mode == "sync" else f"{args.mode}-"
+                mode += "" if args.connector == "off" else "kv-"
                 name = f"witness-{mode}" + path.removeprefix("path:")
                 records.append(_record(name, small, ref, features(small, ref[1]) | paths))
                 print(f"{name}: {len(small['requests'])} requests, {len(ref[1])} steps", flush=True)
@@ -1318,6 +1429,7 @@ def cmd_corpus(args: argparse.Namespace) -> int:
         "count": args.count,
         "profile": args.profile,
         "mode": args.mode,
+        "connector": args.connector,
     }
     with gzip.open(out, "wt", compresslevel=9) as f:
         f.write(json.dumps({"header": head}) + "\n")
@@ -1356,6 +1468,7 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--shrink", action="store_true", help="shrink every failing workload")
     f.add_argument("--profile", choices=Gen.PROFILES, default="mixed", help="workload sizes")
     f.add_argument("--mode", choices=Gen.MODES, default="mixed", help="sync or async scheduling, or both")
+    f.add_argument("--connector", choices=Gen.CONNECTOR, default="off", help="a scripted KV connector")
     c = sub.add_parser("check", parents=[ref], help="compare on given workload files")
     c.add_argument("workloads", nargs="+")
     k = sub.add_parser("corpus", parents=[ref], help="build a regression corpus file")
@@ -1363,6 +1476,7 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--count", type=int, default=1500, help="workloads to generate and record")
     k.add_argument("--profile", choices=Gen.PROFILES, default="small", help="workload sizes")
     k.add_argument("--mode", choices=Gen.MODES, default="sync", help="sync or async scheduling, or both")
+    k.add_argument("--connector", choices=Gen.CONNECTOR, default="off", help="a scripted KV connector")
     k.add_argument("--cover", type=int, default=4, help="cases wanted per feature before random fill")
     k.add_argument("--size", type=int, default=300, help="generated cases to keep")
     k.add_argument("--max-steps", type=int, default=400, help="skip cases with longer traces")

@@ -11,6 +11,7 @@ import pytest
 from llmsched.bench.parity import compare, decisions, load_trace
 from llmsched.bench.replay import replay
 from llmsched.bench.workload import load_workload
+from support.traces import events
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 # parity/: vLLM's synchronous Scheduler; parity_async/: its AsyncScheduler on
@@ -86,3 +87,47 @@ def test_parity_detects_a_difference():
     ours[1]["sched"] = ours[1]["sched"][::-1]
     diffs = compare(ours, load_trace(DATA / "parity/p1_first_batch.vllm.jsonl"))
     assert diffs and "sched" in diffs[0]
+
+
+# parity_pd/: a scripted KV connector (disaggregated prefill/decode, offloading),
+# each workload also in async mode (a_*).
+PD_NAMES = sorted(p.name.removesuffix(".workload.json") for p in (DATA / "parity_pd").glob("*.workload.json"))
+
+
+def test_all_six_connector_workloads_present():
+    base = ["c1_consumer", "o1_offload", "p1_producer"]
+    assert sorted(base + [f"a_{n}" for n in base]) == PD_NAMES
+    for n in base:
+        assert load_workload(DATA / f"parity_pd/a_{n}.workload.json").config["async_scheduling"] is True
+        assert load_workload(DATA / f"parity_pd/{n}.workload.json").kv_connector is not None
+
+
+@pytest.mark.parametrize("name", PD_NAMES)
+def test_connector_decisions_match_vllm(name):
+    """Decisions and the KV loads started each step, as vLLM made them with the same connector answers."""
+    ours = run(f"parity_pd/{name}")
+    ref = load_trace(DATA / f"parity_pd/{name}.vllm.jsonl")
+    assert compare(ours, ref) == []
+    assert len(decisions(ours)) == len(decisions(ref)) > 0
+    assert any(s["kv_loads"] for s in ref) or any(s["kv_out"].get("sent") for s in ref)
+
+
+@pytest.mark.parametrize("name", PD_NAMES)
+def test_connector_bookkeeping_matches_vllm(name):
+    """Queue sizes (those waiting for remote KV included), KV usage, hits and connector events, every step."""
+    ours = run(f"parity_pd/{name}")
+    ref = load_trace(DATA / f"parity_pd/{name}.vllm.jsonl")
+    assert len(ours) == len(ref)
+    for a, b in zip(ours, ref):
+        for key in ("step", "total_tokens", "num_running", "num_waiting", "kv_usage", "finished", "kv_loads"):
+            assert a[key] == b[key], (name, a["step"], key)
+        # Invalid block ids by count: see support.traces.events.
+        assert events(a["kv_out"]) == events(b["kv_out"]), (name, a["step"])
+        assert sorted(map(tuple, a["admitted"])) == sorted(map(tuple, b["admitted"])), (name, a["step"])
+
+
+@pytest.mark.parametrize("name", ["c1_consumer", "a_c1_consumer", "a_o1_offload"])
+def test_connector_decisions_match_with_debug_invariants(name):
+    """Same decisions with every invariant (deferred frees counted) asserted after every step."""
+    ref = load_trace(DATA / f"parity_pd/{name}.vllm.jsonl")
+    assert compare(run(f"parity_pd/{name}", debug=True), ref) == []

@@ -24,6 +24,7 @@ import pytest
 from llmsched.bench.parity import compare, decisions
 from llmsched.bench.replay import replay
 from llmsched.bench.workload import parse_workload
+from support.traces import events
 
 CORPUS_DIR = Path(__file__).resolve().parents[1] / "data" / "parity_fuzz"
 # Order of the fields in a compact corpus step record.
@@ -37,6 +38,9 @@ FIELDS = (
     "num_running",
     "num_waiting",
     "kv_usage",
+    # Cases with a scripted KV connector only: loads started, the step output's events.
+    "kv_loads",
+    "kv_out",
 )
 # Per-step bookkeeping checked after every schedule(), empty steps included.
 BOOKKEEPING = ("step", "total_tokens", "num_running", "num_waiting", "kv_usage")
@@ -108,6 +112,20 @@ REQUIRED_FEATURES = {
     "path:async_max_tokens_in_flight",
     "path:async_preempted_in_flight",
     "path:async_stale_output_finished",
+    # The KV-connector path (corpus-connector): every role and failure policy,
+    # loads of both kinds, failed loads of both kinds, blocks held while sending.
+    "connector:kv_consumer",
+    "connector:kv_producer",
+    "connector:kv_both",
+    "connector:policy_recompute",
+    "connector:policy_fail",
+    "connector:offer_always",
+    "obs:kv_load_async",
+    "obs:kv_load_sync",
+    "obs:kv_failed",
+    "obs:kv_invalid",
+    "obs:kv_sent",
+    "obs:kv_load_after_preemption",
 }
 
 
@@ -145,6 +163,8 @@ def differences(ours: list[dict], ref: list[dict]) -> list[str]:
                 diffs.append(f"step {b['step']}: {key} {a[key]!r} vs recorded {b[key]!r}")
         if sorted(map(tuple, a["admitted"])) != sorted(map(tuple, b["admitted"])):
             diffs.append(f"step {b['step']}: admitted {a['admitted']} vs recorded {b['admitted']}")
+        if "kv_out" in b and events(a.get("kv_out")) != events(b["kv_out"]):
+            diffs.append(f"step {b['step']}: kv_out {a.get('kv_out')} vs recorded {b['kv_out']}")
         if len(diffs) > 5:
             break
     return diffs
@@ -204,3 +224,26 @@ def test_a_corrupted_record_is_caught():
     assert differences(ours, ref) == []
     for bad in _corruptions(ref):
         assert differences(ours, bad), "a corrupted record went unnoticed"
+
+
+def test_a_corrupted_load_is_caught():
+    """A connector case fails when a recorded load or connector event is altered."""
+    case = next(
+        c
+        for c in CASES
+        if any(len(s) > 9 and s[9] for s in c["steps"]) and any(len(s) > 10 and s[10] for s in c["steps"])
+    )
+    ref = expand(case["steps"])
+    ours = replay_ours(case["workload"])
+    assert differences(ours, ref) == []
+    k = next(i for i, s in enumerate(ref) if s["kv_loads"])
+    for change in ("drop_load", "more_tokens", "drop_event"):
+        bad = copy.deepcopy(ref)
+        if change == "drop_load":
+            bad[k]["kv_loads"] = bad[k]["kv_loads"][1:]
+        elif change == "more_tokens":
+            bad[k]["kv_loads"][0][1] += 1
+        else:
+            j = next(i for i, s in enumerate(ref) if s["kv_out"])
+            bad[j]["kv_out"] = {}
+        assert differences(ours, bad), change

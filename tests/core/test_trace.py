@@ -451,7 +451,8 @@ def test_async_output_in_flight_reason() -> None:
 
 
 def test_every_reason_has_a_scenario() -> None:
-    # Guards this file: a new Reason needs a scenario above.
+    # Guards this file: a new Reason needs a scenario above (the KV-connector
+    # ones have theirs in test_remote_kv.py).
     assert {r.value for r in Reason} == {
         "scheduled",
         "nothing_to_compute",
@@ -469,6 +470,9 @@ def test_every_reason_has_a_scenario() -> None:
         "admission_gated",
         "prefill_deferred",
         "dp_balance_gate",
+        "waiting_for_remote_kv",
+        "kv_load_failed_recomputing",
+        "blocks_held_while_sending",
     }
 
 

@@ -19,15 +19,19 @@ def load_trace(path: str | Path) -> list[dict]:
 
 
 def decisions(steps: list[dict]) -> list[tuple]:
-    """(sched, preempted set, finished set) of every step that scheduled tokens."""
+    """(sched, preempted set, finished set, KV loads) of every step that scheduled tokens.
+
+    With a KV connector, a step that only started a load counts too.
+    """
     return [
         (
             [tuple(x) for x in s["sched"]],
             frozenset(s["preempted"]),
             frozenset(s["finished"]),
+            [tuple(x) for x in s.get("kv_loads") or ()],
         )
         for s in steps
-        if s["total_tokens"] > 0
+        if s["total_tokens"] > 0 or s.get("kv_loads")
     ]
 
 
@@ -35,12 +39,14 @@ def compare(ours: list[dict], ref: list[dict], limit: int = 5) -> list[str]:
     """Differences in decisions, first ``limit`` of them; empty when they agree."""
     a, b = decisions(ours), decisions(ref)
     diffs = []
+    names = ("sched", "preempted", "finished", "kv_loads")
+    ordered = (True, False, False, True)
     for k, (x, y) in enumerate(zip(a, b)):
         if x != y:
-            names = ("sched", "preempted", "finished")
             parts = [
-                f"{names[j]}: ours {sorted(x[j]) if j else x[j]} vs ref {sorted(y[j]) if j else y[j]}"
-                for j in range(3)
+                f"{names[j]}: ours {x[j] if ordered[j] else sorted(x[j])} "
+                f"vs ref {y[j] if ordered[j] else sorted(y[j])}"
+                for j in range(4)
                 if x[j] != y[j]
             ]
             diffs.append(f"non-empty step #{k}: " + "; ".join(parts))

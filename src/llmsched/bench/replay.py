@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 import llmsched
+from llmsched.bench.scripted_connector import ScriptedConnector, events_record
 from llmsched.bench.stats import summarize_ns
 from llmsched.bench.workload import Workload
 from llmsched.core.request import Request
@@ -94,6 +95,9 @@ def step_record(step: int, es: EngineStep, explain: bool) -> dict:
         "schedule_ns": es.schedule_ns,
         "update_ns": es.update_ns,
     }
+    if so.kv_connector_metadata is not None:
+        rec["kv_loads"] = so.kv_connector_metadata
+        rec["kv_out"] = events_record(es.model_output.kv_connector_output)
     if explain and so.trace is not None:
         rec["why"] = so.trace.to_json()
     return rec
@@ -113,7 +117,12 @@ def replay(
     per_req = {
         r.request_id: int(r.sample_token_id) for r in workload.requests if r.sample_token_id is not None
     }
-    engine = EngineCore(config, ReplayExecutor(sample, per_req))
+    connector = None
+    if workload.kv_connector is not None:
+        scripts = {r.request_id: r.kv for r in workload.requests if r.kv is not None}
+        connector = ScriptedConnector(workload.kv_connector, scripts, config.block_size)
+    executor = ReplayExecutor(sample, per_req, connector.take_output if connector is not None else None)
+    engine = EngineCore(config, executor, connector=connector)
     sched = engine.scheduler
     if explain:
         sched.enable_trace()
@@ -136,6 +145,8 @@ def replay(
     turns = 0
     while turns < max_steps:
         turns += 1
+        if connector is not None:
+            connector.now = step
         while p < n and pending[p].arrival_step <= step:
             wr = pending[p]
             engine.add_request(

@@ -7,7 +7,9 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmsched.bench.scripted_connector import KVScript
 from llmsched.core.config import SchedulerConfig
+from llmsched.core.connector import KVTransferConfig
 from llmsched.core.errors import ConfigError
 
 # Defaults of the workload format, as vLLM's reference driver applies them.
@@ -43,6 +45,8 @@ class WorkloadRequest:
     sample_token_id: int | None = None
     lora_id: int = 0
     cache_salt: str | None = None
+    # What a scripted KV connector holds for it (workloads with a connector).
+    kv: KVScript | None = None
 
 
 @dataclass(slots=True)
@@ -51,6 +55,8 @@ class Workload:
 
     config: dict
     requests: list[WorkloadRequest]
+    # A scripted KV connector's role and failure policy, when the workload has one.
+    kv_connector: KVTransferConfig | None = None
 
     def scheduler_config(self, **overrides: object) -> SchedulerConfig:
         """The SchedulerConfig the workload asks for, with its nulls resolved."""
@@ -91,11 +97,12 @@ def parse_workload(data: dict) -> Workload:
     raw = data.get("config") or {}
     if not isinstance(raw, dict):
         raise ConfigError("'config' must be an object of scheduler settings")
-    known = set(CONFIG_DEFAULTS) | set(SchedulerConfig.field_names())
+    known = set(CONFIG_DEFAULTS) | set(SchedulerConfig.field_names()) | {"kv_connector"}
     unknown = set(raw) - known - IGNORED_KEYS
     if unknown:
         raise ConfigError(f"unknown workload config keys: {sorted(unknown)}")
     config = {**CONFIG_DEFAULTS, **{k: v for k, v in raw.items() if k not in IGNORED_KEYS}}
+    kv_connector = parse_kv_connector(config.pop("kv_connector", None))
     # The reference driver passes extra scheduler settings through
     # scheduler_extra; those we implement apply, others would change decisions.
     extra = raw.get("scheduler_extra") or {}
@@ -122,6 +129,11 @@ def parse_workload(data: dict) -> Workload:
             raise ConfigError(f"request {rid!r} has neither prompt_token_ids nor prompt_len")
         if "max_tokens" not in r:
             raise ConfigError(f"request {rid!r} has no max_tokens")
+        kv = None
+        if r.get("kv") is not None:
+            if kv_connector is None:
+                raise ConfigError(f"request {rid!r} has 'kv' but the workload config has no kv_connector")
+            kv = KVScript.parse(rid, r["kv"])
         requests.append(
             WorkloadRequest(
                 request_id=rid,
@@ -133,11 +145,26 @@ def parse_workload(data: dict) -> Workload:
                 sample_token_id=r.get("sample_token_id"),
                 lora_id=int(r.get("lora_id", 0)),
                 cache_salt=r.get("cache_salt"),
+                kv=kv,
             )
         )
     if not requests:
         raise ConfigError("the workload has no requests")
-    return Workload(config, requests)
+    return Workload(config, requests, kv_connector)
+
+
+def parse_kv_connector(raw: object) -> KVTransferConfig | None:
+    """The ``kv_connector`` config knob: None, or {"role": ..., "load_failure_policy": ...}."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"kv_connector must be an object with 'role' and 'load_failure_policy', got {raw!r}"
+        )
+    unknown = sorted(set(raw) - {"role", "load_failure_policy"})
+    if unknown:
+        raise ConfigError(f"kv_connector: unknown keys {unknown}; known: ['load_failure_policy', 'role']")
+    return KVTransferConfig(**raw)
 
 
 def load_workload(path: str | Path) -> Workload:

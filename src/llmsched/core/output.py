@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from llmsched.core.connector import KVConnectorOutput
 from llmsched.core.request import Request
 from llmsched.core.trace import StepTrace
 
@@ -51,6 +52,9 @@ class SchedulerOutput:
     # Finished or aborted since the previous step: executors drop their state.
     finished_req_ids: list[str] = field(default_factory=list)
     trace: StepTrace | None = None
+    # What the KV connector's worker side needs for this step (loads to
+    # start, blocks to send); None without a connector.
+    kv_connector_metadata: object = None
 
     def chunks(self) -> list[tuple[Request, int, int]]:
         """(request, first position, token count) for each scheduled request."""
@@ -75,6 +79,8 @@ class ModelRunnerOutput:
     draft_token_ids: Sequence[Sequence[int]] | None = None
     logprobs: Sequence[object] | None = None
     extra: object = None
+    # The KV connector's events (finished or failed transfers), if any.
+    kv_connector_output: KVConnectorOutput | None = None
 
 
 @dataclass(slots=True)

@@ -14,16 +14,20 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from llmsched.core.config import SchedulerConfig
+from llmsched.core.connector import KVConnector
 from llmsched.core.errors import RequestRejected
 from llmsched.core.kv.manager import KVCacheManager, PrefixCacheStats, cdiv
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput, StepOutputs
 from llmsched.core.policy import Policy, make_policy
+from llmsched.core.remote_kv import RemoteKV
 from llmsched.core.request import Request, RequestStatus, check_stop
 from llmsched.core.trace import MAX_LISTED_WAITING, Reason, StepTrace
 
 _RUNNING = RequestStatus.RUNNING
 _WAITING = RequestStatus.WAITING
 _PREEMPTED = RequestStatus.PREEMPTED
+_REMOTE = RequestStatus.WAITING_FOR_REMOTE_KVS
+_NO_BLOCKS: list = []
 _FINISHED = RequestStatus.FINISHED_STOPPED  # this and every later status are terminal
 
 # An admission gate returns None to allow admissions this step, or a short
@@ -35,7 +39,9 @@ AdmissionGate = Callable[["Scheduler"], "str | None"]
 class Scheduler:
     """Owns the request queues and the KV cache manager; makes one batch per step."""
 
-    def __init__(self, config: SchedulerConfig, policy: Policy | None = None) -> None:
+    def __init__(
+        self, config: SchedulerConfig, policy: Policy | None = None, connector: KVConnector | None = None
+    ) -> None:
         self.config = config
         self.policy = policy if policy is not None else make_policy(config.policy)
         self.kv = KVCacheManager(
@@ -79,13 +85,28 @@ class Scheduler:
         self._last_prefill_step = -self._prefill_interval
         self._prefill_capacity_bound = False
         self._set_aside: set[Request] = set()
+        # The KV-connector path (remote KV, delayed frees); None without a
+        # connector, and then none of it costs anything.
+        self.connector = connector
+        self._remote: RemoteKV | None = None
+        self._drop_stale_output = False
+        if connector is not None:
+            self._remote = RemoteKV(
+                connector,
+                self.kv,
+                self.policy.make_queue(),
+                config.async_scheduling,
+                config.num_speculative_tokens,
+                config.num_lookahead_tokens,
+            )
+            self._drop_stale_output = self._remote.drop_stale_output
 
     # ---- requests in and out -------------------------------------------------
 
     def add_request(self, request: Request) -> None:
         """Queue a new request, or raise RequestRejected leaving all state untouched."""
         rid = request.request_id
-        if rid in self.requests:
+        if rid in self.requests or (self._remote is not None and rid in self._remote.sending):
             raise RequestRejected(f"request id {rid!r} is already in use by an unfinished request")
         if request.status is not _WAITING or request.num_computed_tokens:
             raise RequestRejected(f"request {rid!r} was already scheduled once; add a fresh Request")
@@ -134,29 +155,55 @@ class Scheduler:
         if running:
             self.running = [r for r in self.running if r not in running]
         if waiting:
-            self.waiting.remove(waiting)
-            self._set_aside -= waiting
+            self._remove_waiting(waiting)
+        remote = self._remote
         for req in found:
+            # A load in progress still writes the blocks: they stay until it ends.
+            delay_free = remote is not None and req.status is _REMOTE and remote.abort_load(req)
             req.status = status
-            self._release(req)
+            self._release(req, delay_free)
         return found
 
-    def _release(self, req: Request) -> None:
-        self.kv.free(req)
+    def _remove_waiting(self, reqs: set[Request]) -> None:
+        """Take requests out of the waiting queues."""
+        remote = self._remote
+        if remote is not None and len(remote.holding):
+            held = {r for r in remote.holding if r in reqs}
+            if held:
+                remote.holding.remove(held)
+                reqs = reqs - held
+        if reqs:
+            self.waiting.remove(reqs)
+        self._set_aside -= reqs
+
+    def _release(self, req: Request, delay_free: bool = False) -> None:
         del self.requests[req.request_id]
         self._finished_ids.append(req.request_id)
+        if self._remote is not None:
+            self._remote.finished_with_delay(req, delay_free)
+        else:
+            self.kv.free(req)
 
     def has_requests(self) -> bool:
-        """True while anything is waiting, running, or finished but not yet reported."""
-        return bool(self.running) or len(self.waiting) > 0 or bool(self._finished_ids)
+        """True while anything is waiting, running, finished but unreported, or holding blocks to send."""
+        if self.running or len(self.waiting) or self._finished_ids:
+            return True
+        remote = self._remote
+        return remote is not None and bool(len(remote.holding) or remote.sending)
 
     def has_unfinished_requests(self) -> bool:
         """True while anything is waiting or running."""
-        return bool(self.running) or len(self.waiting) > 0
+        return bool(self.running) or self.num_waiting > 0
+
+    @property
+    def num_waiting(self) -> int:
+        """Waiting requests, those waiting for remote KV included."""
+        remote = self._remote
+        return len(self.waiting) + (len(remote.holding) if remote is not None else 0)
 
     def get_request_counts(self) -> tuple[int, int]:
         """(running, waiting)."""
-        return len(self.running), len(self.waiting)
+        return len(self.running), self.num_waiting
 
     @property
     def kv_usage(self) -> float:
@@ -200,7 +247,9 @@ class Scheduler:
         budget = self._max_tokens_budget
         # The threshold exists so a long prefill cannot starve others; a lone
         # request has nobody to starve, so it gets the whole budget.
-        threshold = self._threshold if len(running) + len(self.waiting) > 1 else 0
+        remote = self._remote
+        num_waiting = len(self.waiting) if remote is None else self.num_waiting
+        threshold = self._threshold if len(running) + num_waiting > 1 else 0
         defer = False
         if (throttle_prefills or self._prefill_interval > 1) and not self._prefill_capacity_bound:
             # Defer only while decodes exist to fill the step; the interval
@@ -254,6 +303,9 @@ class Scheduler:
                 # Preempt victims until the allocation fits or req itself goes.
                 while True:
                     victim = self.policy.select_victim(running)
+                    if remote is not None and not remote.can_preempt(victim):
+                        # Freeing the victim would not give blocks back now.
+                        break
                     vi = running.index(victim)
                     del running[vi]
                     if vi < i:
@@ -274,9 +326,11 @@ class Scheduler:
                     if new_blocks is not None:
                         break
                 if new_blocks is None:
-                    # req preempted itself; running[i] is now the next request,
-                    # which may still fit in the blocks just freed.
-                    continue
+                    if req.status is _PREEMPTED:
+                        # req preempted itself; running[i] is now the next
+                        # request, which may still fit in the blocks just freed.
+                        continue
+                    break
             if track_prefill and req.is_prefill_chunk:
                 prefill_scheduled = True
             req.num_computed_tokens = computed + n
@@ -307,21 +361,27 @@ class Scheduler:
                 self._trace_waiting(trace, None, Reason.PREEMPTION_STEP, "", whole_queue=True)
         else:
             gate = self.admission_gate
-            why_gated = gate(self) if gate is not None and len(self.waiting) else None
+            why_gated = gate(self) if gate is not None and num_waiting else None
             if why_gated is not None:
                 if trace is not None:
                     reason = getattr(gate, "reason", Reason.ADMISSION_GATED)
                     self._trace_waiting(trace, None, reason, why_gated, whole_queue=True)
             else:
-                if len(self.waiting):
+                if num_waiting:
                     budget, prefill_admitted = self._admit(out, budget, threshold, defer, trace)
                 if not defer:
                     # An admitting step that left requests queued for lack of
                     # room stops the cadence from throttling: holding back a
                     # backed-up queue would only grow it.
-                    self._prefill_capacity_bound = len(self.waiting) > len(self._set_aside)
+                    self._prefill_capacity_bound = (
+                        len(self.waiting) if remote is None else self.num_waiting
+                    ) > len(self._set_aside)
 
         out.total_num_scheduled_tokens = total = self._max_tokens_budget - budget
+        if remote is not None:
+            if trace is not None:
+                remote.trace_events(trace)
+            remote.after_schedule(out)
         if self._async:
             self._mark_in_flight(out)
         if total:
@@ -348,12 +408,13 @@ class Scheduler:
         covers them all, none reaches its stop length or samples a stop
         token, and the free blocks cover every table's growth. Such steps
         are exactly what ``advance_decode_steps`` applies. 0 whenever the
-        next step might be anything else (sync mode without drafts,
-        lookahead or a trace only).
+        next step might be anything else (sync mode without a connector,
+        drafts, lookahead or a trace only).
         """
         running = self.running
         if (
             self._async
+            or self.connector is not None
             or self._has_drafts
             or self._lookahead
             or self._trace_enabled
@@ -445,86 +506,152 @@ class Scheduler:
         waiting = self.waiting
         running = self.running
         kv = self.kv
+        remote = self._remote
         lookahead = self._lookahead
         max_loras = self._max_loras
         loras = {r.lora_id for r in running if r.lora_id} if max_loras is not None else None
+        # Set aside for a reason of their own, put back at the head in their
+        # order: those holding KV blocks (connector) into the holding queue.
         set_aside: list[Request] = []
+        held_aside: list[Request] = []
         stop: Reason | None = None
         detail = ""
         prefill_admitted = False
-        while budget > 0 and len(waiting):
+        while budget > 0:
+            # Requests holding blocks (connector) go first: their loads are done or under way.
+            queue = remote.holding if remote is not None and len(remote.holding) else waiting
+            if not len(queue):
+                break
             if len(running) >= self._max_num_seqs:
                 stop, detail = Reason.MAX_NUM_SEQS, f"{len(running)} running"
                 break
-            req = waiting.peek()
-            if req.num_stale_output_tokens:
-                # Preempted while a step of its was in flight (async mode):
-                # resumed now, it could sample a position that output still
-                # fills. Within the pipeline depth it drains.
-                set_aside.append(waiting.pop())
+            req = queue.peek()
+            why = (
+                self._why_set_aside(req, loras, max_loras)
+                if remote is not None or req.num_stale_output_tokens or loras is not None
+                else None
+            )
+            ext = 0
+            load_async = False
+            if why is None:
+                if req.num_computed_tokens == 0:
+                    hit_blocks, hit = kv.get_computed_blocks(req)
+                    if remote is not None:
+                        ext, load_async = remote.lookup(req, hit)
+                        if ext is None:
+                            why = Reason.REMOTE_KV, 0, "the connector cannot tell yet"
+                else:
+                    # Its blocks hold KV loaded by the connector; nothing to look up.
+                    hit_blocks, hit = _NO_BLOCKS, -1
+            if why is not None:
+                queue.pop()
                 self._set_aside.add(req)
+                (held_aside if remote is not None and remote.holds_blocks(req) else set_aside).append(req)
                 if trace is not None:
-                    trace.add(req.request_id, Reason.OUTPUT_IN_FLIGHT)
+                    trace.add(req.request_id, *why)
                 continue
-            if loras is not None and req.lora_id and req.lora_id not in loras and len(loras) >= max_loras:
-                # Set aside, not stop: requests behind it may use a loaded adapter.
-                set_aside.append(waiting.pop())
-                self._set_aside.add(req)
-                if trace is not None:
-                    trace.add(req.request_id, Reason.LORA_SLOTS, detail=f"{len(loras)} adapters in use")
-                continue
-            hit_blocks, hit = kv.get_computed_blocks(req)
-            if defer and hit < req.num_tokens - 1:
-                stop, detail = Reason.PREFILL_DEFERRED, "prompt held to a cadence step"
-                break
-            n = req.num_tokens - hit
-            if 0 < threshold < n:
-                n = threshold
-            if not self._chunked and n > budget:
-                stop, detail = Reason.NO_CHUNKING, f"needs {n} tokens, {budget} left"
-                break
-            if n > budget:
-                n = budget
+            computed = hit + ext if hit >= 0 else req.num_computed_tokens
+            n = 0
+            if not load_async:
+                n, stop, detail = self._admission_chunk(req, computed, budget, threshold, defer)
+                if stop is not None:
+                    break
             reserved = self._watermark_blocks if running else 0
-            blocks = kv.allocate_new(req, n, hit_blocks, lookahead, self._reserve_full, reserved)
+            if remote is None:
+                blocks = kv.allocate_new(req, n, hit_blocks, lookahead, self._reserve_full, reserved)
+            else:
+                blocks = remote.allocate(
+                    req, n, hit_blocks, ext, load_async, lookahead, self._reserve_full, reserved
+                )
             if blocks is None:
-                stop, detail = self._why_no_blocks(req, hit_blocks, n, reserved)
+                stop, detail = self._why_no_blocks(req, hit_blocks, ext + n, reserved)
                 break
-            waiting.pop()
+            if remote is not None:
+                remote.allocated(req, ext)
+            if hit >= 0:
+                kv.record_admission(req, hit)
+            if load_async:
+                remote.start_load(req, computed)
+                queue.pop()
+                self._set_aside.add(req)
+                held_aside.append(req)
+                if trace is not None:
+                    trace.add(req.request_id, Reason.REMOTE_KV, detail=f"load of {ext} tokens started")
+                continue
+            queue.pop()
             self._set_aside.discard(req)
             running.append(req)
-            kv.record_admission(req, hit)
-            if hit < req.num_tokens - 1:
+            if computed < req.num_tokens - 1:
                 prefill_admitted = True
-            if req.num_cached_tokens < 0:
-                req.num_cached_tokens = hit
-            req.status = _RUNNING
-            req.num_computed_tokens = hit + n
-            req.is_prefill_chunk = hit + n < req.num_tokens
-            out.scheduled.append(req)
-            out.num_scheduled_tokens.append(n)
-            out.admitted.append(req)
-            out.admitted_block_ids.append([b.block_id for b in blocks])
-            out.admitted_num_cached_tokens.append(hit)
-            out.admitted_resumed.append(req.num_preemptions > 0)
-            if kv.pool.unwritten and hit:
-                start = kv.claim_unwritten(hit_blocks)
-                if start is not None:
-                    out.recompute_from[req.request_id] = start
+            self._start_running(out, req, blocks, computed, n, hit)
             if loras is not None and req.lora_id:
                 loras.add(req.lora_id)
             if trace is not None:
                 self._trace_scheduled(
-                    trace, req, hit, n, req.num_tokens - hit, budget, threshold, admitted=True
+                    trace, req, computed, n, req.num_tokens - computed, budget, threshold, admitted=True
                 )
             budget -= n
         if set_aside:
             waiting.requeue(set_aside)
+        if held_aside:
+            remote.holding.requeue(held_aside)
         if trace is not None and len(waiting):
             if stop is None:
                 stop, detail = Reason.BUDGET, f"all {self._max_tokens_budget} tokens of the step are used"
             self._trace_waiting(trace, set_aside, stop, detail)
         return budget, prefill_admitted
+
+    def _admission_chunk(
+        self, req: Request, computed: int, budget: int, threshold: int, defer: bool
+    ) -> tuple[int, Reason | None, str]:
+        """Tokens to admit ``req`` with beyond ``computed``, or why admissions stop at it."""
+        if defer and computed < req.num_tokens - 1:
+            return 0, Reason.PREFILL_DEFERRED, "prompt held to a cadence step"
+        n = req.num_tokens - computed
+        if 0 < threshold < n:
+            n = threshold
+        if not self._chunked and n > budget:
+            return 0, Reason.NO_CHUNKING, f"needs {n} tokens, {budget} left"
+        return min(n, budget), None, ""
+
+    def _why_set_aside(
+        self, req: Request, loras: set[int] | None, max_loras: int | None
+    ) -> tuple[Reason, int, str] | None:
+        """Why the head of the queue must wait while those behind it may go, or None."""
+        if req.status is _REMOTE and not self._remote.ready(req):
+            return Reason.REMOTE_KV, 0, "load in progress"
+        if req.num_stale_output_tokens and not self._drop_stale_output:
+            # Preempted while a step of its was in flight (async mode):
+            # resumed now, it could sample a position that output still
+            # fills. Within the pipeline depth it drains.
+            return Reason.OUTPUT_IN_FLIGHT, 0, ""
+        if loras is not None and req.lora_id and req.lora_id not in loras and len(loras) >= max_loras:
+            # Set aside, not stop: requests behind it may use a loaded adapter.
+            return Reason.LORA_SLOTS, 0, f"{len(loras)} adapters in use"
+        return None
+
+    def _start_running(
+        self, out: SchedulerOutput, req: Request, blocks: list, computed: int, n: int, hit: int
+    ) -> None:
+        """Record an admission of ``n`` tokens after ``computed`` (``hit`` < 0: no lookup)."""
+        kv = self.kv
+        if req.num_cached_tokens < 0:
+            req.num_cached_tokens = computed
+        req.status = _RUNNING
+        req.num_computed_tokens = computed + n
+        req.is_prefill_chunk = computed + n < req.num_tokens
+        if self._remote is not None and req.is_prefill_chunk:
+            self._remote.inflight_prefills.add(req)
+        out.scheduled.append(req)
+        out.num_scheduled_tokens.append(n)
+        out.admitted.append(req)
+        out.admitted_block_ids.append([b.block_id for b in blocks])
+        out.admitted_num_cached_tokens.append(computed)
+        out.admitted_resumed.append(req.num_preemptions > 0)
+        if kv.pool.unwritten and hit > 0:
+            start = kv.claim_unwritten(blocks[: hit // kv.block_size])
+            if start is not None:
+                out.recompute_from[req.request_id] = start
 
     def _why_no_blocks(self, req: Request, hit_blocks: list, n: int, reserved: int) -> tuple[Reason, str]:
         kv = self.kv
@@ -561,7 +688,11 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         """Recompute preemption: free the blocks, reset progress, queue again."""
-        self.kv.free(req)
+        if self._remote is not None:
+            self._remote.free(req)
+            self._remote.forget(req)
+        else:
+            self.kv.free(req)
         req.status = _PREEMPTED
         req.num_computed_tokens = 0
         req.spec_token_ids = []
@@ -594,6 +725,10 @@ class Scheduler:
             raise ValueError(
                 f"executor returned {len(sampled)} results for {len(out.scheduled)} scheduled requests"
             )
+        remote = self._remote
+        kv_out = result.kv_connector_output
+        # Requests whose KV failed to load: their output is void (see RemoteKV.begin_update).
+        failed = remote.begin_update(out, kv_out, self.running) if remote is not None else None
         stopped_waiting: set[Request] = set()
         for k, req in enumerate(out.scheduled):
             toks = sampled[k]
@@ -607,6 +742,10 @@ class Scheduler:
                 if req.num_stale_output_tokens:
                     stale = True
                     req.num_stale_output_tokens -= n
+                    if self._drop_stale_output:
+                        continue
+            if failed and req.request_id in failed:
+                continue
             # No tokens: a partial prefill chunk. Not running (and not a
             # preempted request's stale output): aborted meanwhile.
             if not toks or (status is not _RUNNING and not stale):
@@ -656,16 +795,19 @@ class Scheduler:
                 req.spec_token_ids = list(drafts[k])
         if finished:
             self._remove_stopped(finished, stopped_waiting)
+        if remote is not None:
+            if failed and not remote.recompute_failures:
+                finished.extend(self.finish_requests(failed, RequestStatus.FINISHED_ERROR))
+            remote.end_update(kv_out)
         if self._debug:
-            self.kv.check_invariants()
+            self._check_kv_invariants()
         return res
 
     def _remove_stopped(self, finished: list[Request], stopped_waiting: set[Request]) -> None:
         """Take requests that stopped out of their queues and free them."""
         if stopped_waiting:
             # Stale output finished a preempted request while it waited.
-            self.waiting.remove(stopped_waiting)
-            self._set_aside -= stopped_waiting
+            self._remove_waiting(stopped_waiting)
         num_running = len(finished) - len(stopped_waiting)
         if num_running:
             running = self.running
@@ -755,4 +897,10 @@ class Scheduler:
         assert len({r.request_id for r in out.scheduled}) == len(out.scheduled), "request scheduled twice"
         for req in out.scheduled:
             assert req.status is _RUNNING, f"{req} scheduled but not running"
-        self.kv.check_invariants()
+        self._check_kv_invariants()
+
+    def _check_kv_invariants(self) -> None:
+        if self._remote is not None:
+            self.kv.check_invariants(self._remote.detached_tables())
+        else:
+            self.kv.check_invariants()

@@ -33,6 +33,9 @@ class Reason(str, enum.Enum):
     ADMISSION_GATED = "admission_gated"
     PREFILL_DEFERRED = "prefill_deferred"
     BALANCE_GATE = "dp_balance_gate"
+    REMOTE_KV = "waiting_for_remote_kv"
+    KV_LOAD_FAILED = "kv_load_failed_recomputing"
+    SENDING = "blocks_held_while_sending"
 
 
 _TEXT = {
@@ -52,6 +55,9 @@ _TEXT = {
     Reason.ADMISSION_GATED: "admission gated",
     Reason.PREFILL_DEFERRED: "prefill deferred by the prefill cadence",
     Reason.BALANCE_GATE: "held by the data-parallel balance gate",
+    Reason.REMOTE_KV: "waiting for remote KV",
+    Reason.KV_LOAD_FAILED: "KV load failed, recomputing",
+    Reason.SENDING: "finished, blocks held while its KV is sent",
 }
 
 

@@ -9,6 +9,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from llmsched.core.config import SchedulerConfig
+from llmsched.core.connector import KVConnector
 from llmsched.core.errors import RequestRejected
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput, StepOutputs
 from llmsched.core.policy import Policy
@@ -68,9 +69,18 @@ class EngineCore:
     that only filled the queue.
     """
 
-    def __init__(self, config: SchedulerConfig, executor: Executor, policy: Policy | None = None) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        executor: Executor,
+        policy: Policy | None = None,
+        connector: KVConnector | None = None,
+    ) -> None:
         self.config = config
-        self.scheduler = Scheduler(config, policy)
+        self.scheduler = Scheduler(config, policy, connector)
+        # With a KV connector every step reaches the executor, even an empty
+        # one: its worker side reports transfers that end meanwhile.
+        self._skip_empty_steps = connector is None
         self.executor = executor
         self.async_scheduling = config.async_scheduling
         self._in_flight: deque[_InFlight] = deque()
@@ -148,11 +158,11 @@ class EngineCore:
         t1 = time.perf_counter_ns()
         # An empty batch still goes to the executor when it must drop state.
         result: ModelRunnerOutput | Future[ModelRunnerOutput] | None = None
-        if not (so.scheduled or so.finished_req_ids or so.preempted):
+        if self._skip_empty_steps and not (so.scheduled or so.finished_req_ids or so.preempted):
             result = _EMPTY_RESULT
         elif submit:
             result = submit_step(self.executor, so)
-        return _InFlight(so, result, len(sched.running), len(sched.waiting), sched.kv.usage, t1 - t0, now)
+        return _InFlight(so, result, len(sched.running), sched.num_waiting, sched.kv.usage, t1 - t0, now)
 
     def _update(self, item: _InFlight) -> EngineStep:
         t2 = time.perf_counter_ns()

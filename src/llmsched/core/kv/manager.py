@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from llmsched.core.kv.block import KVBlock
@@ -142,19 +143,28 @@ class KVCacheManager:
         num_lookahead_tokens: int = 0,
         full_sequence_must_fit: bool = False,
         reserved_blocks: int = 0,
+        held_for_others: int = 0,
+        delay_caching: bool = False,
     ) -> list[KVBlock] | None:
         """First allocation of a waiting or preempted request, adopting its hit.
 
         With ``full_sequence_must_fit`` the free blocks must cover the request's
         whole current length, not only this step's chunk, so chunked prefill
         cannot admit more prompts than the cache can finish. ``reserved_blocks``
-        (the watermark) must stay free after either check.
+        (the watermark) must stay free after either check; ``held_for_others``
+        more must stay free after this chunk's allocation (blocks promised to
+        prefills in progress). ``num_new_tokens`` counts every token beyond the
+        hit that gets a slot, KV loaded from elsewhere included;
+        ``delay_caching`` registers none of them (their KV arrives later).
         Returns the request's whole block table, or None if it does not fit.
         """
         free = self.pool.free_queue.num_free - reserved_blocks
         if full_sequence_must_fit and self.blocks_to_admit(request, hit_blocks, 0, full_sequence=True) > free:
             return None
-        if self.blocks_to_admit(request, hit_blocks, num_new_tokens, num_lookahead_tokens) > free:
+        if (
+            self.blocks_to_admit(request, hit_blocks, num_new_tokens, num_lookahead_tokens)
+            > free - held_for_others
+        ):
             return None
         bs = self.block_size
         num_hit = len(hit_blocks)
@@ -170,7 +180,7 @@ class KVCacheManager:
             blocks.extend(pool.get_new_blocks(num_more))
         table = BlockTable(blocks, num_hit)
         self._tables[request.request_id] = table
-        if self.enable_caching:
+        if self.enable_caching and not delay_caching:
             self._cache_full_blocks(request, table, min(num_hit * bs + num_new_tokens, request.num_tokens))
         return blocks
 
@@ -226,6 +236,55 @@ class KVCacheManager:
         need = -(-(request.num_computed_tokens + num_steps) // self.block_size)
         have = len(self._tables[request.request_id].blocks)
         return need - have if need > have else 0
+
+    def allocate_held(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_lookahead_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+    ) -> list[KVBlock] | None:
+        """Admit a waiting request that already holds blocks (KV loaded from elsewhere).
+
+        The same checks as ``allocate_new``, counting the blocks it holds;
+        returns its whole block table, or None if it does not fit.
+        """
+        table = self._tables[request.request_id]
+        held = len(table.blocks)
+        bs = self.block_size
+        free = self.pool.free_queue.num_free - reserved_blocks
+        if full_sequence_must_fit and cdiv(min(request.num_tokens, self.max_model_len), bs) - held > free:
+            return None
+        num_slots = min(
+            request.num_computed_tokens + num_new_tokens + num_lookahead_tokens, self.max_model_len
+        )
+        if cdiv(num_slots, bs) - held > free:
+            return None
+        self.allocate_slots(request, num_new_tokens, num_lookahead_tokens)
+        return table.blocks
+
+    def num_blocks_to_finish(self, request: Request, extra_tokens: int = 0) -> int:
+        """Blocks the request still lacks to hold its whole current length (plus ``extra_tokens``)."""
+        table = self._tables.get(request.request_id)
+        held = len(table.blocks) if table is not None else 0
+        num_tokens = min(request.num_tokens, self.max_model_len) + extra_tokens
+        return max(cdiv(num_tokens, self.block_size) - held, 0)
+
+    def detach(self, request: Request) -> list[KVBlock]:
+        """Take the request's table away without releasing its blocks (see ``release``)."""
+        table = self._tables.pop(request.request_id, None)
+        return table.blocks if table is not None else []
+
+    def release(self, blocks: list[KVBlock]) -> None:
+        """Release blocks taken by ``detach``, tail first."""
+        self.pool.free_blocks(reversed(blocks))
+
+    def evict_block_ids(self, block_ids: set[int]) -> None:
+        """Forget these blocks' prefix-cache entries (their KV is not valid)."""
+        blocks = self.pool.blocks
+        for block_id in block_ids:
+            self.pool.evict(blocks[block_id])
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Register the full blocks among the request's first ``num_tokens`` tokens in the prefix cache."""
@@ -298,11 +357,14 @@ class KVCacheManager:
         """Forget all cached content; refused (False) while blocks are held."""
         return self.pool.reset_prefix_cache()
 
-    def check_invariants(self) -> None:
-        """Assert every reference count and the free-block accounting (debug aid)."""
+    def check_invariants(self, detached: Iterable[list[KVBlock]] = ()) -> None:
+        """Assert every reference count and the free-block accounting (debug aid).
+
+        ``detached``: tables taken by ``detach`` and not yet released.
+        """
         held: dict[int, int] = {}
-        for table in self._tables.values():
-            for block in table.blocks:
+        for blocks in (*(t.blocks for t in self._tables.values()), *detached):
+            for block in blocks:
                 held[block.block_id] = held.get(block.block_id, 0) + 1
         pool = self.pool
         num_zero = 0
