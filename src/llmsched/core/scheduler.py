@@ -24,6 +24,7 @@ from llmsched.core.trace import MAX_LISTED_WAITING, Reason, StepTrace
 _RUNNING = RequestStatus.RUNNING
 _WAITING = RequestStatus.WAITING
 _PREEMPTED = RequestStatus.PREEMPTED
+_WAITING_FOR_GRAMMAR = RequestStatus.WAITING_FOR_GRAMMAR
 _FINISHED = RequestStatus.FINISHED_STOPPED  # this and every later status are terminal
 
 # An admission gate returns None to allow admissions this step, or a short
@@ -87,7 +88,9 @@ class Scheduler:
         rid = request.request_id
         if rid in self.requests:
             raise RequestRejected(f"request id {rid!r} is already in use by an unfinished request")
-        if request.status is not _WAITING or request.num_computed_tokens:
+        if (request.status is not _WAITING and request.status is not _WAITING_FOR_GRAMMAR) or (
+            request.num_computed_tokens
+        ):
             raise RequestRejected(f"request {rid!r} was already scheduled once; add a fresh Request")
         n = request.num_prompt_tokens
         max_len = self._max_model_len
@@ -364,6 +367,15 @@ class Scheduler:
                 stop, detail = Reason.MAX_NUM_SEQS, f"{len(running)} running"
                 break
             req = waiting.peek()
+            if req.status is _WAITING_FOR_GRAMMAR:
+                if not req.grammar.ready:  # type: ignore[union-attr]
+                    # Skipped, not blocking: those behind it may run (as vLLM).
+                    set_aside.append(waiting.pop())
+                    self._set_aside.add(req)
+                    if trace is not None:
+                        trace.add(req.request_id, Reason.GRAMMAR_COMPILING)
+                    continue
+                req.status = _WAITING
             if req.num_stale_output_tokens:
                 # Preempted while a step of its was in flight (async mode):
                 # resumed now, it could sample a position that output still

@@ -33,6 +33,7 @@ class Reason(str, enum.Enum):
     ADMISSION_GATED = "admission_gated"
     PREFILL_DEFERRED = "prefill_deferred"
     BALANCE_GATE = "dp_balance_gate"
+    GRAMMAR_COMPILING = "grammar_compiling"
 
 
 _TEXT = {
@@ -52,6 +53,7 @@ _TEXT = {
     Reason.ADMISSION_GATED: "admission gated",
     Reason.PREFILL_DEFERRED: "prefill deferred by the prefill cadence",
     Reason.BALANCE_GATE: "held by the data-parallel balance gate",
+    Reason.GRAMMAR_COMPILING: "output grammar still compiling",
 }
 
 

@@ -92,4 +92,3 @@ def _interactive(stdin: TextIO, prompt_to: TextIO) -> Iterator[str]:
             return
         if line.strip():
             yield line.strip()
-

@@ -20,7 +20,7 @@ from llmsched.executor.torch.device import (
     single_threaded,
 )
 from llmsched.executor.torch.gguf import model_folder
-from llmsched.executor.torch.input_batch import InputBatch, StepInputs, plan_step
+from llmsched.executor.torch.input_batch import InputBatch, RequestState, StepInputs, plan_step
 from llmsched.executor.torch.kv_cache import KVCache, KVCachePlan, cdiv, plan_kv_cache
 from llmsched.executor.torch.layers import can_prepack_linears
 from llmsched.executor.torch.model import DecoderModel
@@ -163,6 +163,9 @@ class TorchExecutor:
             dtype=self.dtype,
         )
         self.sampler = Sampler(self.device, seed)
+        self._max_num_seqs = max_num_seqs
+        self._bitmask = None
+        self._has_grammars = False
 
     @staticmethod
     def _resolve_max_model_len(cfg: ModelConfig, max_model_len: int | None) -> int:
@@ -200,6 +203,9 @@ class TorchExecutor:
         this thread never starts an OpenMP team of its own (see the class).
         """
         plan = plan_step(scheduler_output)
+        if not self._has_grammars:
+            # Sticky: once a constrained request came, each step looks for matchers.
+            self._has_grammars = any(r.grammar is not None for r in scheduler_output.admitted)
         with single_threaded(), torch.inference_mode():
             self.batch.update(plan)
             if not scheduler_output.scheduled:
@@ -215,17 +221,44 @@ class TorchExecutor:
             logits = self.model.forward(input_ids, step.positions, step.attn, step.logits_indices)
             if not step.sample_states:
                 return ModelRunnerOutput(sampled_token_ids=[[] for _ in range(num_sched)])
+            if self._has_grammars:
+                self._apply_grammars(logits, step.sample_states)
             tokens, lps = self.sampler.sample(logits, step.sample_states)
         sampled: list[list[int]] = [[] for _ in range(num_sched)]
         for i, st, t in zip(step.sample_sched_index, step.sample_states, tokens):
             sampled[i] = [t]
             st.generated.append(t)
+            m = st.matcher
+            # Before the next step's mask is filled (this thread runs steps in
+            # order): with async scheduling that step is already planned, but
+            # samples only after this token is accepted. A terminated grammar
+            # sees the token of a step planned before its stop token came out.
+            if m is not None and not m.is_terminated():
+                m.accept_token(t)
         logprobs = None
         if lps is not None:
             logprobs = [None] * num_sched
             for i, lp in zip(step.sample_sched_index, lps):
                 logprobs[i] = lp
         return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+
+    def _apply_grammars(self, logits: torch.Tensor, states: list[RequestState]) -> None:
+        """Mask each constrained row's logits to the tokens its grammar allows next."""
+        rows: list[int] = []
+        matchers: list[object] = []
+        for j, st in enumerate(states):
+            m = st.matcher
+            # A terminated grammar (its stop token accepted) constrains nothing
+            # more: the request only goes on when EOS is ignored.
+            if m is not None and not m.is_terminated():
+                rows.append(j)
+                matchers.append(m)
+        if rows:
+            if self._bitmask is None:
+                from llmsched.structured.matcher import TokenBitmask
+
+                self._bitmask = TokenBitmask(self._max_num_seqs, logits.shape[1])
+            self._bitmask.apply(logits, rows, matchers)
 
     def close(self) -> None:
         """Finish any step still running, then drop the weights, cache and request state."""
