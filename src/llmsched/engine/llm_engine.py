@@ -249,6 +249,20 @@ class LLMEngine:
         except ValueError as e:
             raise RequestRejected(f"request {request_id!r}: {e}") from None
 
+    def waiting_only_for_grammars(self) -> bool:
+        """True when nothing runs or is in flight and every waiting request waits for its grammar.
+
+        A step would then do nothing; a serving loop sleeps briefly instead
+        of spinning while the grammar worker compiles.
+        """
+        if not self._grammar_pending:
+            return False
+        core = self.engine_core
+        sched = core.scheduler
+        if sched.running or core.num_in_flight:
+            return False
+        return all(r.status is RequestStatus.WAITING_FOR_GRAMMAR for r in sched.waiting)
+
     def _fail_grammar_errors(self) -> list[RequestOutput]:
         """End the constrained requests whose grammar failed to compile (finish_reason "error")."""
         failed = []

@@ -52,18 +52,24 @@ def chat_prompt_ids(
     *,
     add_generation_prompt: bool = True,
     template_kwargs: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
-    """The token ids of a chat rendered with the model's chat template."""
-    dicts = [
-        {"role": m.role, "content": m.content, **({"name": m.name} if m.name is not None else {})}
-        for m in messages
-    ]
+    """The token ids of a chat rendered with the model's chat template (``tools`` passed to it)."""
+    dicts = []
+    for m in messages:
+        d: dict[str, Any] = {"role": m.role, "content": m.content}
+        for key in ("name", "tool_calls", "tool_call_id"):
+            value = getattr(m, key)
+            if value is not None:
+                d[key] = value
+        dicts.append(d)
     try:
         text = render_chat_prompt(
             tokenizer,
             dicts,
             content_format="string",
             add_generation_prompt=add_generation_prompt,
+            tools=tools,
             chat_template_kwargs=template_kwargs,
         )
     except ChatTemplateError as e:
