@@ -228,13 +228,8 @@ class TorchExecutor:
         for i, st, t in zip(step.sample_sched_index, step.sample_states, tokens):
             sampled[i] = [t]
             st.generated.append(t)
-            m = st.matcher
-            # Before the next step's mask is filled (this thread runs steps in
-            # order): with async scheduling that step is already planned, but
-            # samples only after this token is accepted. A terminated grammar
-            # sees the token of a step planned before its stop token came out.
-            if m is not None and not m.is_terminated():
-                m.accept_token(t)
+        if self._has_grammars:
+            self._advance_grammars(step.sample_states, tokens)
         logprobs = None
         if lps is not None:
             logprobs = [None] * num_sched
@@ -259,6 +254,20 @@ class TorchExecutor:
 
                 self._bitmask = TokenBitmask(self._max_num_seqs, logits.shape[1])
             self._bitmask.apply(logits, rows, matchers)
+
+    @staticmethod
+    def _advance_grammars(states: list[RequestState], tokens: list[int]) -> None:
+        """Feed each constrained request's matcher the token just sampled for it.
+
+        Before the next step's mask is filled (this thread runs steps in
+        order): with async scheduling that step is already planned, but
+        samples only after this. A terminated grammar sees the token of a
+        step planned before its stop token came out: nothing to advance.
+        """
+        for st, t in zip(states, tokens):
+            m = st.matcher
+            if m is not None and not m.is_terminated():
+                m.accept_token(t)
 
     def close(self) -> None:
         """Finish any step still running, then drop the weights, cache and request state."""
