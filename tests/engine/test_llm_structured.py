@@ -209,3 +209,30 @@ def test_slow_grammar_does_not_hold_back_the_requests_behind_it(llm: LLM) -> Non
         release.set()
         manager.before_compile = None
         engine.scheduler.enable_trace(False)
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_preempted_constrained_requests_resume_their_grammar(
+    embedded_cache: Path, async_scheduling: bool
+) -> None:
+    mp = pytest.MonkeyPatch()
+    mp.setenv("LLMSCHED_CACHE_DIR", str(embedded_cache))
+    small = LLM(
+        structured_outputs_disable_any_whitespace=True,
+        num_gpu_blocks_override=24,
+        max_model_len=360,
+        block_size=16,
+        max_num_seqs=8,
+        async_scheduling=async_scheduling,
+    )
+    mp.undo()
+    try:
+        so = StructuredOutputsParams(json=SCHEMA)
+        params = [SamplingParams(max_tokens=300, seed=i, structured_outputs=so) for i in range(16)]
+        outs = small.generate(["Answer in JSON:"] * 16, params, use_tqdm=False)
+        assert small.llm_engine.scheduler.num_preemptions > 0
+        for o in outs:
+            assert o.outputs[0].finish_reason == "stop"
+            jsonschema.validate(json.loads(o.outputs[0].text), SCHEMA)
+    finally:
+        small.close()

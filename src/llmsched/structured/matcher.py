@@ -33,7 +33,8 @@ class TokenBitmask:
     def apply(self, logits: torch.Tensor, rows: list[int], matchers: list[Any]) -> None:
         """Fill the rows' masks from their matchers and set every disallowed logit to -inf."""
         bitmask = self._bitmask
-        for row, m in zip(rows, matchers):
-            m.fill_next_token_bitmask(bitmask, row)
-        n = logits.shape[0]
-        self._xgr.apply_token_bitmask_inplace(logits, bitmask[:n].to(logits.device), indices=rows)
+        # Rows whose grammar allows every token need no masking.
+        masked = [row for row, m in zip(rows, matchers) if m.fill_next_token_bitmask(bitmask, row)]
+        if masked:
+            n = logits.shape[0]
+            self._xgr.apply_token_bitmask_inplace(logits, bitmask[:n].to(logits.device), indices=masked)
