@@ -254,13 +254,17 @@ def main(argv: list[str] | None = None) -> int:
     timer.reset()
     plain: list[dict] = []
     constrained: list[dict] = []
+    round_ratios: list[float] = []
     for k in range(args.rounds):
         order = ("u", "c", "c", "u") if k % 2 == 0 else ("c", "u", "u", "c")
+        times = {"u": 0.0, "c": 0.0}
         for arm in order:
             res = run_once(config, ex, prompts, outs, grammar if arm == "c" else None)
             (constrained if arm == "c" else plain).append(res)
+            times[arm] += res["elapsed_s"]
             name = "constrained  " if arm == "c" else "unconstrained"
             print(f"round {k} {name}: {res['tokens_per_s']:.1f} tok/s")
+        round_ratios.append(times["u"] / times["c"])
     ex.close()
     manager.close()
 
@@ -281,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         "unconstrained_tokens_per_s": per_run_u,
         "constrained_tokens_per_s": per_run_c,
         "throughput_ratio": ratio,
+        "round_ratios": round_ratios,
+        "median_round_ratio": statistics.median(round_ratios),
         "runs_per_arm": len(plain),
         "constrained_steps_timed": steps,
         "mask_ms_per_step": mask_ms,
@@ -293,7 +299,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"grammar compile (32000-token vocabulary): {compile_s * 1e3:.0f} ms")
     print(f"unconstrained: {per_run_u:.1f} output tok/s (mean of {len(plain)} runs)")
     print(f"constrained:   {per_run_c:.1f} output tok/s (mean of {len(constrained)} runs)")
-    print(f"constrained / unconstrained throughput: {ratio:.3f}x (summed times, ABBA rounds)")
+    print(
+        f"constrained / unconstrained throughput: {ratio:.3f}x (summed times); per ABBA round: "
+        + ", ".join(f"{r:.3f}" for r in round_ratios)
+        + f" (median {statistics.median(round_ratios):.3f})"
+    )
     print(
         f"grammar per constrained step: mask {mask_ms:.2f} ms + advance {adv_ms:.2f} ms "
         f"over {steps} steps ({100 * result['grammar_share_of_constrained_wall']:.1f}% of the wall time)"

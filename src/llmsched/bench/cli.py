@@ -96,6 +96,9 @@ def run_bench_throughput(args: argparse.Namespace) -> int:
     if args.data_parallel_size > 1 or args.balance_scheduling or args.prefill_schedule_interval > 1:
         from llmsched.engine.dp.bench import run_dp_throughput
 
+        if args.json_schema:
+            raise ConfigError("--json-schema is not supported with data parallelism or a prefill cadence")
+
         return run_dp_throughput(args, percentiles)
     if args.result_json:
         Path(args.result_json).parent.mkdir(parents=True, exist_ok=True)

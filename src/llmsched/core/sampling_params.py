@@ -25,7 +25,8 @@ class SamplingParams:
 
     ``top_k`` of 0 or -1 and ``top_p`` of 1.0 disable those filters, as in vLLM.
     ``min_tokens`` holds back EOS and stop tokens (not the length limits) until
-    that many tokens were generated.
+    that many tokens were generated. ``structured_outputs`` constrains the
+    output (a JSON schema, regex, choice or grammar; a dict is converted).
     """
 
     max_tokens: int = 16
