@@ -111,5 +111,6 @@ class StructuredOutputManager:
         return compiled
 
     def close(self) -> None:
-        """Stop the worker (compilations under way finish first)."""
+        """Stop the worker (compilations under way finish first) and free the compiler."""
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._compiler = None

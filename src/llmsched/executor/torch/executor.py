@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import weakref
 from concurrent.futures import Future
 
 import torch
@@ -203,9 +205,13 @@ class TorchExecutor:
         this thread never starts an OpenMP team of its own (see the class).
         """
         plan = plan_step(scheduler_output)
-        if not self._has_grammars:
+        if not self._has_grammars and any(r.grammar is not None for r in scheduler_output.admitted):
             # Sticky: once a constrained request came, each step looks for matchers.
-            self._has_grammars = any(r.grammar is not None for r in scheduler_output.admitted)
+            self._has_grammars = True
+            # Matchers left in the request states must go before the
+            # interpreter tears xgrammar down, or its C++ side aborts at exit.
+            ref = weakref.ref(self)
+            atexit.register(lambda: (ex := ref()) is not None and ex.close())
         with single_threaded(), torch.inference_mode():
             self.batch.update(plan)
             if not scheduler_output.scheduled:
