@@ -11,6 +11,7 @@ _LAZY = {
     "RequestOutput": "llmsched.engine.outputs",
     "CompletionOutput": "llmsched.engine.outputs",
     "SamplingParams": "llmsched.core.sampling_params",
+    "StructuredOutputsParams": "llmsched.core.structured_params",
 }
 
 __all__ = ["__version__", *_LAZY]

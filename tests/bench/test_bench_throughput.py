@@ -135,3 +135,46 @@ def test_dataset_errors_name_the_line(tmp_path: Path) -> None:
     good = tmp_path / "good.jsonl"
     good.write_text('{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": "c"}\n')
     assert [r.prompt for r in load_dataset(good, 4, [1], num_prompts=2)] == ["a", "b"]
+
+
+def test_a_json_schema_workload_constrains_every_request(
+    use_embedded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}}))
+    result = tmp_path / "r.json"
+    argv = ["bench", "throughput", *SMALL, "--json-schema", str(schema), "--result-json", str(result)]
+    assert main(argv) == 0
+    assert "JSON-schema constrained" in capsys.readouterr().out
+    data = json.loads(result.read_text())
+    # ignore_eos: each request still produces its whole length after the grammar ends.
+    assert (data["completed"], data["total_output_tokens"]) == (4, 24)
+
+
+def test_json_schema_requests_share_one_compiled_grammar(use_embedded: Path) -> None:
+    from llmsched.bench.throughput import BenchRequest, run_throughput, with_json_schema
+    from llmsched.engine.args import EngineArgs
+    from llmsched.engine.llm_engine import LLMEngine
+
+    schema = {"type": "object", "properties": {"b": {"enum": ["x", "y"]}}, "required": ["b"]}
+    reqs = with_json_schema([BenchRequest([65, 66], 8) for _ in range(5)], schema)
+    reqs.append(BenchRequest([67], 8, {"type": "objekt"}))
+    with LLMEngine(EngineArgs()) as engine:
+        res = run_throughput(engine, reqs)
+        manager = engine.structured_output_manager
+        assert (manager.num_compiled, manager.num_cache_hits) == (1, 4)
+    # The bad schema fails its own request only, naming the problem.
+    assert [rid for rid, _ in res.rejections] == ["5"]
+    assert "not a valid JSON schema" in res.rejections[0][1]
+    assert res.summary["completed"] == 5
+
+
+def test_json_schema_file_errors_are_named(tmp_path: Path) -> None:
+    from llmsched.bench.throughput import load_json_schema
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1]")
+    with pytest.raises(ConfigError, match="must be an object"):
+        load_json_schema(bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_json_schema(tmp_path / "missing.json")

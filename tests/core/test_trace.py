@@ -450,6 +450,17 @@ def test_async_output_in_flight_reason() -> None:
     assert ("B", Reason.OUTPUT_IN_FLIGHT) in entries(out)
 
 
+def test_grammar_compiling_reason() -> None:
+    class Compiling:
+        ready = False
+
+    s = make_sched()
+    s.add_request(make_req("G", 4, grammar=Compiling()))
+    s.add_request(make_req("A", 4))
+    out, _ = run_step(s)
+    assert entries(out) == [("G", Reason.GRAMMAR_COMPILING), ("A", Reason.SCHEDULED)]
+
+
 def test_every_reason_has_a_scenario() -> None:
     # Guards this file: a new Reason needs a scenario above (the KV-connector
     # ones have theirs in test_remote_kv.py).
@@ -459,6 +470,7 @@ def test_every_reason_has_a_scenario() -> None:
         "max_tokens_in_flight",
         "output_in_flight",
         "token_budget_spent",
+        "grammar_compiling",
         "max_num_seqs_reached",
         "kv_blocks_short",
         "watermark",

@@ -40,7 +40,15 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
         "--dataset-path",
         dest="dataset",
         metavar="FILE.jsonl",
-        help="one JSON object per line: prompt, prompt_token_ids or prompt_len; output_len",
+        help="one JSON object per line: prompt, prompt_token_ids or prompt_len; output_len; "
+        "json_schema (optional)",
+    )
+    w.add_argument(
+        "--json-schema",
+        metavar="FILE.json",
+        default=None,
+        help="structured-output workload: constrain every request (without a json_schema of its own) "
+        "to this JSON schema",
     )
     o = p.add_argument_group("output")
     o.add_argument("--result-json", "--output-json", dest="result_json", metavar="PATH")
@@ -74,9 +82,11 @@ def run_bench_throughput(args: argparse.Namespace) -> int:
     """Build the engine and workload, run, print the table, write --result-json."""
     from llmsched.bench.throughput import (
         load_dataset,
+        load_json_schema,
         run_throughput,
         synthetic_requests,
         vocab_ids_for_prompts,
+        with_json_schema,
     )
     from llmsched.engine.llm_engine import LLMEngine
 
@@ -86,9 +96,13 @@ def run_bench_throughput(args: argparse.Namespace) -> int:
     if args.data_parallel_size > 1 or args.balance_scheduling or args.prefill_schedule_interval > 1:
         from llmsched.engine.dp.bench import run_dp_throughput
 
+        if args.json_schema:
+            raise ConfigError("--json-schema is not supported with data parallelism or a prefill cadence")
+
         return run_dp_throughput(args, percentiles)
     if args.result_json:
         Path(args.result_json).parent.mkdir(parents=True, exist_ok=True)
+    schema = load_json_schema(args.json_schema) if args.json_schema else None
     engine_args = EngineArgs.from_cli_args(args)
     engine = LLMEngine(engine_args)
     if engine.model_notice:
@@ -102,6 +116,9 @@ def run_bench_throughput(args: argparse.Namespace) -> int:
             n = args.num_prompts if args.num_prompts is not None else 100
             requests = synthetic_requests(n, args.input_len, args.output_len, vocab, seed=args.seed)
             workload = f"{n} prompts x {args.input_len} random tokens, {args.output_len} output tokens each"
+        with_json_schema(requests, schema)
+        if any(r.json_schema is not None for r in requests):
+            workload += ", JSON-schema constrained"
         cfg = engine.scheduler_config
         model = str(engine.model_path) + (
             " (embedded demo model, RANDOM weights)" if engine.is_embedded else ""

@@ -81,6 +81,11 @@ async def _one(
     }
     if cfg.model:
         body["model"] = cfg.model
+    if req.json_schema is not None:
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "bench", "schema": req.json_schema},
+        }
     timing = RequestTiming(start=time.perf_counter(), prompt_len=prompt_len)
     last = math.nan
     chunks = 0

@@ -61,6 +61,13 @@ def add_serve_bench_parser(bsub: argparse._SubParsersAction) -> argparse.Argumen
         help="one JSON object per line: prompt, prompt_token_ids or prompt_len; output_len",
     )
     w.add_argument("--seed", type=int, default=0)
+    w.add_argument(
+        "--json-schema",
+        metavar="FILE.json",
+        default=None,
+        help="structured-output workload: send every request (without a json_schema of its own) "
+        "with this schema as its response_format",
+    )
     o = p.add_argument_group("output")
     o.add_argument("--result-json", "--result-filename", dest="result_json", metavar="PATH")
     o.add_argument("--metric-percentiles", default="50,90,99", help="comma-separated (default 50,90,99)")
@@ -79,7 +86,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
     from llmsched.bench.cli import _percentiles
     from llmsched.bench.metrics import format_summary, parse_goodput
     from llmsched.bench.serve import RANDOM_PROMPT_IDS, ServeBenchConfig, run_serve_bench, scrape_metrics
-    from llmsched.bench.throughput import load_dataset, synthetic_requests
+    from llmsched.bench.throughput import load_dataset, load_json_schema, synthetic_requests, with_json_schema
 
     percentiles = _percentiles(args.metric_percentiles)
     goodput = parse_goodput(args.goodput)
@@ -90,6 +97,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         requests = synthetic_requests(
             args.num_prompts, args.input_len, args.output_len, vocab, seed=args.seed
         )
+    with_json_schema(requests, load_json_schema(args.json_schema) if args.json_schema else None)
     cfg = ServeBenchConfig(
         base_url=args.base_url,
         model=args.model,

@@ -21,16 +21,41 @@ from typing import Any
 from llmsched.bench.metrics import DEFAULT_PERCENTILES, MetricsCollector, format_summary
 from llmsched.core.errors import ConfigError, RequestRejected
 from llmsched.core.sampling_params import SamplingParams
+from llmsched.core.structured_params import StructuredOutputsParams
 from llmsched.engine.llm_engine import LLMEngine
 from llmsched.engine.outputs import RequestOutputKind
 
 
 @dataclass(slots=True)
 class BenchRequest:
-    """One prompt (text or token ids) and how many tokens it must generate."""
+    """One prompt (text or token ids), its output length, and its JSON schema when constrained."""
 
     prompt: str | list[int]
     output_len: int
+    json_schema: dict | None = None
+
+
+def load_json_schema(path: str | Path) -> dict:
+    """A JSON schema file for a structured-output workload."""
+    p = Path(path)
+    try:
+        schema = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"--json-schema {str(p)!r}: cannot read ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--json-schema {str(p)!r}: not valid JSON: {e}") from None
+    if not isinstance(schema, dict):
+        raise ConfigError(f"--json-schema {str(p)!r}: a JSON schema must be an object")
+    return schema
+
+
+def with_json_schema(requests: list[BenchRequest], schema: dict | None) -> list[BenchRequest]:
+    """Constrain every request without a schema of its own to ``schema`` (None: unchanged)."""
+    if schema is not None:
+        for r in requests:
+            if r.json_schema is None:
+                r.json_schema = schema
+    return requests
 
 
 def synthetic_requests(
@@ -48,7 +73,8 @@ def load_dataset(
     num_prompts: int | None = None,
     seed: int = 0,
 ) -> list[BenchRequest]:
-    """Requests from JSONL: ``prompt`` (text), ``prompt_token_ids`` or ``prompt_len``; ``output_len``.
+    """Requests from JSONL: ``prompt`` (text), ``prompt_token_ids`` or ``prompt_len``; ``output_len``;
+    optionally ``json_schema`` (the request's output is constrained to it).
 
     ``prompt_len`` (alias ``input_len``) draws random ids, so traces written
     for ``llmsched simulate`` run here too; ``max_tokens`` is an alias of
@@ -86,7 +112,10 @@ def load_dataset(
                         f"{p}:{lineno}: give 'prompt' (text), 'prompt_token_ids' or a positive 'prompt_len'"
                     )
                 prompt = rng.choices(vocab_ids, k=n)
-            out.append(BenchRequest(prompt, out_len))
+            schema = rec.get("json_schema")
+            if schema is not None and not isinstance(schema, dict):
+                raise ConfigError(f"{p}:{lineno}: json_schema must be an object")
+            out.append(BenchRequest(prompt, out_len, schema))
     if not out:
         raise ConfigError(f"{p}: no requests")
     return out
@@ -165,7 +194,12 @@ def run_throughput(
     collector = MetricsCollector(origin=start)
     for i, r in enumerate(requests):
         rid = str(i)
-        params = SamplingParams(max_tokens=r.output_len, ignore_eos=True, temperature=1.0, top_p=1.0)
+        # A constrained request keeps ignore_eos as well: once its grammar is
+        # complete it goes on unconstrained, so every request produces its length.
+        so = StructuredOutputsParams(json=r.json_schema) if r.json_schema is not None else None
+        params = SamplingParams(
+            max_tokens=r.output_len, ignore_eos=True, temperature=1.0, top_p=1.0, structured_outputs=so
+        )
         prompt = r.prompt if isinstance(r.prompt, str) else {"prompt_token_ids": r.prompt}
         try:
             engine.add_request(rid, prompt, params, arrival_time=start, output_kind=RequestOutputKind.DELTA)

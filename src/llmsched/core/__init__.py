@@ -8,6 +8,7 @@ from llmsched.core.policy import FCFSPolicy, Policy, PriorityPolicy, make_policy
 from llmsched.core.request import Request, RequestStatus, check_stop
 from llmsched.core.sampling_params import SamplingParams
 from llmsched.core.scheduler import Scheduler
+from llmsched.core.structured_params import StructuredOutputsParams
 from llmsched.core.trace import Reason, StepTrace, TraceEntry
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "SchedulerOutput",
     "StepOutputs",
     "StepTrace",
+    "StructuredOutputsParams",
     "TraceEntry",
     "check_stop",
     "make_policy",

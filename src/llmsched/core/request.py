@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 from llmsched.core.sampling_params import SamplingParams
 
@@ -17,10 +18,12 @@ class RequestStatus(enum.IntEnum):
     PREEMPTED = 2
     # Holds blocks that a KV connector is filling; waits until the load ends.
     WAITING_FOR_REMOTE_KVS = 3
-    FINISHED_STOPPED = 4
-    FINISHED_LENGTH_CAPPED = 5
-    FINISHED_ABORTED = 6
-    FINISHED_ERROR = 7
+    # Queued while its output grammar compiles; skipped by admission until ready.
+    WAITING_FOR_GRAMMAR = 4
+    FINISHED_STOPPED = 5
+    FINISHED_LENGTH_CAPPED = 6
+    FINISHED_ABORTED = 7
+    FINISHED_ERROR = 8
 
     @property
     def finished(self) -> bool:
@@ -39,6 +42,19 @@ FINISH_REASONS = {
 _EMPTY: frozenset[int] = frozenset()
 
 
+class GrammarHandle(Protocol):
+    """A request's output grammar as the scheduler sees it: only whether it is compiled.
+
+    The engine's structured-output layer owns the grammar itself; executors
+    read it from the same object.
+    """
+
+    @property
+    def ready(self) -> bool:
+        """True once compilation ended (successfully or not)."""
+        ...
+
+
 class Request:
     """One generation request: prompt, generated tokens and scheduling state.
 
@@ -54,6 +70,7 @@ class Request:
         "block_hashes",
         "cache_salt",
         "eos_token_ids",
+        "grammar",
         "is_prefill_chunk",
         "lora_id",
         "lora_name",
@@ -94,6 +111,7 @@ class Request:
         lora_name: str | None = None,
         cache_salt: str | None = None,
         skip_prefix_cache: bool = False,
+        grammar: GrammarHandle | None = None,
     ) -> None:
         params = sampling_params if sampling_params is not None else SamplingParams()
         self.request_id = request_id
@@ -119,7 +137,10 @@ class Request:
         self.lora_name = lora_name if lora_name is not None else (str(lora_id) if lora_id else None)
         self.cache_salt = cache_salt
         self.skip_prefix_cache = skip_prefix_cache
-        self.status = RequestStatus.WAITING
+        # A constrained request waits for its grammar (ready or not: the
+        # scheduler checks when it reaches the head of the queue).
+        self.grammar = grammar
+        self.status = RequestStatus.WAITING if grammar is None else RequestStatus.WAITING_FOR_GRAMMAR
         self.stop_reason: int | str | None = None
         self.block_hashes: list[bytes] = []
         self.num_preemptions = 0

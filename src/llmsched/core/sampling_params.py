@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from llmsched.core.errors import InvalidSamplingParams
+from llmsched.core.structured_params import StructuredOutputsParams
 
 # Top-N logprobs beyond this are refused: each costs a sort over the vocabulary.
 MAX_LOGPROBS = 20
@@ -24,7 +25,8 @@ class SamplingParams:
 
     ``top_k`` of 0 or -1 and ``top_p`` of 1.0 disable those filters, as in vLLM.
     ``min_tokens`` holds back EOS and stop tokens (not the length limits) until
-    that many tokens were generated.
+    that many tokens were generated. ``structured_outputs`` constrains the
+    output (a JSON schema, regex, choice or grammar; a dict is converted).
     """
 
     max_tokens: int = 16
@@ -45,6 +47,7 @@ class SamplingParams:
     n: int = 1
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -101,6 +104,12 @@ class SamplingParams:
         ):
             if not isinstance(getattr(self, name), bool):
                 _fail(name, getattr(self, name), "must be true or false")
+        if self.structured_outputs is not None and not isinstance(
+            self.structured_outputs, StructuredOutputsParams
+        ):
+            if not isinstance(self.structured_outputs, dict):
+                _fail("structured_outputs", self.structured_outputs, "must be StructuredOutputsParams")
+            self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
         if not _is_int(self.n) or self.n != 1:
             _fail("n", self.n, "only n=1 is supported; send n separate requests")
 

@@ -27,6 +27,7 @@ _RUNNING = RequestStatus.RUNNING
 _WAITING = RequestStatus.WAITING
 _PREEMPTED = RequestStatus.PREEMPTED
 _REMOTE = RequestStatus.WAITING_FOR_REMOTE_KVS
+_WAITING_FOR_GRAMMAR = RequestStatus.WAITING_FOR_GRAMMAR
 _NO_BLOCKS: list = []
 _FINISHED = RequestStatus.FINISHED_STOPPED  # this and every later status are terminal
 
@@ -108,7 +109,9 @@ class Scheduler:
         rid = request.request_id
         if rid in self.requests or (self._remote is not None and rid in self._remote.sending):
             raise RequestRejected(f"request id {rid!r} is already in use by an unfinished request")
-        if request.status is not _WAITING or request.num_computed_tokens:
+        if (request.status is not _WAITING and request.status is not _WAITING_FOR_GRAMMAR) or (
+            request.num_computed_tokens
+        ):
             raise RequestRejected(f"request {rid!r} was already scheduled once; add a fresh Request")
         n = request.num_prompt_tokens
         max_len = self._max_model_len
@@ -528,7 +531,10 @@ class Scheduler:
             req = queue.peek()
             why = (
                 self._why_set_aside(req, loras, max_loras)
-                if remote is not None or req.num_stale_output_tokens or loras is not None
+                if remote is not None
+                or req.num_stale_output_tokens
+                or loras is not None
+                or req.status is _WAITING_FOR_GRAMMAR
                 else None
             )
             ext = 0
@@ -620,6 +626,11 @@ class Scheduler:
         """Why the head of the queue must wait while those behind it may go, or None."""
         if req.status is _REMOTE and not self._remote.ready(req):
             return Reason.REMOTE_KV, 0, "load in progress"
+        if req.status is _WAITING_FOR_GRAMMAR:
+            if not req.grammar.ready:  # type: ignore[union-attr]
+                # Skipped, not blocking: those behind it may run (as vLLM).
+                return Reason.GRAMMAR_COMPILING, 0, ""
+            req.status = _WAITING
         if req.num_stale_output_tokens and not self._drop_stale_output:
             # Preempted while a step of its was in flight (async mode):
             # resumed now, it could sample a position that output still

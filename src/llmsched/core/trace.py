@@ -36,6 +36,7 @@ class Reason(str, enum.Enum):
     REMOTE_KV = "waiting_for_remote_kv"
     KV_LOAD_FAILED = "kv_load_failed_recomputing"
     SENDING = "blocks_held_while_sending"
+    GRAMMAR_COMPILING = "grammar_compiling"
 
 
 _TEXT = {
@@ -58,6 +59,7 @@ _TEXT = {
     Reason.REMOTE_KV: "waiting for remote KV",
     Reason.KV_LOAD_FAILED: "KV load failed, recomputing",
     Reason.SENDING: "finished, blocks held while its KV is sent",
+    Reason.GRAMMAR_COMPILING: "output grammar still compiling",
 }
 
 

@@ -74,6 +74,9 @@ class EngineArgs:
     # Plan each step while the previous one runs (vLLM's AsyncScheduler and
     # batch queue). None resolves as vLLM 0.33 does: on.
     async_scheduling: bool | None = None
+    # Structured outputs: compact JSON (no whitespace between tokens) for
+    # every JSON constraint (vLLM's structured_outputs_config.disable_any_whitespace).
+    structured_outputs_disable_any_whitespace: bool = False
     # Check the scheduler's invariants after every step (slow).
     debug: bool = False
     # Load no tokenizer: prompts are token ids, outputs token ids (vLLM's skip_tokenizer_init).
@@ -115,6 +118,8 @@ class EngineArgs:
                 f"prefix_caching_hash_algo={self.prefix_caching_hash_algo!r} is unknown; "
                 f"choose one of {', '.join(HASH_ALGOS)}"
             )
+        if not isinstance(self.structured_outputs_disable_any_whitespace, bool):
+            raise ConfigError("structured_outputs_disable_any_whitespace must be true or false")
         if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
             raise ConfigError(f"async_scheduling={self.async_scheduling!r} must be true, false or None")
         u = self.gpu_memory_utilization
@@ -231,6 +236,14 @@ class EngineArgs:
             default=None,
             help="plan each step while the previous one runs on the model, as vLLM's AsyncScheduler "
             "(default: on, as vLLM 0.33)",
+        )
+        g.add_argument(
+            "--structured-outputs-config.disable_any_whitespace",
+            "--structured-outputs-disable-any-whitespace",
+            dest="structured_outputs_disable_any_whitespace",
+            action="store_true",
+            help="structured outputs: JSON without whitespace between tokens (a model that favours "
+            "whitespace, such as the random-weight demo model, may otherwise never close an object)",
         )
 
     @classmethod

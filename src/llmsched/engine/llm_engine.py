@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmsched.core.errors import ConfigError, RequestRejected
 from llmsched.core.request import Request, RequestStatus
@@ -33,6 +33,9 @@ from llmsched.engine.model_files import load_model_files
 from llmsched.engine.outputs import RequestMetrics, RequestOutput, RequestOutputKind
 from llmsched.engine.request_state import RequestState
 from llmsched.engine.tokenizer import Tokenizer, load_tokenizer
+
+if TYPE_CHECKING:
+    from llmsched.structured.manager import GrammarHandle, StructuredOutputManager
 
 # (model folder, **EngineArgs.executor_kwargs()) -> an executor that also
 # has ``num_gpu_blocks`` and ``max_model_len``, as TorchExecutor does.
@@ -97,6 +100,11 @@ class LLMEngine:
         # scheduled one, with async scheduling).
         self.last_step: EngineStep | None = None
         self.num_steps = 0
+        # Built on the first constrained request (it loads xgrammar).
+        self._structured: StructuredOutputManager | None = None
+        # Constrained requests added while their grammar compiled: checked
+        # each step, so a grammar that fails to compile ends its request.
+        self._grammar_pending: dict[str, Request] = {}
 
     def _executor_kwargs(self) -> dict[str, Any]:
         kwargs = self.engine_args.executor_kwargs()
@@ -210,6 +218,9 @@ class LLMEngine:
                 "skip_tokenizer_init; use stop_token_ids"
             )
         text, ids = self.process_prompt(request_id, prompt)
+        grammar = None
+        if params.structured_outputs is not None:
+            grammar = self._grammar_for(request_id, params)
         arrival = time.monotonic() if arrival_time is None else arrival_time
         req = Request(
             request_id,
@@ -219,8 +230,11 @@ class LLMEngine:
             priority=priority,
             arrival_time=arrival,
             cache_salt=cache_salt,
+            grammar=grammar,
         )
         self.engine_core.add_request(req)
+        if grammar is not None and not grammar.ready:
+            self._grammar_pending[request_id] = req
         decode = self._decode if params.skip_special_tokens else self._decode_keep_special
         detok = IncrementalDetokenizer(
             decode, ids, params.stop, params.include_stop_str_in_output, params.min_tokens
@@ -235,17 +249,70 @@ class LLMEngine:
             cumulative_logprob=0.0 if params.logprobs is not None else None,
         )
 
+    @property
+    def structured_output_manager(self) -> StructuredOutputManager:
+        """The grammar compiler and cache (built on first use)."""
+        if self._structured is None:
+            from llmsched.structured.manager import StructuredOutputManager
+
+            self._structured = StructuredOutputManager(
+                self.tokenizer,
+                self.vocab_size,
+                self.eos_token_ids,
+                disable_any_whitespace=self.engine_args.structured_outputs_disable_any_whitespace,
+            )
+        return self._structured
+
+    def _grammar_for(self, request_id: str, params: SamplingParams) -> GrammarHandle:
+        try:
+            return self.structured_output_manager.grammar_for(params.structured_outputs)  # type: ignore[arg-type]
+        except ValueError as e:
+            raise RequestRejected(f"request {request_id!r}: {e}") from None
+
+    def waiting_only_for_grammars(self) -> bool:
+        """True when nothing runs or is in flight and every waiting request waits for its grammar.
+
+        A step would then do nothing; a serving loop sleeps briefly instead
+        of spinning while the grammar worker compiles.
+        """
+        if not self._grammar_pending:
+            return False
+        core = self.engine_core
+        sched = core.scheduler
+        if sched.running or core.num_in_flight:
+            return False
+        return all(r.status is RequestStatus.WAITING_FOR_GRAMMAR for r in sched.waiting)
+
+    def _fail_grammar_errors(self) -> list[RequestOutput]:
+        """End the constrained requests whose grammar failed to compile (finish_reason "error")."""
+        failed = []
+        for rid, req in list(self._grammar_pending.items()):
+            handle = req.grammar
+            if handle is None or not handle.ready:
+                continue
+            del self._grammar_pending[rid]
+            if handle.error is not None and not req.is_finished:
+                failed.append(rid)
+        if not failed:
+            return []
+        self.engine_core.scheduler.finish_requests(failed, RequestStatus.FINISHED_ERROR)
+        return self._final_outputs(failed, RequestStatus.FINISHED_ERROR)
+
     def abort_request(self, request_ids: str | Iterable[str]) -> list[RequestOutput]:
         """Abort requests; returns their final outputs (finish_reason "abort"). Unknown ids are ignored."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         self.engine_core.abort(ids)
+        return self._final_outputs(ids, RequestStatus.FINISHED_ABORTED)
+
+    def _final_outputs(self, ids: list[str], status: RequestStatus) -> list[RequestOutput]:
         now = time.monotonic()
         outs = []
         for rid in ids:
+            self._grammar_pending.pop(rid, None)
             st = self._states.pop(rid, None)
             if st is None:
                 continue
-            st.request.status = RequestStatus.FINISHED_ABORTED
+            st.request.status = status
             st.metrics.finished_time = now
             out = st.make_output(True)
             if out is not None:
@@ -265,15 +332,16 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one scheduler step; returns an output for every request that progressed or finished."""
         core = self.engine_core
+        failed = self._fail_grammar_errors() if self._grammar_pending else []
         if not core.has_requests():
-            return []
+            return failed
         es = core.step()
         now = time.monotonic()
         self.num_steps += 1
         self.last_step = es
         if es is None:
             # Async scheduling: this call only put a step in flight.
-            return []
+            return failed
         states = self._states
         so = es.scheduler_output
         for req in so.admitted:
@@ -281,7 +349,7 @@ class LLMEngine:
             if st is not None and math.isnan(st.metrics.first_scheduled_time):
                 st.metrics.first_scheduled_time = es.schedule_time
         logprobs_by_id = self._logprobs_by_id(es)
-        outputs: list[RequestOutput] = []
+        outputs: list[RequestOutput] = failed
         for req in es.outputs.updated:
             st = states.get(req.request_id)
             if st is None:
@@ -333,8 +401,10 @@ class LLMEngine:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def close(self) -> None:
-        """Release the executor."""
+        """Release the executor (and the grammar compiler)."""
         self.engine_core.close()
+        if self._structured is not None:
+            self._structured.close()
 
     def __enter__(self) -> LLMEngine:
         return self

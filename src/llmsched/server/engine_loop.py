@@ -50,6 +50,8 @@ from llmsched.server.engine_stats import (
 from llmsched.server.step_log import StepLog, StepRecord
 
 log = logging.getLogger("llmsched.server")
+# How often an otherwise idle loop looks whether a grammar finished compiling.
+GRAMMAR_POLL_S = 0.002
 
 Command = Add | Abort | Query | Stop
 Emit = Callable[[object], None]
@@ -121,6 +123,9 @@ class EngineLoop:
                         timeout = self._held[0].arrival_time + self.window_s - time.monotonic()
                     if timeout is None or timeout > 0:
                         wake.wait(timeout)
+                elif not self._inbox and self.engine.waiting_only_for_grammars():
+                    # Only compiling grammars hold requests: poll, woken early by new commands.
+                    wake.wait(GRAMMAR_POLL_S)
                 wake.clear()
                 outputs: list[OutputDelta] = []
                 acks = Acks()

@@ -56,7 +56,9 @@ async def generate(
     try:
         await stream.accepted
     except RequestRejectedByEngine as e:
-        raise APIError(400, str(e), prompt_param) from None
+        # A constraint the engine could not build names itself in the message.
+        param = "structured_outputs" if "structured_outputs" in str(e) else prompt_param
+        raise APIError(400, str(e), param) from None
     except RequestTimedOut as e:
         raise APIError(e.status, str(e)) from None
     except EngineError as e:

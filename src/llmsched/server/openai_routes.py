@@ -16,8 +16,11 @@ from llmsched.server.sampling import (
     check_completion,
     check_prompt_len,
     resolve_max_tokens,
+    structured_outputs_for,
 )
 from llmsched.server.state import ServerState
+from llmsched.server.tool_calls import plan_tools
+from llmsched.server.tool_responses import ToolChatFormatter
 
 _ERRORS = {
     400: {"description": "Invalid parameters or prompt (OpenAI error shape)"},
@@ -59,7 +62,11 @@ def openai_router(state: ServerState) -> APIRouter:
         check_prompt_len(len(ids), state.limits, "prompt")
         max_tokens = resolve_max_tokens(body.max_tokens, len(ids), state.limits, "max_tokens")
         params = build_sampling_params(
-            body, max_tokens=max_tokens, logprobs=body.logprobs, limits=state.limits
+            body,
+            max_tokens=max_tokens,
+            logprobs=body.logprobs,
+            limits=state.limits,
+            structured_outputs=structured_outputs_for(body),
         )
         rid = state.engine.new_request_id("cmpl")
         fmt = CompletionFormatter(rid, state.model_name, len(ids), body.logprobs)
@@ -72,11 +79,14 @@ def openai_router(state: ServerState) -> APIRouter:
         check_chat(body)
         if body.continue_final_message:
             raise APIError(400, "continue_final_message is not supported", "continue_final_message")
+        plan = plan_tools(body.tools, body.tool_choice)
+        constraint = structured_outputs_for(body, plan.schema if plan is not None else None)
         ids = chat_prompt_ids(
             body.messages,
             state.tokenizer,
             add_generation_prompt=body.add_generation_prompt,
             template_kwargs=body.chat_template_kwargs,
+            tools=plan.tools if plan is not None else None,
         )
         check_prompt_len(len(ids), state.limits, "messages")
         if body.max_completion_tokens is not None:
@@ -85,9 +95,14 @@ def openai_router(state: ServerState) -> APIRouter:
             requested, param = body.max_tokens, "max_tokens"
         max_tokens = resolve_max_tokens(requested, len(ids), state.limits, param)
         num_top = (body.top_logprobs or 0) if body.logprobs else None
-        params = build_sampling_params(body, max_tokens=max_tokens, logprobs=num_top, limits=state.limits)
+        params = build_sampling_params(
+            body, max_tokens=max_tokens, logprobs=num_top, limits=state.limits, structured_outputs=constraint
+        )
         rid = state.engine.new_request_id("chatcmpl")
-        fmt = ChatFormatter(rid, state.model_name, len(ids), num_top)
+        if plan is None:
+            fmt = ChatFormatter(rid, state.model_name, len(ids), num_top)
+        else:
+            fmt = ToolChatFormatter(rid, state.model_name, len(ids), num_top, plan)
         return await generate(state, rid, ids, params, body, fmt, "messages")
 
     return router

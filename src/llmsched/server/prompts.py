@@ -58,14 +58,19 @@ def chat_prompt_ids(
     continue_final_message: bool = False,
     template_kwargs: dict[str, Any] | None = None,
     add_special_tokens: bool = False,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
-    """The token ids of a chat rendered with the model's chat template."""
+    """The token ids of a chat rendered with the model's chat template (``tools`` passed to it)."""
     if tokenizer is None:
         raise APIError(400, f"chat {NO_TOKENIZER}; use /v1/completions with token ids", "messages")
-    dicts = [
-        {"role": m.role, "content": m.content, **({"name": m.name} if m.name is not None else {})}
-        for m in messages
-    ]
+    dicts = []
+    for m in messages:
+        d: dict[str, Any] = {"role": m.role, "content": m.content}
+        for key in ("name", "tool_calls", "tool_call_id"):
+            value = getattr(m, key)
+            if value is not None:
+                d[key] = value
+        dicts.append(d)
     try:
         text = render_chat_prompt(
             tokenizer,
@@ -73,6 +78,7 @@ def chat_prompt_ids(
             content_format="string",
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
+            tools=tools,
             chat_template_kwargs=template_kwargs,
         )
     except ChatTemplateError as e:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from llmsched.core.errors import InvalidSamplingParams
 from llmsched.core.sampling_params import SamplingParams
+from llmsched.core.structured_params import StructuredOutputsParams
 from llmsched.server.errors import APIError
 from llmsched.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from llmsched.server.request_limits import check_request_limits
@@ -72,13 +73,6 @@ def check_completion(req: CompletionRequest) -> None:
 def check_chat(req: ChatCompletionRequest) -> None:
     """Chat-only fields llmsched does not support."""
     check_common(req)
-    if req.tools:
-        raise APIError(400, "tools are not supported by this server", "tools")
-    fmt = req.response_format
-    if fmt is not None and fmt.get("type", "text") != "text":
-        raise APIError(
-            400, f"response_format {fmt.get('type')!r} is not supported; only 'text'", "response_format"
-        )
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs set to true", "top_logprobs")
 
@@ -113,8 +107,53 @@ def check_prompt_len(prompt_len: int, limits: ModelLimits, param: str) -> None:
         )
 
 
+def structured_outputs_for(
+    req: SamplingFields, tool_schema: dict | None = None
+) -> StructuredOutputsParams | None:
+    """The constraint of ``structured_outputs``, ``response_format`` or the tool choice (one at most)."""
+    given: list[tuple[str, dict]] = []
+    if req.structured_outputs is not None:
+        given.append(("structured_outputs", req.structured_outputs))
+    fmt = req.response_format
+    if fmt is not None:
+        kind = fmt.get("type")
+        if kind == "json_object":
+            given.append(("response_format", {"json_object": True}))
+        elif kind == "json_schema":
+            spec = fmt.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, dict) else None
+            if not isinstance(schema, dict):
+                raise APIError(
+                    400, "response_format json_schema needs json_schema.schema, an object", "response_format"
+                )
+            given.append(("response_format", {"json": schema}))
+        elif kind != "text":
+            raise APIError(
+                400,
+                f"response_format type {kind!r} is not supported: use 'text', 'json_object' or 'json_schema'",
+                "response_format",
+            )
+    if tool_schema is not None:
+        given.append(("tool_choice", {"json": tool_schema}))
+    if not given:
+        return None
+    if len(given) > 1:
+        names = " and ".join(name for name, _ in given)
+        raise APIError(400, f"only one output constraint may be given, got {names}", given[1][0])
+    name, spec = given[0]
+    try:
+        return StructuredOutputsParams.from_dict(spec)
+    except (InvalidSamplingParams, TypeError) as e:
+        raise APIError(400, str(e), name) from None
+
+
 def build_sampling_params(
-    req: SamplingFields, *, max_tokens: int, logprobs: int | None, limits: ModelLimits
+    req: SamplingFields,
+    *,
+    max_tokens: int,
+    logprobs: int | None,
+    limits: ModelLimits,
+    structured_outputs: StructuredOutputsParams | None = None,
 ) -> SamplingParams:
     """SamplingParams with the model's generation defaults under the request's values."""
     check_request_limits(
@@ -161,6 +200,7 @@ def build_sampling_params(
             logprobs=logprobs,
             skip_special_tokens=req.skip_special_tokens,
             spaces_between_special_tokens=req.spaces_between_special_tokens,
+            structured_outputs=structured_outputs,
             **merged,
         )
     except (InvalidSamplingParams, TypeError, ValueError) as e:

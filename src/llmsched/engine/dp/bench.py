@@ -66,6 +66,8 @@ def run_dp_throughput(args: argparse.Namespace, percentiles: list[float]) -> int
         n = args.num_prompts if args.num_prompts is not None else 100
         bench = synthetic_requests(n, args.input_len, args.output_len, vocab_ids, seed=args.seed)
         workload = f"{n} prompts x {args.input_len} random tokens, {args.output_len} output tokens each"
+    if any(r.json_schema is not None for r in bench):
+        raise ConfigError(f"{args.dataset}: json_schema lines are not supported with data parallelism")
     dp = dp_config_from_args(args, is_moe=False)
     device = engine_args.device
     threads = None

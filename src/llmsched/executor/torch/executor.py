@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import weakref
 from concurrent.futures import Future
 
 import torch
@@ -20,7 +22,7 @@ from llmsched.executor.torch.device import (
     single_threaded,
 )
 from llmsched.executor.torch.gguf import model_folder
-from llmsched.executor.torch.input_batch import InputBatch, StepInputs, plan_step
+from llmsched.executor.torch.input_batch import InputBatch, RequestState, StepInputs, plan_step
 from llmsched.executor.torch.kv_cache import KVCache, KVCachePlan, cdiv, plan_kv_cache
 from llmsched.executor.torch.layers import can_prepack_linears
 from llmsched.executor.torch.model import DecoderModel
@@ -163,6 +165,9 @@ class TorchExecutor:
             dtype=self.dtype,
         )
         self.sampler = Sampler(self.device, seed)
+        self._max_num_seqs = max_num_seqs
+        self._bitmask = None
+        self._has_grammars = False
 
     @staticmethod
     def _resolve_max_model_len(cfg: ModelConfig, max_model_len: int | None) -> int:
@@ -200,6 +205,13 @@ class TorchExecutor:
         this thread never starts an OpenMP team of its own (see the class).
         """
         plan = plan_step(scheduler_output)
+        if not self._has_grammars and any(r.grammar is not None for r in scheduler_output.admitted):
+            # Sticky: once a constrained request came, each step looks for matchers.
+            self._has_grammars = True
+            # Matchers left in the request states must go before the
+            # interpreter tears xgrammar down, or its C++ side aborts at exit.
+            ref = weakref.ref(self)
+            atexit.register(lambda: (ex := ref()) is not None and ex.close())
         with single_threaded(), torch.inference_mode():
             self.batch.update(plan)
             if not scheduler_output.scheduled:
@@ -215,17 +227,53 @@ class TorchExecutor:
             logits = self.model.forward(input_ids, step.positions, step.attn, step.logits_indices)
             if not step.sample_states:
                 return ModelRunnerOutput(sampled_token_ids=[[] for _ in range(num_sched)])
+            if self._has_grammars:
+                self._apply_grammars(logits, step.sample_states)
             tokens, lps = self.sampler.sample(logits, step.sample_states)
         sampled: list[list[int]] = [[] for _ in range(num_sched)]
         for i, st, t in zip(step.sample_sched_index, step.sample_states, tokens):
             sampled[i] = [t]
             st.generated.append(t)
+        if self._has_grammars:
+            self._advance_grammars(step.sample_states, tokens)
         logprobs = None
         if lps is not None:
             logprobs = [None] * num_sched
             for i, lp in zip(step.sample_sched_index, lps):
                 logprobs[i] = lp
         return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+
+    def _apply_grammars(self, logits: torch.Tensor, states: list[RequestState]) -> None:
+        """Mask each constrained row's logits to the tokens its grammar allows next."""
+        rows: list[int] = []
+        matchers: list[object] = []
+        for j, st in enumerate(states):
+            m = st.matcher
+            # A terminated grammar (its stop token accepted) constrains nothing
+            # more: the request only goes on when EOS is ignored.
+            if m is not None and not m.is_terminated():
+                rows.append(j)
+                matchers.append(m)
+        if rows:
+            if self._bitmask is None:
+                from llmsched.structured.matcher import TokenBitmask
+
+                self._bitmask = TokenBitmask(self._max_num_seqs, logits.shape[1])
+            self._bitmask.apply(logits, rows, matchers)
+
+    @staticmethod
+    def _advance_grammars(states: list[RequestState], tokens: list[int]) -> None:
+        """Feed each constrained request's matcher the token just sampled for it.
+
+        Before the next step's mask is filled (this thread runs steps in
+        order): with async scheduling that step is already planned, but
+        samples only after this. A terminated grammar sees the token of a
+        step planned before its stop token came out: nothing to advance.
+        """
+        for st, t in zip(states, tokens):
+            m = st.matcher
+            if m is not None and not m.is_terminated():
+                m.accept_token(t)
 
     def close(self) -> None:
         """Finish any step still running, then drop the weights, cache and request state."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import Any
 
 import torch
 
@@ -49,6 +50,9 @@ class RequestState:
     output_counts: torch.Tensor | None = None
     counted: int = 0
     prompt_mask: torch.Tensor | None = None
+    # The output grammar's matcher (constrained requests only): advanced with
+    # each token sampled here, so it is as far ahead as ``generated``.
+    matcher: Any = None
 
 
 @dataclass(slots=True)
@@ -184,7 +188,11 @@ class InputBatch:
                 )
             if n:
                 self.block_table[row, :n] = torch.tensor(block_ids, dtype=torch.int64)
-            states[req.request_id] = RequestState(req, row, n, outputs)
+            st = states[req.request_id] = RequestState(req, row, n, outputs)
+            if req.grammar is not None:
+                from llmsched.structured.matcher import new_matcher
+
+                st.matcher = new_matcher(req.grammar, outputs)
         for rid, block_ids in so.new_block_ids.items():
             st = states.get(rid)
             if st is None:

@@ -1,0 +1,60 @@
+"""Matchers over a compiled grammar and the token bitmask applied to logits rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmsched.core.structured_params import StructuredOutputsParams
+from llmsched.engine.tokenizer import load_tokenizer
+from llmsched.structured.manager import StructuredOutputManager
+from llmsched.structured.matcher import TokenBitmask, new_matcher
+
+VOCAB = 264
+EOS = 258
+
+
+@pytest.fixture
+def manager(use_embedded: Path) -> StructuredOutputManager:
+    tok = load_tokenizer(use_embedded)
+    m = StructuredOutputManager(tok, VOCAB, [EOS])
+    yield m
+    m.close()
+
+
+def compiled(manager: StructuredOutputManager, **kw: object) -> object:
+    h = manager.grammar_for(StructuredOutputsParams(**kw))
+    h.future.result(timeout=30)
+    return h
+
+
+def test_masked_rows_keep_only_allowed_tokens_and_others_are_untouched(manager) -> None:
+    digits = new_matcher(compiled(manager, regex="[0-9]"), [])
+    yes_no = new_matcher(compiled(manager, choice=["yes", "no"]), [])
+    logits = torch.randn(3, VOCAB)
+    before = logits.clone()
+    TokenBitmask(4, VOCAB).apply(logits, [0, 2], [digits, yes_no])
+    allowed0 = set(torch.isfinite(logits[0]).nonzero().flatten().tolist())
+    allowed2 = set(torch.isfinite(logits[2]).nonzero().flatten().tolist())
+    assert allowed0 == set(b"0123456789")
+    assert allowed2 == set(b"yn")
+    # Allowed logits keep their values; an unconstrained row keeps all of them.
+    assert torch.equal(logits[0, 48:58], before[0, 48:58])
+    assert torch.equal(logits[1], before[1])
+
+
+def test_a_complete_grammar_allows_only_eos(manager) -> None:
+    m = new_matcher(compiled(manager, regex="ab"), list(b"ab"))
+    logits = torch.zeros(1, VOCAB)
+    TokenBitmask(1, VOCAB).apply(logits, [0], [m])
+    assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [EOS]
+
+
+def test_a_new_matcher_replays_the_tokens_already_generated(manager) -> None:
+    # A request resumed after preemption: its matcher starts where its output is.
+    h = compiled(manager, regex="[a-c]{3}")
+    m = new_matcher(h, list(b"ab"))
+    assert not m.is_completed()
+    assert m.accept_token(ord("c")) and m.is_completed()
