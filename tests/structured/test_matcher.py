@@ -58,3 +58,38 @@ def test_a_new_matcher_replays_the_tokens_already_generated(manager) -> None:
     m = new_matcher(h, list(b"ab"))
     assert not m.is_completed()
     assert m.accept_token(ord("c")) and m.is_completed()
+
+
+class _RandomMask:
+    """A stand-in matcher that writes a seeded random mask row (all-allowed when ``full``)."""
+
+    def __init__(self, seed: int, full: bool = False) -> None:
+        self.seed, self.full = seed, full
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> bool:
+        if self.full:
+            bitmask[row].fill_(-1)
+            return False
+        g = torch.Generator().manual_seed(self.seed)
+        bitmask[row] = torch.randint(-(2**31), 2**31 - 1, bitmask[row].shape, generator=g, dtype=torch.int32)
+        return True
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_gathered_penalty_masks_exactly_as_xgrammar(dtype: torch.dtype) -> None:
+    import xgrammar as xgr
+
+    vocab = 1000  # not a multiple of 32: the mask's last word is partly unused
+    logits = torch.randn(6, vocab).to(dtype)
+    rows = [0, 2, 3, 5]
+    matchers = [_RandomMask(1), _RandomMask(2), _RandomMask(3, full=True), _RandomMask(4)]
+    ours = logits.clone()
+    TokenBitmask(8, vocab).apply(ours, rows, matchers)
+
+    reference = logits.clone()
+    bitmask = xgr.allocate_token_bitmask(8, vocab)
+    masked = [r for r, m in zip(rows, matchers) if m.fill_next_token_bitmask(bitmask, r)]
+    xgr.apply_token_bitmask_inplace(reference, bitmask[:6], indices=masked)
+    assert torch.equal(ours, reference)
+    assert torch.isinf(ours[0]).any() and not torch.isinf(ours[3]).any()
+    assert torch.equal(ours[1], logits[1]) and torch.equal(ours[4], logits[4])

