@@ -30,9 +30,7 @@ import json
 import random
 import statistics
 import sys
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,17 +42,10 @@ from llmsched.engine.tokenizer import load_tokenizer  # noqa: E402
 from llmsched.executor.torch import TorchExecutor  # noqa: E402
 from llmsched.structured.manager import StructuredOutputManager  # noqa: E402
 
-# e2e_cpu.py's small model and workload.
-SMALL = {
-    "hidden_size": 512,
-    "num_hidden_layers": 8,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "intermediate_size": 1536,
-    "vocab_size": 32000,
-    "max_position_embeddings": 2048,
-    "tie_word_embeddings": False,
-}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from e2e_cpu import SMALL, on_a_thread  # noqa: E402
+from e2e_cpu import build_model as build_small  # noqa: E402
+
 VOCAB = SMALL["vocab_size"]
 EOS = 2  # <|im_end|> in SmolLM2's vocabulary, and LlamaConfig's default eos_token_id
 SCHEMA = {
@@ -88,25 +79,10 @@ def make_workload(n: int, seed: int) -> tuple[list[list[int]], list[int]]:
     return [[rng.randrange(17, VOCAB) for _ in range(p)] for p, _ in lens], [o for _, o in lens]
 
 
-def on_a_thread(fn: Callable[..., object], *args: object) -> object:
-    """Run ``fn`` on a thread that then exits, taking its OpenMP team along (see e2e_cpu.py)."""
-    box: list[object] = []
-    t = threading.Thread(target=lambda: box.append(fn(*args)))
-    t.start()
-    t.join()
-    if not box:
-        raise RuntimeError(f"{fn.__name__} failed (see above)")
-    return box[0]
-
-
 def build_model(folder: Path) -> None:
     """The small Llama with transformers' seeded random initialisation, plus a 32000-token tokenizer."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     if not (folder / "config.json").is_file():
-        torch.manual_seed(0)
-        LlamaForCausalLM(LlamaConfig(**SMALL)).to(torch.bfloat16).save_pretrained(folder)
+        build_small(folder, 0)
     if not (folder / "tokenizer.json").is_file():
         write_cut_tokenizer(folder)
 
