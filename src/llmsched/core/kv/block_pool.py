@@ -72,11 +72,9 @@ class BlockPool:
         blocks = self.free_queue.popleft_n(n)
         # A 1024-token prompt takes 64 blocks, nearly all still carrying an
         # earlier request's hash: those are dropped from the map together.
-        hashed: list[KVBlock] = []
         for block in blocks:
-            if block.block_hash is not None:
-                hashed.append(block)
             block.ref_cnt = 1
+        hashed = [block for block in blocks if block.block_hash is not None]
         if hashed:
             self._uncache_all(hashed)
         if self.residency is not None:
