@@ -198,12 +198,14 @@ class MetricsCollector:
         """
         origin = self.origin
         buckets = self._token_buckets
+        bucket = buckets.get
         itl = self._itl
+        gaps = itl.get
         for end in ends:
             k = int(end - origin)
-            buckets[k] = buckets.get(k, 0) + count
+            buckets[k] = bucket(k, 0) + count
             gap = end - prev_end
-            itl[gap] = itl.get(gap, 0) + count
+            itl[gap] = gaps(gap, 0) + count
             prev_end = end
         return prev_end
 

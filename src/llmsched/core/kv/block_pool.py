@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import repeat
 
 from llmsched.core.kv.block import KVBlock
 from llmsched.core.kv.free_queue import FreeBlockQueue
 from llmsched.core.kv.residency import BlockResidency
+
+# Fewer blocks than this are (un)registered one by one: batching costs a few
+# list and set operations up front, which only pay off over several blocks.
+_MIN_BATCH = 4
 
 
 class BlockPool:
@@ -65,14 +70,37 @@ class BlockPool:
     def get_new_blocks(self, n: int) -> list[KVBlock]:
         """Take ``n`` blocks from the head of the free queue, evicting their hashes."""
         blocks = self.free_queue.popleft_n(n)
+        # A 1024-token prompt takes 64 blocks, nearly all still carrying an
+        # earlier request's hash: those are dropped from the map together.
         for block in blocks:
-            if block.block_hash is not None:
-                self._uncache(block)
             block.ref_cnt = 1
+        hashed = [block for block in blocks if block.block_hash is not None]
+        if hashed:
+            self._uncache_all(hashed)
         if self.residency is not None:
             for block in blocks:
                 self.residency.on_handed_out(block.block_id)
         return blocks
+
+    def _uncache_all(self, blocks: list[KVBlock]) -> None:
+        """``_uncache`` each of ``blocks`` (all hashed), in order."""
+        # Batched only where it pays: a decode step takes one block at a time.
+        if len(blocks) >= _MIN_BATCH and not self.unwritten:
+            cached = self._cached
+            hashes = [block.block_hash for block in blocks]
+            popped = list(map(cached.pop, hashes, repeat(None, len(hashes))))
+            # Each hash held its block alone (the common case): done. A list
+            # comparison tests identity first, and KVBlock has no __eq__.
+            if popped == blocks:
+                for block in blocks:
+                    block.block_hash = None
+                return
+            # Shared hashes: put the entries back, then go block by block.
+            for h, cur in reversed(list(zip(hashes, popped))):
+                if cur is not None:
+                    cached[h] = cur
+        for block in blocks:
+            self._uncache(block)
 
     def touch(self, blocks: Iterable[KVBlock]) -> None:
         """Take one more reference on each block; a free one leaves the queue."""
@@ -93,20 +121,55 @@ class BlockPool:
         """
         first: list[KVBlock] = []
         last: list[KVBlock] = []
+        to_head = first.append
+        to_tail = last.append
         for block in ordered:
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                (first if block.block_hash is None else last).append(block)
+            n = block.ref_cnt - 1
+            block.ref_cnt = n
+            if not n:
+                if block.block_hash is None:
+                    to_head(block)
+                else:
+                    to_tail(block)
         self.free_queue.prepend_n(first)
         self.free_queue.append_n(last)
 
     def cache_block(self, block: KVBlock, block_hash: bytes) -> None:
         """Register a full block under ``block_hash``."""
         block.block_hash = block_hash
-        cur = self._cached.get(block_hash)
-        if cur is None:
-            self._cached[block_hash] = block
-        elif type(cur) is list:
+        cur = self._cached.setdefault(block_hash, block)
+        if cur is not block:
+            self._add_duplicate(block_hash, cur, block)
+
+    def cache_blocks(self, blocks: list[KVBlock], hashes: list[bytes], start: int, end: int) -> None:
+        """Register ``blocks[i]`` under ``hashes[i]`` for ``start <= i < end``, in order."""
+        if end - start < _MIN_BATCH:
+            for i in range(start, end):
+                self.cache_block(blocks[i], hashes[i])
+            return
+        new_blocks = blocks[start:end]
+        new_hashes = hashes[start:end]
+        for block, h in zip(new_blocks, new_hashes):
+            block.block_hash = h
+        cached = self._cached
+        # The common case, hashes not yet in the map: one update for all.
+        if cached.keys().isdisjoint(new_hashes):
+            size = len(cached)
+            cached.update(zip(new_hashes, new_blocks))
+            if len(cached) - size == len(new_hashes):
+                return
+            # A hash twice among the new blocks: undo, then go block by block.
+            for h in new_hashes:
+                cached.pop(h, None)
+        setdefault = cached.setdefault
+        for block, h in zip(new_blocks, new_hashes):
+            cur = setdefault(h, block)
+            if cur is not block:
+                self._add_duplicate(h, cur, block)
+
+    def _add_duplicate(self, block_hash: bytes, cur: KVBlock | list[KVBlock], block: KVBlock) -> None:
+        """Register ``block`` after ``cur``, the block(s) already holding ``block_hash``."""
+        if type(cur) is list:
             cur.append(block)
         else:
             self._cached[block_hash] = [cur, block]
@@ -116,13 +179,18 @@ class BlockPool:
         block.block_hash = None
         if self.unwritten:
             self.unwritten.discard(block)
-        cur = self._cached.get(h)
-        if cur is block:
+        if self._cached.get(h) is block:
             del self._cached[h]
-        elif type(cur) is list:
+        else:
+            self._unlist(h, block)
+
+    def _unlist(self, block_hash: bytes, block: KVBlock) -> None:
+        """Drop ``block`` from the blocks sharing ``block_hash``, if it is among them."""
+        cur = self._cached.get(block_hash)
+        if type(cur) is list:
             cur.remove(block)
             if len(cur) == 1:
-                self._cached[h] = cur[0]
+                self._cached[block_hash] = cur[0]
 
     def evict(self, block: KVBlock) -> None:
         """Forget ``block``'s hash now (it keeps its place and references)."""

@@ -40,10 +40,11 @@ class FreeBlockQueue:
         """Remove and return the first ``n`` blocks, in queue order."""
         if n > self.num_free:
             raise IndexError(f"asked for {n} blocks, {self.num_free} free")
-        out = []
+        out: list[KVBlock] = []
+        append = out.append
         block = self._head.next_free
         for _ in range(n):
-            out.append(block)
+            append(block)
             nxt = block.next_free
             block.prev_free = block.next_free = None
             block = nxt

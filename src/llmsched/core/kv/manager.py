@@ -299,10 +299,7 @@ class KVCacheManager:
         if num_full <= start:
             return
         hashes = self.hasher.extend(request, num_full)
-        blocks = table.blocks
-        cache_block = self.pool.cache_block
-        for i in range(start, num_full):
-            cache_block(blocks[i], hashes[i])
+        self.pool.cache_blocks(table.blocks, hashes, start, num_full)
         table.num_cached = num_full
 
     def mark_unwritten(self, request: Request, num_tokens: int) -> None:

@@ -708,24 +708,28 @@ class CostModel:
         before, after = ops
         pair_flops, kv_bytes, qo_bytes = self.decode_pair_flops, self.kv_token_bytes, self.qo_token_bytes
         rate, kv_rate = self.attn_rate, self.kv_read_rate
+        # The sums that do not involve the attention time are the same at
+        # every context: taken once, in step_parts' order. Up to the attention
+        # core the step and model sums add the same terms, so they are equal.
+        head = 0.0
+        for s in before:
+            head += s
+        host = 0.0
+        for s, on_host in after:
+            if on_host:
+                host += s
+        tail_all = tuple(s for s, _ in after)
+        tail_model = tuple(s for s, on_host in after if not on_host)
 
         def parts(decode_context: int) -> StepParts:
-            t = host = model = 0.0
-            for s in before:
-                t += s
-                model += s
             # _decode_attention and _roof_seconds, in the same arithmetic order.
             tc = decode_context * pair_flops / rate
             tm = ((decode_context + d) * kv_bytes + d * qo_bytes) / kv_rate
-            s = tc if tc > tm else tm
-            t += s
-            model += s
-            for s, on_host in after:
+            t = model = head + (tc if tc > tm else tm)
+            for s in tail_all:
                 t += s
-                if on_host:
-                    host += s
-                else:
-                    model += s
+            for s in tail_model:
+                model += s
             return t, host, model
 
         return parts

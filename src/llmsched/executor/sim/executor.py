@@ -174,7 +174,9 @@ class SimExecutor:
         d = num_decodes
         price = decode_step_parts_of(self.cost_model, d)
         run = DecodeRun()
-        ends, totals, hosts, models = run.ends, run.totals, run.hosts, run.models
+        # Bound appends: this loop runs once per plain decode step.
+        end_at, total_at = run.ends.append, run.totals.append
+        host_at, model_at = run.hosts.append, run.models.append
         start = now = self.now
         ctx = decode_context
         n = 0
@@ -184,10 +186,10 @@ class SimExecutor:
             start = now
             # _serial's arithmetic: a step ends its price after it starts.
             now = start + total
-            ends.append(now)
-            totals.append(total)
-            hosts.append(host)
-            models.append(model)
+            end_at(now)
+            total_at(total)
+            host_at(host)
+            model_at(model)
             n += 1
         if n:
             # The last step again through _run, so the clock's state is exactly execute()'s.
