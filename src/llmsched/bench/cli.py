@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from llmsched.bench.metrics import parse_percentiles
 from llmsched.bench.serve_cli import add_serve_bench_parser
 from llmsched.core.errors import ConfigError
 from llmsched.engine.args import EngineArgs
@@ -68,16 +69,6 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     return bench
 
 
-def _percentiles(text: str) -> list[float]:
-    try:
-        ps = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"--metric-percentiles {text!r}: expected numbers like 50,90,99") from None
-    if not ps or not all(0.0 <= q <= 100.0 for q in ps):
-        raise ConfigError(f"--metric-percentiles {text!r}: each must be in [0, 100]")
-    return ps
-
-
 def run_bench_throughput(args: argparse.Namespace) -> int:
     """Build the engine and workload, run, print the table, write --result-json."""
     from llmsched.bench.throughput import (
@@ -90,7 +81,7 @@ def run_bench_throughput(args: argparse.Namespace) -> int:
     )
     from llmsched.engine.llm_engine import LLMEngine
 
-    percentiles = _percentiles(args.metric_percentiles)
+    percentiles = parse_percentiles(args.metric_percentiles)
     if args.explain_steps < 0:
         raise ConfigError(f"--explain-steps {args.explain_steps} must be >= 0")
     if args.data_parallel_size > 1 or args.balance_scheduling or args.prefill_schedule_interval > 1:

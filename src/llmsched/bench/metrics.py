@@ -26,6 +26,8 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from llmsched.core.errors import ConfigError
+
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
 METRICS = ("ttft", "tpot", "itl", "e2el")
 _NAMES = {
@@ -308,6 +310,17 @@ def summarize(
         else:
             c.add_failed(r.prompt_len)
     return c.summary(duration, goodput_slos_ms, percentiles)
+
+
+def parse_percentiles(text: str) -> list[float]:
+    """The --metric-percentiles list: comma-separated numbers in [0, 100]."""
+    try:
+        ps = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--metric-percentiles {text!r}: expected numbers like 50,90,99") from None
+    if not ps or not all(0.0 <= q <= 100.0 for q in ps):
+        raise ConfigError(f"--metric-percentiles {text!r}: each must be in [0, 100]")
+    return ps
 
 
 def parse_goodput(items: Iterable[str] | None) -> dict[str, float]:

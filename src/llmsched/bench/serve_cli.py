@@ -83,12 +83,11 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         import aiohttp  # noqa: F401
     except ImportError:
         raise ConfigError("llmsched bench serve needs aiohttp: pip install 'llmsched[serve]'") from None
-    from llmsched.bench.cli import _percentiles
-    from llmsched.bench.metrics import format_summary, parse_goodput
+    from llmsched.bench.metrics import format_summary, parse_goodput, parse_percentiles
     from llmsched.bench.serve import RANDOM_PROMPT_IDS, ServeBenchConfig, run_serve_bench, scrape_metrics
     from llmsched.bench.throughput import load_dataset, load_json_schema, synthetic_requests, with_json_schema
 
-    percentiles = _percentiles(args.metric_percentiles)
+    percentiles = parse_percentiles(args.metric_percentiles)
     goodput = parse_goodput(args.goodput)
     vocab = list(RANDOM_PROMPT_IDS)
     if args.dataset:

@@ -13,7 +13,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-from llmsched.bench.metrics import parse_goodput
+from llmsched.bench.metrics import parse_goodput, parse_percentiles
 from llmsched.core.errors import ConfigError
 from llmsched.core.kv.block_hash import HASH_ALGOS
 from llmsched.core.policy import POLICIES
@@ -286,16 +286,6 @@ def _workload(args: argparse.Namespace) -> Workload:
     )
 
 
-def _percentiles(text: str) -> list[float]:
-    try:
-        ps = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"--metric-percentiles {text!r}: expected numbers like 50,90,99") from None
-    if not ps or not all(0.0 <= q <= 100.0 for q in ps):
-        raise ConfigError(f"--metric-percentiles {text!r}: each must be in [0, 100]")
-    return ps
-
-
 def run_simulate(args: argparse.Namespace) -> int:
     """Build the deployment and workload, simulate, print and write the results."""
     if args.sweep:
@@ -307,7 +297,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         v = getattr(args, f"goodput_{key}_ms")
         if v is not None:
             slos[key] = v
-    percentiles = _percentiles(args.metric_percentiles)
+    percentiles = parse_percentiles(args.metric_percentiles)
     dp_size = args.data_parallel_size
     tp = args.tensor_parallel_size if args.tensor_parallel_size is not None or dp_size > 1 else 1
     if args.balance_scheduling and dp_size == 1:
