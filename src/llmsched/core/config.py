@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, fields
 
 from llmsched.core.errors import ConfigError
 from llmsched.core.kv.block_hash import HASH_ALGOS
-from llmsched.core.policy import POLICIES
+from llmsched.core.policy import check_policy_name
 
 
 def _is_int(x: object) -> bool:
@@ -33,6 +33,8 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
     policy: str = "fcfs"
+    # The policy's knobs (see llmsched.core.policies); None: its defaults.
+    policy_config: dict | None = None
     scheduler_reserve_full_isl: bool = True
     watermark: float = 0.0
     # None: no LoRA slot limit. Otherwise at most this many distinct adapters
@@ -90,8 +92,9 @@ class SchedulerConfig:
             )
         if not isinstance(self.watermark, (int, float)) or not 0.0 <= self.watermark < 1.0:
             raise ConfigError(f"watermark={self.watermark!r} must be in [0, 1)")
-        if self.policy not in POLICIES:
-            raise ConfigError(f"policy={self.policy!r} is unknown; choose one of {', '.join(POLICIES)}")
+        check_policy_name(self.policy)
+        if self.policy_config is not None and not isinstance(self.policy_config, dict):
+            raise ConfigError(f"policy_config must be a JSON object, got {self.policy_config!r}")
         if self.prefix_caching_hash_algo not in HASH_ALGOS:
             raise ConfigError(
                 f"prefix_caching_hash_algo={self.prefix_caching_hash_algo!r} is unknown; "

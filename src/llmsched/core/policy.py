@@ -1,19 +1,22 @@
-"""Scheduling policies: the waiting-queue order and the preemption victim.
+"""The scheduling-policy seam: waiting-queue order, admission, preemption victim.
 
-A policy is deliberately small: it makes the waiting queue (which decides
-admission order) and picks a victim when a running request needs KV blocks
-that are not there. Everything else (budgets, KV) stays in the scheduler.
+A policy is deliberately small (see ``Policy``): it makes the waiting queue
+(which decides admission order), may refuse or skip past the request about
+to be admitted, and picks a victim when KV blocks run out. Everything else
+(budgets, KV) stays in the scheduler. FCFS and priority live here and are
+vLLM-exact; the others are in ``llmsched.core.policies``.
 """
 
 from __future__ import annotations
 
+import enum
 import heapq
 from collections import deque
 from collections.abc import Iterator
 from typing import Protocol
 
-from llmsched.core.errors import ConfigError
 from llmsched.core.request import Request
+from llmsched.core.trace import Reason
 
 
 class WaitingQueue(Protocol):
@@ -128,30 +131,72 @@ class PriorityQueue:
         return (e[3] for e in sorted(self._heap))
 
 
+class Verdict(enum.IntEnum):
+    """What admission does with the request at the head of the waiting queue."""
+
+    # Set it aside this step; the requests behind it may still be admitted.
+    SKIP = 1
+    # Admit nothing more this step.
+    STOP = 2
+    # Finish it without running: it cannot be served in time.
+    DECLINE = 3
+
+
+# A decision against admitting: the verdict, the trace reason and its detail.
+Refusal = tuple[Verdict, Reason, str]
+
+
 class Policy(Protocol):
-    """What a scheduling policy decides."""
+    """The three decisions a scheduling policy makes; everything else (token
+    budget, KV blocks, chunking, the running requests' order) stays in the
+    scheduler.
+
+    1. ``make_queue``: the waiting queue, whose order is the admission order.
+    2. ``admit``: consulted only when ``decides_admission`` is true, for each
+       request about to be admitted (``blocked`` None: return None to try it,
+       or a Refusal), and again when it did not fit (``blocked`` is the
+       scheduler's reason and detail: return None to stop admissions there,
+       as vLLM does, or a Refusal such as SKIP).
+    3. ``select_victim``: the running request to preempt. ``for_request`` is
+       None when a running request needs KV blocks (a victim must be
+       returned); with ``decides_admission`` it is also called for a waiting
+       request that did not fit, with the running requests not admitted this
+       step, and may return None to preempt nothing.
+
+    An optional ``bind(scheduler)`` is called once, when the scheduler is
+    built, for policies that read its clock or its prefix cache.
+    """
 
     name: str
+    decides_admission: bool
 
     def make_queue(self) -> WaitingQueue:
         """A new, empty waiting queue."""
 
-    def select_victim(self, running: list[Request]) -> Request:
-        """The running request to preempt when KV blocks run out."""
+    def admit(self, request: Request, blocked: tuple[Reason, str] | None) -> Refusal | None:
+        """None to go ahead (or, when ``blocked``, to stop there); else why not."""
+
+    def select_victim(self, running: list[Request], for_request: Request | None = None) -> Request | None:
+        """The running request to preempt."""
 
 
 class FCFSPolicy:
     """First come, first served: preempt the most recently admitted request."""
 
     name = "fcfs"
+    decides_admission = False
 
     def make_queue(self) -> WaitingQueue:
         """A deque."""
         return FCFSQueue()
 
-    def select_victim(self, running: list[Request]) -> Request:
-        """The last of the running list."""
-        return running[-1]
+    def admit(self, request: Request, blocked: tuple[Reason, str] | None) -> Refusal | None:
+        """vLLM's rule: try every request, stop at the first that does not fit."""
+        return None
+
+    def select_victim(self, running: list[Request], for_request: Request | None = None) -> Request | None:
+        """The last of the running list (never one for a waiting request)."""
+        return running[-1] if for_request is None else None
 
 
 class PriorityPolicy:
@@ -166,22 +211,35 @@ class PriorityPolicy:
     """
 
     name = "priority"
+    decides_admission = False
 
     def make_queue(self) -> WaitingQueue:
         """A heap keyed by (priority, arrival_time, request_id)."""
         return PriorityQueue()
 
-    def select_victim(self, running: list[Request]) -> Request:
-        """The lowest-ranked running request."""
-        return max(running, key=_priority_key)
+    def admit(self, request: Request, blocked: tuple[Reason, str] | None) -> Refusal | None:
+        """vLLM's rule: try every request, stop at the first that does not fit."""
+        return None
+
+    def select_victim(self, running: list[Request], for_request: Request | None = None) -> Request | None:
+        """The lowest-ranked running request (never one for a waiting request)."""
+        return max(running, key=_priority_key) if for_request is None else None
 
 
 POLICIES: dict[str, type] = {"fcfs": FCFSPolicy, "priority": PriorityPolicy}
 
 
-def make_policy(name: str) -> Policy:
-    """The policy called ``name``."""
-    try:
+def make_policy(name: str, config: dict | None = None) -> Policy:
+    """The policy called ``name`` (see ``llmsched.core.policies.build``), set up by ``config``."""
+    if name in POLICIES and not config:
         return POLICIES[name]()
-    except KeyError:
-        raise ConfigError(f"policy={name!r} is unknown; choose one of {', '.join(POLICIES)}") from None
+    from llmsched.core.policies import build
+
+    return build(name, config or {})
+
+
+def check_policy_name(name: str) -> None:
+    """Raise ConfigError unless ``name`` names a policy (``module:Class`` is checked when loaded)."""
+    from llmsched.core.policies import check_name
+
+    check_name(name)

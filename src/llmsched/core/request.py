@@ -95,6 +95,7 @@ class Request:
         "stop_length",
         "stop_reason",
         "stop_token_ids",
+        "tenant",
         "token_ids",
     )
 
@@ -112,6 +113,7 @@ class Request:
         cache_salt: str | None = None,
         skip_prefix_cache: bool = False,
         grammar: GrammarHandle | None = None,
+        tenant: str | None = None,
     ) -> None:
         params = sampling_params if sampling_params is not None else SamplingParams()
         self.request_id = request_id
@@ -137,6 +139,8 @@ class Request:
         self.lora_name = lora_name if lora_name is not None else (str(lora_id) if lora_id else None)
         self.cache_salt = cache_salt
         self.skip_prefix_cache = skip_prefix_cache
+        # Who sent it, for fair-share policies and per-tenant metrics.
+        self.tenant = tenant
         # A constrained request waits for its grammar (ready or not: the
         # scheduler checks when it reaches the head of the queue).
         self.grammar = grammar

@@ -11,6 +11,7 @@ preempt. In its default configuration every decision equals vLLM V1's.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 
 from llmsched.core.config import SchedulerConfig
@@ -18,7 +19,7 @@ from llmsched.core.connector import KVConnector
 from llmsched.core.errors import RequestRejected
 from llmsched.core.kv.manager import KVCacheManager, PrefixCacheStats, cdiv
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput, StepOutputs
-from llmsched.core.policy import Policy, make_policy
+from llmsched.core.policy import Policy, Verdict, WaitingQueue, make_policy
 from llmsched.core.remote_kv import RemoteKV
 from llmsched.core.request import Request, RequestStatus, check_stop
 from llmsched.core.trace import MAX_LISTED_WAITING, Reason, StepTrace
@@ -44,7 +45,7 @@ class Scheduler:
         self, config: SchedulerConfig, policy: Policy | None = None, connector: KVConnector | None = None
     ) -> None:
         self.config = config
-        self.policy = policy if policy is not None else make_policy(config.policy)
+        self.policy = policy if policy is not None else make_policy(config.policy, config.policy_config)
         self.kv = KVCacheManager(
             num_blocks=config.num_gpu_blocks,
             block_size=config.block_size,
@@ -56,6 +57,10 @@ class Scheduler:
         self.waiting = self.policy.make_queue()
         self.running: list[Request] = []
         self.admission_gate: AdmissionGate | None = None
+        # The clock that requests' arrival times read (the simulator sets its own).
+        self.clock: Callable[[], float] = time.monotonic
+        # Waiting requests the policy declined this step: reported finished by the next update.
+        self._declined: list[Request] = []
         self.num_preemptions = 0
         self._finished_ids: list[str] = []
         self._step = 0
@@ -101,6 +106,9 @@ class Scheduler:
                 config.num_lookahead_tokens,
             )
             self._drop_stale_output = self._remote.drop_stale_output
+        bind = getattr(self.policy, "bind", None)
+        if bind is not None:
+            bind(self)
 
     # ---- requests in and out -------------------------------------------------
 
@@ -520,15 +528,20 @@ class Scheduler:
         stop: Reason | None = None
         detail = ""
         prefill_admitted = False
+        policy = self.policy
+        decides = policy.decides_admission
         while budget > 0:
             # Requests holding blocks (connector) go first: their loads are done or under way.
             queue = remote.holding if remote is not None and len(remote.holding) else waiting
             if not len(queue):
                 break
-            if len(running) >= self._max_num_seqs:
-                stop, detail = Reason.MAX_NUM_SEQS, f"{len(running)} running"
-                break
             req = queue.peek()
+            if len(running) >= self._max_num_seqs:
+                freed = self._preempt_for(out, req, trace) if decides else None
+                if freed is None:
+                    stop, detail = Reason.MAX_NUM_SEQS, f"{len(running)} running"
+                    break
+                budget += freed
             why = (
                 self._why_set_aside(req, loras, max_loras)
                 if remote is not None
@@ -537,6 +550,13 @@ class Scheduler:
                 or req.status is _WAITING_FOR_GRAMMAR
                 else None
             )
+            if decides and why is None:
+                why = self._policy_refusal(out, req, None, queue, set_aside, held_aside, trace)
+                if why is not None:
+                    if why[0] is Verdict.STOP:
+                        stop, detail = why[1], why[2]
+                        break
+                    continue
             ext = 0
             load_async = False
             if why is None:
@@ -561,16 +581,33 @@ class Scheduler:
             if not load_async:
                 n, stop, detail = self._admission_chunk(req, computed, budget, threshold, defer)
                 if stop is not None:
+                    if decides:
+                        stop, detail = self._blocked(
+                            out, req, stop, detail, queue, set_aside, held_aside, trace
+                        )
+                        if stop is None:
+                            continue
                     break
-            reserved = self._watermark_blocks if running else 0
-            if remote is None:
-                blocks = kv.allocate_new(req, n, hit_blocks, lookahead, self._reserve_full, reserved)
-            else:
-                blocks = remote.allocate(
-                    req, n, hit_blocks, ext, load_async, lookahead, self._reserve_full, reserved
-                )
+            while True:
+                reserved = self._watermark_blocks if running else 0
+                if remote is None:
+                    blocks = kv.allocate_new(req, n, hit_blocks, lookahead, self._reserve_full, reserved)
+                else:
+                    blocks = remote.allocate(
+                        req, n, hit_blocks, ext, load_async, lookahead, self._reserve_full, reserved
+                    )
+                if blocks is not None or not decides:
+                    break
+                freed = self._preempt_for(out, req, trace)
+                if freed is None:
+                    break
+                budget += freed
             if blocks is None:
                 stop, detail = self._why_no_blocks(req, hit_blocks, ext + n, reserved)
+                if decides:
+                    stop, detail = self._blocked(out, req, stop, detail, queue, set_aside, held_aside, trace)
+                    if stop is None:
+                        continue
                 break
             if remote is not None:
                 remote.allocated(req, ext)
@@ -606,6 +643,83 @@ class Scheduler:
                 stop, detail = Reason.BUDGET, f"all {self._max_tokens_budget} tokens of the step are used"
             self._trace_waiting(trace, set_aside, stop, detail)
         return budget, prefill_admitted
+
+    def _policy_refusal(
+        self,
+        out: SchedulerOutput,
+        req: Request,
+        blocked: tuple[Reason, str] | None,
+        queue: WaitingQueue,
+        set_aside: list[Request],
+        held_aside: list[Request],
+        trace: StepTrace | None,
+    ) -> tuple[Verdict, Reason, str] | None:
+        """Ask the policy about the head ``req``; apply a skip or a decline and return the refusal."""
+        if out.preempted and req in out.preempted:
+            # Preempted for a waiting request this step: it may not come back in the same step.
+            refusal = (Verdict.SKIP, Reason.PREEMPTED_FOR_WAITING, "preempted this step")
+        else:
+            refusal = self.policy.admit(req, blocked)
+            if refusal is None:
+                return None
+        verdict, reason, detail = refusal
+        if verdict is not Verdict.STOP:
+            queue.pop()
+            if verdict is Verdict.SKIP:
+                remote = self._remote
+                (held_aside if remote is not None and remote.holds_blocks(req) else set_aside).append(req)
+            else:
+                self._decline(req)
+        if trace is not None and verdict is not Verdict.STOP:
+            # A stop is traced with the rest of the queue, when admissions end.
+            trace.add(req.request_id, reason, detail=detail)
+        return refusal
+
+    def _blocked(
+        self,
+        out: SchedulerOutput,
+        req: Request,
+        stop: Reason,
+        detail: str,
+        queue: WaitingQueue,
+        set_aside: list[Request],
+        held_aside: list[Request],
+        trace: StepTrace | None,
+    ) -> tuple[Reason | None, str]:
+        """The head did not fit: (None, "") if the policy skipped or declined it, else why admissions stop."""
+        refusal = self._policy_refusal(out, req, (stop, detail), queue, set_aside, held_aside, trace)
+        if refusal is None:
+            return stop, detail
+        if refusal[0] is Verdict.STOP:
+            return refusal[1], refusal[2]
+        return None, ""
+
+    def _preempt_for(self, out: SchedulerOutput, req: Request, trace: StepTrace | None) -> int | None:
+        """Preempt the running request the policy picks to make room for waiting ``req``.
+
+        Returns the tokens the victim had been given this step, or None when
+        the policy picks none. Requests admitted this step are never victims.
+        """
+        admitted = out.admitted
+        candidates = [r for r in self.running if r not in admitted] if admitted else list(self.running)
+        victim = self.policy.select_victim(candidates, req) if candidates else None
+        if victim is None or (self._remote is not None and not self._remote.can_preempt(victim)):
+            return None
+        self.running.remove(victim)
+        freed = self._unschedule(out, victim)
+        self._preempt(victim)
+        out.preempted.append(victim)
+        if trace is not None:
+            trace.add(victim.request_id, Reason.PREEMPTED_FOR_WAITING, detail=f"for {req.request_id}")
+        return freed
+
+    def _decline(self, req: Request) -> None:
+        """Finish a waiting request (already out of its queue) that the policy will not serve."""
+        self._set_aside.discard(req)
+        req.status = RequestStatus.FINISHED_ABORTED
+        req.stop_reason = "declined"
+        self._release(req)
+        self._declined.append(req)
 
     def _admission_chunk(
         self, req: Request, computed: int, budget: int, threshold: int, defer: bool
@@ -806,6 +920,9 @@ class Scheduler:
                 req.spec_token_ids = list(drafts[k])
         if finished:
             self._remove_stopped(finished, stopped_waiting)
+        if self._declined:
+            finished.extend(self._declined)
+            self._declined = []
         if remote is not None:
             if failed and not remote.recompute_failures:
                 finished.extend(self.finish_requests(failed, RequestStatus.FINISHED_ERROR))

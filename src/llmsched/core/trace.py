@@ -37,6 +37,12 @@ class Reason(str, enum.Enum):
     KV_LOAD_FAILED = "kv_load_failed_recomputing"
     SENDING = "blocks_held_while_sending"
     GRAMMAR_COMPILING = "grammar_compiling"
+    # Decisions of the policies beyond FCFS and priority.
+    SKIPPED_NO_ROOM = "skipped_no_room"
+    PREEMPTED_FOR_WAITING = "preempted_for_waiting_priority"
+    FAIR_SHARE_HOLD = "held_for_fair_share"
+    DEADLINE_DECLINED = "declined_for_deadline"
+    POLICY_HOLD = "held_by_policy"
 
 
 _TEXT = {
@@ -60,6 +66,11 @@ _TEXT = {
     Reason.KV_LOAD_FAILED: "KV load failed, recomputing",
     Reason.SENDING: "finished, blocks held while its KV is sent",
     Reason.GRAMMAR_COMPILING: "output grammar still compiling",
+    Reason.SKIPPED_NO_ROOM: "skipped: no room now, those behind it may go",
+    Reason.PREEMPTED_FOR_WAITING: "preempted for a waiting request of higher priority",
+    Reason.FAIR_SHARE_HOLD: "held for fair share",
+    Reason.DEADLINE_DECLINED: "declined: its TTFT deadline cannot be met",
+    Reason.POLICY_HOLD: "held by the scheduling policy",
 }
 
 
