@@ -12,6 +12,7 @@ from llmsched.bench.cli import add_bench_parser
 from llmsched.core.errors import ConfigError
 from llmsched.engine.chat_cli import add_chat_parser
 from llmsched.engine.cli import add_generate_parser
+from llmsched.engine.policy_args import add_policy_args
 from llmsched.server.cli import add_serve_parser
 from llmsched.sim.cli import add_simulate_parser
 
@@ -22,6 +23,10 @@ def _replay(args: argparse.Namespace) -> int:
     from llmsched.bench.workload import load_workload
 
     workload = load_workload(args.workload)
+    if args.scheduling_policy is not None:
+        workload.config["policy"] = args.scheduling_policy
+    if args.policy_config is not None:
+        workload.config["policy_config"] = args.policy_config
     shown = 0
 
     def show(step: int, es) -> None:
@@ -81,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--compare", metavar="REF.jsonl", help="check decisions against a reference trace")
     r.add_argument("--summary-json", metavar="PATH", help="write the summary as JSON")
+    add_policy_args(r, default=None)
     r.set_defaults(func=_replay)
     add_simulate_parser(sub)
     add_generate_parser(sub)

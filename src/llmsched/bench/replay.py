@@ -159,6 +159,7 @@ def replay(
                     arrival_time=step + 0.5 * (wr.index + 1) / (n + 1),
                     lora_id=wr.lora_id,
                     cache_salt=wr.cache_salt,
+                    tenant=wr.tenant,
                 )
             )
             p += 1

@@ -45,6 +45,7 @@ class WorkloadRequest:
     sample_token_id: int | None = None
     lora_id: int = 0
     cache_salt: str | None = None
+    tenant: str | None = None
     # What a scripted KV connector holds for it (workloads with a connector).
     kv: KVScript | None = None
 
@@ -145,12 +146,21 @@ def parse_workload(data: dict) -> Workload:
                 sample_token_id=r.get("sample_token_id"),
                 lora_id=int(r.get("lora_id", 0)),
                 cache_salt=r.get("cache_salt"),
+                tenant=_tenant(r, rid),
                 kv=kv,
             )
         )
     if not requests:
         raise ConfigError("the workload has no requests")
     return Workload(config, requests, kv_connector)
+
+
+def _tenant(r: dict, rid: str) -> str | None:
+    """A request's optional ``tenant`` (a string)."""
+    t = r.get("tenant")
+    if t is not None and not isinstance(t, str):
+        raise ConfigError(f"request {rid!r}: tenant must be a string, got {t!r}")
+    return t
 
 
 def parse_kv_connector(raw: object) -> KVTransferConfig | None:

@@ -14,7 +14,8 @@ from dataclasses import dataclass, fields
 from llmsched.core.config import SchedulerConfig
 from llmsched.core.errors import ConfigError
 from llmsched.core.kv.block_hash import HASH_ALGOS
-from llmsched.core.policy import POLICIES
+from llmsched.core.policy import check_policy_name
+from llmsched.engine.policy_args import add_policy_args
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # What async_scheduling=None resolves to: vLLM 0.33 turns it on unless an
@@ -67,6 +68,8 @@ class EngineArgs:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
     scheduling_policy: str = "fcfs"
+    # The policy's knobs (JSON object); None: its defaults.
+    policy_config: dict | None = None
     num_gpu_blocks_override: int | None = None
     kv_cache_memory: int | None = None
     gpu_memory_utilization: float = 0.9
@@ -108,11 +111,10 @@ class EngineArgs:
             raise ConfigError(f"dtype={self.dtype!r} is unknown; choose one of {', '.join(DTYPES)}")
         if self.device not in DEVICES and not str(self.device).startswith("cuda:"):
             raise ConfigError(f"device={self.device!r} is unknown; choose one of {', '.join(DEVICES)}")
-        if self.scheduling_policy not in POLICIES:
-            raise ConfigError(
-                f"scheduling_policy={self.scheduling_policy!r} is unknown; "
-                f"choose one of {', '.join(POLICIES)}"
-            )
+        try:
+            check_policy_name(self.scheduling_policy)
+        except ConfigError as e:
+            raise ConfigError(f"scheduling_policy={self.scheduling_policy!r}: {e}") from None
         if self.prefix_caching_hash_algo not in HASH_ALGOS:
             raise ConfigError(
                 f"prefix_caching_hash_algo={self.prefix_caching_hash_algo!r} is unknown; "
@@ -166,6 +168,7 @@ class EngineArgs:
             enable_chunked_prefill=self.enable_chunked_prefill,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             policy=self.scheduling_policy,
+            policy_config=self.policy_config,
             async_scheduling=self.resolved_async_scheduling,
             debug=self.debug,
         )
@@ -210,7 +213,7 @@ class EngineArgs:
         g.add_argument("--prefix-caching-hash-algo", choices=list(HASH_ALGOS), default="sha256")
         g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
         g.add_argument("--long-prefill-token-threshold", type=int, default=0)
-        g.add_argument("--scheduling-policy", choices=sorted(POLICIES), default="fcfs")
+        add_policy_args(g)
         g.add_argument(
             "--num-gpu-blocks-override",
             "--num-gpu-blocks",

@@ -16,9 +16,9 @@ from pathlib import Path
 from llmsched.bench.metrics import parse_goodput, parse_percentiles
 from llmsched.core.errors import ConfigError
 from llmsched.core.kv.block_hash import HASH_ALGOS
-from llmsched.core.policy import POLICIES
 from llmsched.engine.dp.cli_args import add_dp_args, describe_dp, dp_config_from_args
 from llmsched.engine.dp.sim_transport import DEFAULT_SYNC_S
+from llmsched.engine.policy_args import add_policy_args
 from llmsched.executor.sim.cost_model import Efficiency
 from llmsched.executor.sim.hardware import known_hardware
 from llmsched.executor.sim.model_shapes import known_models
@@ -80,7 +80,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
     e.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     e.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     e.add_argument("--long-prefill-token-threshold", type=int, default=0)
-    e.add_argument("--scheduling-policy", choices=sorted(POLICIES), default="fcfs")
+    add_policy_args(e)
     e.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     e.add_argument(
         "--num-gpu-blocks",
@@ -321,6 +321,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         enable_chunked_prefill=args.enable_chunked_prefill,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         scheduling_policy=args.scheduling_policy,
+        policy_config=args.policy_config,
         kv_cache_dtype=args.kv_cache_dtype,
         quantization=args.quantization,
         prefix_caching_hash_algo=args.prefix_caching_hash_algo,

@@ -52,6 +52,7 @@ class DeploymentSpec:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
     scheduling_policy: str = "fcfs"
+    policy_config: dict | None = None
     kv_cache_dtype: str = "auto"
     quantization: str | None = None
     # "auto": xxh3_128 when the xxhash package is installed, else sha256.
@@ -280,6 +281,7 @@ def _build(spec: DeploymentSpec, model: ModelShape, hw: HardwareProfile, tp: int
         enable_chunked_prefill=spec.enable_chunked_prefill,
         long_prefill_token_threshold=spec.long_prefill_token_threshold,
         policy=spec.scheduling_policy,
+        policy_config=spec.policy_config,
         async_scheduling=spec.async_scheduling,
     )
     if spec.step_overhead_ms is not None and spec.step_overhead_ms < 0:

@@ -144,6 +144,7 @@ class Arrivals:
             wl.prompt(i),
             sp,
             priority=self.prios[i] if self.prios is not None else 0,
+            tenant=wl.tenants[i] if wl.tenants is not None else None,
             arrival_time=order_t,
             sent_time=sent,
         )
@@ -156,12 +157,14 @@ class Tally:
         "arrivals",
         "bar",
         "capped",
+        "declined",
         "done_pending",
         "explain",
         "max_running",
         "metrics",
         "num_busy",
         "num_steps",
+        "records",
         "rejections",
         "series",
         "trace_out",
@@ -183,7 +186,9 @@ class Tally:
         self.rejections: list[tuple[str, str]] = []
         self.bar = _progress_bar(arrivals.n, progress)
         self.done_pending = 0
-        self.num_steps = self.num_busy = self.max_running = self.capped = 0
+        self.num_steps = self.num_busy = self.max_running = self.capped = self.declined = 0
+        # Per-request (tenant, sent, first token, end, prompt, output) when asked for.
+        self.records: list[tuple] | None = None
 
     def rejected(self, req: SimRequest, err: RequestRejected) -> None:
         """Count a request the engine refused; its client slot frees at once."""
@@ -197,6 +202,18 @@ class Tally:
 
     def finished(self, r: SimRequest, end: float) -> None:
         """Count a finished request's latencies and free its client slot."""
+        if self.records is not None:
+            self.records.append(
+                (r.tenant, r.sent_time, r.first_token_time, end, r.num_prompt_tokens, r.num_output_tokens)
+            )
+        if r.first_token_time < 0:
+            # Declined by the scheduling policy before producing anything.
+            self.declined += 1
+            self.metrics.add_failed(r.num_prompt_tokens)
+            self.done_pending += 1
+            if self.arrivals.slots is not None:
+                self.arrivals.slots.append(end)
+            return
         self.metrics.add_request(
             r.sent_time, r.first_token_time, end, r.num_prompt_tokens, r.num_output_tokens
         )

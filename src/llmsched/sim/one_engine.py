@@ -52,6 +52,8 @@ class OneEngine:
         self.ex = SimExecutor(cost_model, async_scheduling=sched_config.async_scheduling)
         self.engine = EngineCore(sched_config, self.ex)
         self.sched = self.engine.scheduler
+        # Policies that read the time (slo) read the virtual clock arrivals use.
+        self.sched.clock = self.clock
         if tally.explain:
             self.sched.enable_trace()
         self.arrivals = arrivals

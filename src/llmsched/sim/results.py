@@ -120,6 +120,11 @@ class SimResult:
     step_costs: StepCosts | None = None
     # The API servers modelled in front of the engine (None: requests reach it when sent).
     frontend: dict | None = None
+    # Requests the scheduling policy declined (they count as failed).
+    num_declined: int = 0
+    # With record_requests: (tenant, sent, first token, end, prompt, output) per
+    # finished request (first token -1 when declined).
+    requests: list[tuple] | None = None
 
     @property
     def wall_us_per_request(self) -> float:

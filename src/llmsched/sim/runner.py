@@ -49,6 +49,7 @@ def simulate(
     hold_back: bool = True,
     fast_forward: bool = True,
     frontend: Frontend | None = None,
+    record_requests: bool = False,
 ) -> SimResult:
     """Run ``workload`` through the engine (or ``dp``'s ranks) on a virtual clock and measure it.
 
@@ -72,6 +73,8 @@ def simulate(
     arrivals = Arrivals(workload, max_concurrency, frontend)
     series = StepSeries() if record_series else None
     tally = Tally(arrivals, trace_out, explain, series, progress)
+    if record_requests:
+        tally.records = []
     # Priority order needs the whole queue built; so does --explain, which lists it.
     hold = hold_back and max_concurrency is None and sched_config.policy == "fcfs" and not explain
     if dp is not None:
@@ -100,6 +103,8 @@ def simulate(
         request_rate=workload.request_rate,
         percentiles=percentiles,
         frontend=frontend.to_dict() if frontend is not None else None,
+        num_declined=tally.declined,
+        requests=tally.records,
         **fields,
     )
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,8 @@ class Workload:
     # Explicit prompts and ids (traces); None entries are synthesised.
     token_ids: list[list[int] | None] | None = None
     ids: list[str] | None = None
+    # Each request's tenant (None: no tenants), for fair-share policies and per-tenant metrics.
+    tenants: list[str | None] | None = None
     # How the arrivals were made, for reports.
     request_rate: float = math.inf
     burstiness: float = 1.0
@@ -61,7 +64,7 @@ class Workload:
         n = len(self.arrivals)
         if n == 0:
             raise ConfigError("the workload has no requests")
-        for name in ("input_lens", "output_lens", "priorities", "groups"):
+        for name in ("input_lens", "output_lens", "priorities", "groups", "tenants"):
             col = getattr(self, name)
             if col is not None and len(col) != n:
                 raise ConfigError(f"workload column {name} has {len(col)} entries for {n} requests")
@@ -243,7 +246,7 @@ def load_trace_workload(
 
     Keys: ``arrival_time`` (seconds; alias ``timestamp``), ``prompt_len``
     (alias ``input_len``) or ``prompt_token_ids``, ``output_len`` (alias
-    ``max_tokens``), and optional ``priority``, ``id``, ``prefix_group`` with
+    ``max_tokens``), and optional ``priority``, ``tenant``, ``id``, ``prefix_group`` with
     ``shared_prefix_len``. Without arrival times the requests arrive as
     ``request_rate`` and ``burstiness`` say. Lines are sorted by arrival
     (stably); ``num_prompts`` keeps the first so many.
@@ -258,6 +261,7 @@ def load_trace_workload(
     groups: list[int] = []
     tokens: list[list[int] | None] = []
     ids: list[str] = []
+    tenants: list[str | None] = []
     group_ids: dict[str, int] = {}
     prefix_len = 0
     with open(p) as f:
@@ -295,6 +299,10 @@ def load_trace_workload(
             tokens.append(toks)
             ids.append(str(rec.get("id", len(ids))))
             prios.append(_int_field(rec, ("priority",), lineno, str(p)) or 0)
+            tenant = rec.get("tenant")
+            if tenant is not None and not isinstance(tenant, str):
+                raise ConfigError(f"{p}:{lineno}: tenant={tenant!r} must be a string")
+            tenants.append(sys.intern(tenant) if tenant is not None else None)
             g = rec.get("prefix_group")
             if g is not None and toks is None:
                 groups.append(group_ids.setdefault(str(g), len(group_ids)))
@@ -330,6 +338,7 @@ def load_trace_workload(
         prefix_len=prefix_len,
         token_ids=[tokens[i] for i in order] if has_tokens else None,
         ids=[ids[i] for i in order],
+        tenants=[tenants[i] for i in order] if any(t is not None for t in tenants) else None,
         request_rate=rate,
         burstiness=burstiness,
         source=p.name,
