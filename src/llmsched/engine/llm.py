@@ -56,8 +56,12 @@ class LLM:
         *,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
+        tenant: Sequence[str | None] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt; one finished RequestOutput per prompt, in input order."""
+        """Generate for every prompt; one finished RequestOutput per prompt, in input order.
+
+        ``tenant`` names each prompt's sender, for the ``fair`` scheduling policy.
+        """
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -65,6 +69,8 @@ class LLM:
         params = self._params_list(sampling_params, n)
         if priority is not None and len(priority) != n:
             raise ValueError(f"priority has {len(priority)} entries for {n} prompts")
+        if tenant is not None and (isinstance(tenant, str) or len(tenant) != n):
+            raise ValueError(f"tenant must be a list with one entry per prompt ({n})")
         engine = self.llm_engine
         results: list[RequestOutput | None] = [None] * n
         index: dict[str, int] = {}
@@ -79,6 +85,7 @@ class LLM:
                     arrival_time=now,
                     priority=priority[i] if priority is not None else 0,
                     output_kind=RequestOutputKind.FINAL_ONLY,
+                    tenant=tenant[i] if tenant is not None else None,
                 )
             except (RequestRejected, ValueError) as e:
                 results[i] = _failed(engine, rid, prompt, str(e), now)

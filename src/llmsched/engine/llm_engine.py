@@ -193,11 +193,13 @@ class LLMEngine:
         priority: int = 0,
         output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE,
         cache_salt: str | None = None,
+        tenant: str | None = None,
     ) -> None:
         """Queue one request, or raise RequestRejected (a ValueError) naming what is wrong with it.
 
         ``cache_salt`` keeps the request's prefix-cache entries apart from
         requests with another salt (or none), as vLLM's ``cache_salt`` does.
+        ``tenant`` names who sent it, for the ``fair`` policy and per-tenant metrics.
         """
         if not isinstance(request_id, str):
             raise RequestRejected(f"request id {request_id!r} must be a string")
@@ -212,6 +214,8 @@ class LLMEngine:
             )
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
             raise RequestRejected(f"request {request_id!r}: cache_salt must be a non-empty string")
+        if tenant is not None and not isinstance(tenant, str):
+            raise RequestRejected(f"request {request_id!r}: tenant must be a string, got {tenant!r}")
         if self.tokenizer is None and params.stop:
             raise RequestRejected(
                 f"request {request_id!r}: stop strings need a tokenizer, and this engine runs with "
@@ -231,6 +235,7 @@ class LLMEngine:
             arrival_time=arrival,
             cache_salt=cache_salt,
             grammar=grammar,
+            tenant=tenant,
         )
         self.engine_core.add_request(req)
         if grammar is not None and not grammar.ready:

@@ -193,6 +193,7 @@ class EngineLoop:
                 priority=cmd.priority,
                 output_kind=RequestOutputKind.DELTA,
                 cache_salt=cmd.cache_salt,
+                tenant=cmd.tenant,
             )
         except (RequestRejected, ValueError) as e:
             acks.items.append((cmd.request_id, (REJECTED, str(e))))

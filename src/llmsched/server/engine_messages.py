@@ -27,6 +27,7 @@ class Add:
     arrival_time: float
     priority: int = 0
     cache_salt: str | None = None
+    tenant: str | None = None
 
 
 @dataclass(slots=True)

@@ -87,6 +87,7 @@ def _submit_all(
                 child_params(params, i),
                 priority=body.priority,
                 cache_salt=body.cache_salt,
+                tenant=body.user,
             )
             st.group = group
             streams.append(st)

@@ -36,6 +36,7 @@ from llmsched.server.metric_buckets import (
 )
 from llmsched.server.prom import Histogram, token_buckets
 from llmsched.server.request_stream import RequestStream
+from llmsched.server.tenant_metrics import TenantMetrics
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
 
@@ -130,6 +131,7 @@ class ServerMetrics:
         self.finished = dict.fromkeys(FINISH_REASONS, 0)
         self.rejected = {REASON_REQUESTS: 0, REASON_TOKENS: 0}
         self._make_histograms(max_model_len)
+        self.tenants = TenantMetrics()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -167,6 +169,9 @@ class ServerMetrics:
             stream.last_token_time = token_time
             stream.num_tokens += num_new
             self.generation_tokens += num_new
+            self.tenants.on_tokens(
+                stream.tenant, stream.prompt_len if stream.num_tokens == num_new else 0, num_new
+            )
         if out.finished:
             self._on_finished(stream, out)
 
@@ -179,6 +184,7 @@ class ServerMetrics:
                 self.e2e.observe(finished - arrival)
             if math.isfinite(first_scheduled):
                 self.queue_time.observe(first_scheduled - arrival)
+                self.tenants.on_queue_time(stream.tenant, first_scheduled - arrival)
                 if stream.num_tokens:
                     self.prefill_time.observe(stream.first_token_time - first_scheduled)
                     self.decode_time.observe(stream.last_token_time - stream.first_token_time)
@@ -229,6 +235,7 @@ class ServerMetrics:
             for name, doc, attr in _KV_RESIDENCY_HISTOGRAMS:
                 yield getattr(self, attr).family(name, doc, self.labels)
         yield from self._own_families(snap, self._admission())
+        yield from self.tenants.families(self.labels["model_name"])
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
         g = GaugeMetricFamily(name, doc, labels=list(self.labels))

@@ -76,6 +76,8 @@ class RequestStream:
     counts_as_queued: bool = True
     max_tokens: int = 0
     group: SequenceGroup | None = None
+    # The OpenAI ``user``: the tenant for fair-share policies and per-tenant metrics.
+    tenant: str | None = None
     # The --request-timeout-s timer, cancelled when the request ends.
     timer: asyncio.TimerHandle | None = None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from llmsched.core.errors import InvalidSamplingParams
+from llmsched.core.policies import uses_priority
 from llmsched.core.sampling_params import SamplingParams
 from llmsched.core.structured_params import StructuredOutputsParams
 from llmsched.server.errors import APIError
@@ -164,7 +165,7 @@ def build_sampling_params(
         max_stop_len=limits.max_stop_string_len,
         has_tokenizer=limits.has_tokenizer,
     )
-    if req.priority != 0 and limits.scheduling_policy != "priority":
+    if req.priority != 0 and not uses_priority(limits.scheduling_policy):
         raise APIError(
             400,
             f"priority={req.priority} needs priority scheduling; start the server with "

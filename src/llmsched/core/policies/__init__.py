@@ -43,7 +43,7 @@ SKIP = "skip-admission"
 # Every built-in name, for --help and error messages.
 POLICY_NAMES = [*ORDERS, SKIP]
 
-__all__ = ["ORDERS", "POLICY_NAMES", "build", "check_name"]
+__all__ = ["ORDERS", "POLICY_NAMES", "build", "check_name", "uses_priority"]
 
 
 def _parse(name: str) -> tuple[str, bool]:
@@ -75,6 +75,13 @@ def check_name(name: str) -> None:
             raise ConfigError(f"scheduling policy {name!r}: a user policy is named 'module:Class'")
         return
     _parse(name)
+
+
+def uses_priority(name: str) -> bool:
+    """Whether requests' priorities mean anything under policy ``name`` (user policies: assumed so)."""
+    if ":" in name:
+        return True
+    return any(p in ("priority", "priority-preemptive") for p in name.split("+"))
 
 
 def _load_user(name: str, config: dict) -> Policy:

@@ -26,12 +26,15 @@ class FairQueue:
     smallest counter among backlogged tenants, so idle time banks no credit.
     """
 
-    __slots__ = ("_counters", "_len", "_q")
+    __slots__ = ("_counters", "_head", "_len", "_q")
 
     def __init__(self, counters: dict[str, float]) -> None:
         self._counters = counters
         self._q: dict[str, deque[Request]] = {}
         self._len = 0
+        # What peek() returned: pop() removes exactly that request, even if
+        # the counters moved in between (admission charges them).
+        self._head: Request | None = None
 
     def _tenant_queue(self, t: str) -> deque[Request]:
         q = self._q.get(t)
@@ -72,15 +75,25 @@ class FairQueue:
         """The head of the least-served backlogged tenant."""
         if not self._len:
             raise IndexError("peek from an empty queue")
-        return self._q[self._next_tenant()][0]
+        head = self._head = self._q[self._next_tenant()][0]
+        return head
 
     def pop(self) -> Request:
         """Remove the head of the least-served backlogged tenant."""
         if not self._len:
             raise IndexError("pop from an empty queue")
-        t = self._next_tenant()
-        q = self._q[t]
-        req = q.popleft()
+        head, self._head = self._head, None
+        t = tenant_of(head) if head is not None else self._next_tenant()
+        q = self._q.get(t)
+        if head is None or q is None or head not in q:
+            t = self._next_tenant()
+            q = self._q[t]
+            req = q.popleft()
+        elif q[0] is head:
+            req = q.popleft()
+        else:
+            q.remove(head)
+            req = head
         if not q:
             del self._q[t]
         self._len -= 1
@@ -88,6 +101,7 @@ class FairQueue:
 
     def remove(self, requests: set[Request]) -> None:
         """Drop requests, keeping the others' order."""
+        self._head = None
         for t in list(self._q):
             q = deque(r for r in self._q[t] if r not in requests)
             self._len -= len(self._q[t]) - len(q)

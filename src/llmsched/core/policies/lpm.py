@@ -19,13 +19,15 @@ class LPMQueue:
     number of cache lookups per step.
     """
 
-    __slots__ = ("_items", "_order", "_order_step", "_policy")
+    __slots__ = ("_head", "_items", "_order", "_order_step", "_policy")
 
     def __init__(self, policy: LPMPolicy) -> None:
         self._policy = policy
         self._items: list[Request] = []
         self._order: list[Request] | None = None
         self._order_step = -1
+        # What peek() returned: pop() removes exactly that request.
+        self._head: Request | None = None
 
     def add(self, request: Request) -> None:
         """Append (ranked at the next look)."""
@@ -63,13 +65,22 @@ class LPMQueue:
         """The best-ranked request."""
         if not self._items:
             raise IndexError("peek from an empty queue")
-        return self._ranked()[-1]
+        head = self._head = self._ranked()[-1]
+        return head
 
     def pop(self) -> Request:
         """Remove the best-ranked request."""
         if not self._items:
             raise IndexError("pop from an empty queue")
-        req = self._ranked().pop()
+        order = self._ranked()
+        head, self._head = self._head, None
+        if head is None or head is order[-1]:
+            req = order.pop()
+        elif head in self._items:
+            order.remove(head)
+            req = head
+        else:
+            req = order.pop()
         self._items.remove(req)
         return req
 
@@ -77,6 +88,7 @@ class LPMQueue:
         """Drop requests."""
         self._items = [r for r in self._items if r not in requests]
         self._order = None
+        self._head = None
 
     def __len__(self) -> int:
         return len(self._items)

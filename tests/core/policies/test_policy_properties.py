@@ -1,0 +1,95 @@
+"""Hypothesis: under every policy, random workloads finish, invariants hold after every step,
+sjf's aging bounds who can overtake a request, and fair keeps backlogged tenants level."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from llmsched.core.policies import POLICY_NAMES
+from support.policy_driver import STEP_S, Spec, config, drive
+
+_SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+ALL = [*POLICY_NAMES, "fair+skip-admission", "sjf+skip-admission", "priority-preemptive+skip-admission"]
+
+
+@st.composite
+def workloads(draw: st.DrawFn, tenants: int = 3, all_at_once: bool = False) -> list[Spec]:
+    """Up to 14 requests with random lengths, arrivals, priorities and tenants."""
+    n = draw(st.integers(1, 14))
+    return [
+        Spec(
+            f"r{i}",
+            0 if all_at_once else draw(st.integers(0, 30)),
+            draw(st.integers(1, 200)),
+            draw(st.integers(1, 40)),
+            priority=draw(st.integers(0, 2)),
+            tenant=f"t{draw(st.integers(0, tenants - 1))}",
+        )
+        for i in range(n)
+    ]
+
+
+@_SETTINGS
+@given(
+    policy=st.sampled_from(ALL),
+    specs=workloads(),
+    blocks=st.integers(20, 80),
+    seqs=st.integers(1, 6),
+    budget=st.sampled_from([16, 48, 256]),
+)
+def test_every_policy_finishes_every_request_with_invariants_kept(
+    policy: str, specs: list[Spec], blocks: int, seqs: int, budget: int
+) -> None:
+    cfg = config(
+        policy=policy,
+        num_gpu_blocks=blocks,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=budget,
+        policy_config={"ttft_slo_s": 0.5} if policy == "slo" else None,
+    )
+    run = drive(cfg, specs)  # debug=True: core invariants checked after every step
+    assert set(run.finished) == {s.rid for s in specs}
+    if policy != "slo":
+        assert not run.declined
+    for rid in set(run.finished) - run.declined:
+        assert rid in run.first_scheduled
+
+
+AGING = 2000.0  # tokens per second: 20 tokens per 10 ms step
+
+
+@_SETTINGS
+@given(specs=workloads(), seqs=st.integers(1, 3))
+def test_sjf_aging_bounds_who_can_overtake(specs: list[Spec], seqs: int) -> None:
+    """Nobody arriving more than (its remaining tokens) / aging after a request is admitted before it."""
+    cfg = config(policy="sjf", policy_config={"aging_tokens_per_s": AGING}, max_num_seqs=seqs)
+    run = drive(cfg, specs)
+    by_id = {s.rid: s for s in specs}
+    pos = {rid: k for k, rid in enumerate(run.admitted_order)}
+    for x in specs:
+        bound = (x.prompt_len + x.max_tokens) / AGING
+        for y in specs:
+            if pos[y.rid] < pos[x.rid]:
+                assert (y.arrival_step - x.arrival_step) * STEP_S <= bound + 1e-9, (by_id[x.rid], y)
+
+
+@_SETTINGS
+@given(specs=workloads(tenants=3, all_at_once=True))
+def test_fair_keeps_backlogged_tenants_within_one_request_of_each_other(specs: list[Spec]) -> None:
+    """While every tenant still has requests waiting, the tokens charged to any two differ by at
+    most one request's cost (VTC's bound: a factor of 1 + max_cost / share of each other)."""
+    cfg = config(policy="fair", num_gpu_blocks=400, max_num_seqs=2)
+    run = drive(cfg, specs)
+    cost = {s.rid: s.prompt_len + 2 * s.max_tokens for s in specs}
+    tenant = {s.rid: s.tenant for s in specs}
+    remaining = {t: sum(1 for s in specs if s.tenant == t) for t in {s.tenant for s in specs}}
+    charged = dict.fromkeys(remaining, 0)
+    max_cost = max(cost.values())
+    for rid in run.admitted_order:
+        if min(remaining.values()) == 0:
+            break
+        charged[tenant[rid]] += cost[rid]
+        remaining[tenant[rid]] -= 1
+        assert max(charged.values()) - min(charged.values()) <= max_cost
