@@ -63,33 +63,39 @@ def _lognormal(rng: random.Random, n: int, median: float, sigma: float, lo: int,
 def bursty_chat(n: int, seed: int) -> tuple[Workload, dict]:
     """Chat lengths (lognormal), gamma-bursty arrivals, 10% interactive."""
     rng = random.Random(seed)
-    arr = arrival_times(n, 14.0, 0.25, rng)
+    arr = arrival_times(n, 10.0, 0.25, rng)
     ins = _lognormal(rng, n, 600, 1.0, 16, 8000)
     outs = _lognormal(rng, n, 180, 0.9, 8, 2000)
     prios = array("l", [0 if rng.random() < 0.1 else 1 for _ in range(n)])
-    wl = Workload(arr, ins, outs, priorities=prios, request_rate=14.0, burstiness=0.25)
-    return wl, {"max_num_seqs": 64}
+    wl = Workload(arr, ins, outs, priorities=prios, request_rate=10.0, burstiness=0.25)
+    return wl, {"max_num_seqs": 32}
 
 
 def long_context_mix(n: int, seed: int) -> tuple[Workload, dict]:
     """A few 32k prompts among short ones on a cache holding about three of them."""
     rng = random.Random(seed)
-    arr = arrival_times(n, 6.0, 1.0, rng)
+    arr = arrival_times(n, 3.0, 1.0, rng)
     long = [rng.random() < 0.04 for _ in range(n)]
     ins = array("l", [32000 if lg else rng.randint(100, 500) for lg in long])
     outs = array("l", [rng.randint(50, 250) for _ in range(n)])
-    wl = Workload(arr, ins, outs, request_rate=6.0)
-    return wl, {"num_gpu_blocks": 6400, "max_model_len": 32768}
+    wl = Workload(arr, ins, outs, request_rate=3.0)
+    # A 32k context needs a model that has one: Qwen3-32B on two H100s.
+    return wl, {
+        "num_gpu_blocks": 6400,
+        "max_model_len": 32768,
+        "model": "qwen3-32b",
+        "tensor_parallel_size": 2,
+    }
 
 
 def multi_tenant(n: int, seed: int) -> tuple[Workload, dict]:
     """Tenant t0 sends 10x the requests of each of t1..t3; all alike otherwise."""
     rng = random.Random(seed)
-    arr = arrival_times(n, 30.0, 1.0, rng)
+    arr = arrival_times(n, 45.0, 1.0, rng)
     tenants = [rng.choices(["t0", "t1", "t2", "t3"], weights=[10, 1, 1, 1])[0] for _ in range(n)]
     ins = array("l", [rng.randint(200, 1000) for _ in range(n)])
     outs = array("l", [rng.randint(100, 300) for _ in range(n)])
-    wl = Workload(arr, ins, outs, tenants=tenants, request_rate=30.0)
+    wl = Workload(arr, ins, outs, tenants=tenants, request_rate=45.0)
     return wl, {"max_num_seqs": 48}
 
 
@@ -183,6 +189,9 @@ def figures(res, wl: Workload, name: str) -> dict:
         hi = {wl.arrivals[i] for i in range(len(wl)) if wl.priorities[i] == 0}
         t = sorted(r[2] - r[1] for r in recs if r[1] in hi)
         out["interactive_ttft_p99_s"] = percentile_sorted(t, 99)
+    if name == "multi_tenant":
+        light = sorted(r[2] - r[1] for r in recs if r[0] != "t0")
+        out["light_tenants_ttft_p99_s"] = percentile_sorted(light, 99)
     if name == "long_context_mix":
         t = sorted(r[2] - r[1] for r in recs if r[4] < 1000)
         out["short_ttft_p99_s"] = percentile_sorted(t, 99)
@@ -192,12 +201,90 @@ def figures(res, wl: Workload, name: str) -> dict:
 def run(name: str, policy: str, n: int, seed: int, model: str, hardware: str) -> dict:
     """One workload under one policy."""
     wl, knobs = WORKLOADS[name](n, seed)
-    dep = build_deployment(DeploymentSpec(model=model, hardware=hardware, scheduling_policy=policy, **knobs))
+    knobs = {"model": model, "hardware": hardware, **knobs}
+    dep = build_deployment(DeploymentSpec(scheduling_policy=policy, **knobs))
     t0 = time.perf_counter()
     res = simulate(dep, wl, record_requests=True, fast_forward=True)
     out = figures(res, wl, name)
     out["wall_s"] = round(time.perf_counter() - t0, 2)
     return out
+
+
+# The figure each workload is built to move, and which way is better.
+FOCUS = {
+    "bursty_chat": ("ttft_p50_s", "p50 TTFT (s)"),
+    "long_context_mix": ("short_ttft_p99_s", "p99 TTFT of short requests (s)"),
+    "multi_tenant": ("jain", "Jain's index over tenants"),
+    "shared_prefix_rag": ("ttft_p50_s", "p50 TTFT (s)"),
+}
+COLUMNS = [
+    ("ttft_p50_s", "TTFT p50 s", "{:.2f}"),
+    ("ttft_p99_s", "TTFT p99 s", "{:.2f}"),
+    ("tpot_p50_ms", "TPOT p50 ms", "{:.1f}"),
+    ("tpot_p99_ms", "TPOT p99 ms", "{:.1f}"),
+    ("goodput_rps", "goodput req/s", "{:.2f}"),
+    ("max_wait_s", "max wait s", "{:.1f}"),
+    ("jain", "Jain", "{:.3f}"),
+]
+EXTRA = {
+    "bursty_chat": ("interactive_ttft_p99_s", "interactive TTFT p99 s"),
+    "long_context_mix": ("short_ttft_p99_s", "short-request TTFT p99 s"),
+    "multi_tenant": ("light_tenants_ttft_p99_s", "light tenants' TTFT p99 s"),
+    "shared_prefix_rag": ("prefix_hit_rate", "prefix hit rate"),
+}
+
+
+def markdown(results: dict) -> str:
+    """One table per workload, FCFS first."""
+    lines = []
+    for name, rows in results.items():
+        key, label = EXTRA[name]
+        lines.append(f"**{name}**\n")
+        head = ["policy", *(c[1] for c in COLUMNS), label, "declined", "preemptions"]
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "---|" * len(head))
+        for policy, r in rows.items():
+            cells = [policy]
+            cells += [fmt.format(r[k]) if k in r else "-" for k, _, fmt in COLUMNS]
+            cells += [f"{r[key]:.3g}", str(r["declined"]), str(r["preemptions"])]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(results: dict, path: str) -> None:
+    """Per workload: each policy's focus figure and p99 TTFT, as bars beside FCFS."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(13, 8.5))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(2, 2).flatten()
+    for ax, (name, rows) in zip(axes, results.items()):
+        key, label = FOCUS[name]
+        policies = list(rows)
+        xs = range(len(policies))
+        width = 0.4
+        ax.bar([x - width / 2 for x in xs], [rows[p].get(key, 0.0) for p in policies], width, label=label)
+        if key != "ttft_p99_s":
+            ax2 = ax.twinx()
+            ax2.bar(
+                [x + width / 2 for x in xs],
+                [rows[p]["ttft_p99_s"] for p in policies],
+                width,
+                color="tab:orange",
+                label="p99 TTFT (s)",
+            )
+            ax2.set_ylabel("p99 TTFT (s)", color="tab:orange")
+        ax.set_ylabel(label, color="tab:blue")
+        ax.set_xticks(list(xs), policies, rotation=35, ha="right", fontsize=8)
+        ax.set_title(name)
+    fig.suptitle(
+        "Scheduling policies in the simulator (blue: the figure each workload targets; orange: p99 TTFT)"
+    )
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
 
 
 def main() -> int:
@@ -210,7 +297,8 @@ def main() -> int:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--json", default=str(ROOT / "results" / "policy_study.json"))
-    ap.add_argument("--plot", default=str(ROOT / "docs" / "policy_study.png"))
+    ap.add_argument("--plot", default=str(ROOT / "docs" / "img" / "policy_study.png"))
+    ap.add_argument("--markdown", default=None, help="also write the tables as Markdown here")
     args = ap.parse_args()
     results: dict = {}
     for name in args.workloads.split(","):
@@ -223,6 +311,14 @@ def main() -> int:
     with open(args.json, "w") as f:
         json.dump({"num_requests": args.num_requests, "seed": args.seed, "results": results}, f, indent=2)
     print(f"wrote {args.json}")
+    table = markdown(results)
+    print()
+    print(table)
+    if args.markdown:
+        Path(args.markdown).write_text(table)
+    if args.plot:
+        plot(results, args.plot)
+        print(f"wrote {args.plot}")
     return 0
 
 

@@ -147,3 +147,25 @@ def test_importing_the_package_the_cli_and_llm_does_not_load_torch() -> None:
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_tenants_reach_the_fair_policy(byte_model_dir: Path, fake_factory) -> None:
+    llm = make_llm(byte_model_dir, fake_factory, scheduling_policy="fair", max_num_seqs=1)
+    seen: list[str | None] = []
+    sched = llm.llm_engine.engine_core.scheduler
+    admit = sched.policy.admit
+
+    def spy(request, blocked):
+        if blocked is None:
+            seen.append(request.tenant)
+        return admit(request, blocked)
+
+    sched.policy.admit = spy
+    outs = llm.generate(
+        ["a", "b", "c", "d"], SamplingParams(max_tokens=2), use_tqdm=False, tenant=["x", "x", "x", "y"]
+    )
+    assert all(o.finished for o in outs)
+    # y's single request goes second: x was charged for its first one.
+    assert seen == ["x", "y", "x", "x"]
+    with pytest.raises(ValueError, match="tenant"):
+        llm.generate(["a", "b"], use_tqdm=False, tenant=["x"])

@@ -136,6 +136,9 @@ def replay(
 
     n = len(workload.requests)
     pending = sorted(workload.requests, key=lambda r: r.arrival_step)
+    clock = [0.0]
+    # Arrival times count steps here, so time-reading policies (slo) count steps too.
+    sched.clock = lambda: clock[0]
     summary = ReplaySummary(num_requests=n)
     # The loop's step counter at each schedule() call: with async scheduling
     # a step is recorded when its output is applied, one loop turn later.
@@ -147,6 +150,7 @@ def replay(
         turns += 1
         if connector is not None:
             connector.now = step
+        clock[0] = float(step)
         while p < n and pending[p].arrival_step <= step:
             wr = pending[p]
             engine.add_request(
