@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from support.policy_driver import Spec, config, drive
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "policies"
