@@ -169,3 +169,10 @@ def test_tenants_reach_the_fair_policy(byte_model_dir: Path, fake_factory) -> No
     assert seen == ["x", "y", "x", "x"]
     with pytest.raises(ValueError, match="tenant"):
         llm.generate(["a", "b"], use_tqdm=False, tenant=["x"])
+
+
+def test_requests_the_slo_policy_declines_end_as_aborted(byte_model_dir: Path, fake_factory) -> None:
+    llm = make_llm(byte_model_dir, fake_factory, scheduling_policy="slo", policy_config={"ttft_slo_s": 0.0})
+    outs = llm.generate(["abc", "de"], SamplingParams(max_tokens=3), use_tqdm=False)
+    assert [o.outputs[0].finish_reason for o in outs] == ["abort", "abort"]
+    assert all(o.finished and o.outputs[0].token_ids == [] for o in outs)

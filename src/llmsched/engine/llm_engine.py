@@ -387,6 +387,14 @@ class LLMEngine:
             out = st.make_output(finished)
             if out is not None:
                 outputs.append(out)
+        for req in es.outputs.finished:
+            st = states.pop(req.request_id, None)
+            if st is not None:
+                # Finished with no new token: declined by the scheduling policy.
+                st.metrics.finished_time = now
+                out = st.make_output(True)
+                if out is not None:
+                    outputs.append(out)
         return outputs
 
     def _logprobs_by_id(self, es: EngineStep) -> dict[str, Sequence[object]]:
