@@ -50,9 +50,11 @@ class DPGroup:
         self.transport = SimTransport(sched_config, cost_model, dp, sync_s=sync_s)
         self.engine = DPEngine(self.transport, keep_results=False)
         self.ranks = self.transport.ranks
-        if tally.explain:
-            for r in self.ranks:
+        for r in self.ranks:
+            if tally.explain:
                 r.scheduler.enable_trace()
+            # Policies that read the time (slo) read the virtual clock arrivals use.
+            r.scheduler.clock = self.clock
         self.arrivals = arrivals
         self.tally = tally
         self.hold = hold

@@ -141,6 +141,8 @@ class SimResult:
         ]
         if self.num_length_capped:
             rows.append(("Outputs cut at max_model_len:", self.num_length_capped))
+        if self.num_declined:
+            rows.append(("Declined by the policy:", self.num_declined))
         if self.data_parallel is not None:
             rows.extend(self.data_parallel.get("rows", []))
         if self.step_costs is not None:
