@@ -38,12 +38,14 @@ def workloads(draw: st.DrawFn, tenants: int = 3, all_at_once: bool = False) -> l
     blocks=st.integers(20, 80),
     seqs=st.integers(1, 6),
     budget=st.sampled_from([16, 48, 256]),
+    async_scheduling=st.booleans(),
 )
 def test_every_policy_finishes_every_request_with_invariants_kept(
-    policy: str, specs: list[Spec], blocks: int, seqs: int, budget: int
+    policy: str, specs: list[Spec], blocks: int, seqs: int, budget: int, async_scheduling: bool
 ) -> None:
     cfg = config(
         policy=policy,
+        async_scheduling=async_scheduling,
         num_gpu_blocks=blocks,
         max_num_seqs=seqs,
         max_num_batched_tokens=budget,
