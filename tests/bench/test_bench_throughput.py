@@ -178,3 +178,12 @@ def test_json_schema_file_errors_are_named(tmp_path: Path) -> None:
         load_json_schema(bad)
     with pytest.raises(ConfigError, match="cannot read"):
         load_json_schema(tmp_path / "missing.json")
+
+
+def test_dataset_tenants_are_read_and_checked(tmp_path: Path) -> None:
+    ds = tmp_path / "t.jsonl"
+    ds.write_text('{"prompt": "a", "tenant": "acme"}\n{"prompt": "b"}\n')
+    assert [r.tenant for r in load_dataset(ds, 4, [1])] == ["acme", None]
+    ds.write_text('{"prompt": "a", "tenant": 7}\n')
+    with pytest.raises(ConfigError, match="tenant must be a string"):
+        load_dataset(ds, 4, [1])

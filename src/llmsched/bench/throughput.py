@@ -33,6 +33,8 @@ class BenchRequest:
     prompt: str | list[int]
     output_len: int
     json_schema: dict | None = None
+    # Who sends it (the fair policy, per-tenant metrics).
+    tenant: str | None = None
 
 
 def load_json_schema(path: str | Path) -> dict:
@@ -74,7 +76,7 @@ def load_dataset(
     seed: int = 0,
 ) -> list[BenchRequest]:
     """Requests from JSONL: ``prompt`` (text), ``prompt_token_ids`` or ``prompt_len``; ``output_len``;
-    optionally ``json_schema`` (the request's output is constrained to it).
+    optionally ``json_schema`` (the request's output is constrained to it) and ``tenant``.
 
     ``prompt_len`` (alias ``input_len``) draws random ids, so traces written
     for ``llmsched simulate`` run here too; ``max_tokens`` is an alias of
@@ -115,7 +117,10 @@ def load_dataset(
             schema = rec.get("json_schema")
             if schema is not None and not isinstance(schema, dict):
                 raise ConfigError(f"{p}:{lineno}: json_schema must be an object")
-            out.append(BenchRequest(prompt, out_len, schema))
+            tenant = rec.get("tenant")
+            if tenant is not None and not isinstance(tenant, str):
+                raise ConfigError(f"{p}:{lineno}: tenant must be a string, got {tenant!r}")
+            out.append(BenchRequest(prompt, out_len, schema, tenant))
     if not out:
         raise ConfigError(f"{p}: no requests")
     return out
@@ -202,7 +207,9 @@ def run_throughput(
         )
         prompt = r.prompt if isinstance(r.prompt, str) else {"prompt_token_ids": r.prompt}
         try:
-            engine.add_request(rid, prompt, params, arrival_time=start, output_kind=RequestOutputKind.DELTA)
+            engine.add_request(
+                rid, prompt, params, arrival_time=start, output_kind=RequestOutputKind.DELTA, tenant=r.tenant
+            )
         except (RequestRejected, ValueError) as e:
             rejections.append((rid, str(e)))
             collector.add_failed(len(r.prompt) if isinstance(r.prompt, list) else 0)
