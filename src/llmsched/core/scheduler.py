@@ -11,6 +11,7 @@ preempt. In its default configuration every decision equals vLLM V1's.
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable, Iterable
 
@@ -463,35 +464,21 @@ class Scheduler:
         """
         kv = self.kv
         running = self.running
-        events = [kv.next_decode_event(r) for r in running]
-        left = num_steps
-        while left:
-            # Steps before any request's next allocation event change only
-            # counts and tokens: taken together.
-            quiet = left
-            for i, r in enumerate(running):
-                q = events[i] - r.num_computed_tokens - 1
-                if q < quiet:
-                    quiet = q
-            if quiet > 0:
-                more = [token_id] * quiet
-                for r in running:
-                    r.num_computed_tokens += quiet
-                    r.token_ids.extend(more)
-                    r.num_tokens += quiet
-                left -= quiet
-                if not left:
-                    break
-            # One step with its allocations, in running order.
-            for i, r in enumerate(running):
-                c = r.num_computed_tokens + 1
-                if c >= events[i]:
-                    kv.allocate_slots(r, 1)
-                    events[i] = kv.next_decode_event(r)
-                r.num_computed_tokens = c
-                r.token_ids.append(token_id)
-                r.num_tokens = c + 1
-            left -= 1
+        base = [r.num_computed_tokens for r in running]
+        # Only allocation events touch shared state (the pool, the cache), so
+        # they alone run in step order, and in running order within a step:
+        # (step index, running index) on a heap. A request's own counts and
+        # tokens are caught up lazily, just before its event and at the end.
+        events = [(kv.next_decode_event(r) - base[i] - 1, i) for i, r in enumerate(running)]
+        heapq.heapify(events)
+        while events and events[0][0] < num_steps:
+            j, i = heapq.heappop(events)
+            r = running[i]
+            _catch_up(r, base[i] + j, token_id)
+            kv.allocate_slots(r, 1)
+            heapq.heappush(events, (kv.next_decode_event(r) - base[i] - 1, i))
+        for i, r in enumerate(running):
+            _catch_up(r, base[i] + num_steps, token_id)
         self._step += num_steps
         self._num_executed_steps += num_steps
         # What an admitting step with an empty queue sets.
@@ -1032,3 +1019,12 @@ class Scheduler:
             self.kv.check_invariants(self._remote.detached_tables())
         else:
             self.kv.check_invariants()
+
+
+def _catch_up(r: Request, computed: int, token_id: int) -> None:
+    """Bring a plainly decoding request to ``computed`` computed tokens, one sampled token ahead."""
+    more = computed - r.num_computed_tokens
+    if more > 0:
+        r.num_computed_tokens = computed
+        r.token_ids.extend([token_id] * more)
+        r.num_tokens = computed + 1
