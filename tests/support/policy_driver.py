@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from llmsched.core import ModelRunnerOutput, Request, SamplingParams, Scheduler, SchedulerConfig
+from llmsched.core import (
+    ModelRunnerOutput,
+    Request,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutput,
+)
 
 STEP_S = 0.01  # virtual seconds per step
 
@@ -61,8 +69,17 @@ def config(**kw: object) -> SchedulerConfig:
     return SchedulerConfig(**base)
 
 
-def drive(cfg: SchedulerConfig, specs: list[Spec], max_steps: int = 20000, trace: bool = False) -> Run:
-    """Run every request to its end; the scheduler checks its invariants after each step (debug)."""
+def drive(
+    cfg: SchedulerConfig,
+    specs: list[Spec],
+    max_steps: int = 20000,
+    trace: bool = False,
+    on_step: Callable[[Scheduler, SchedulerOutput], None] | None = None,
+) -> Run:
+    """Run every request to its end; the scheduler checks its invariants after each step (debug).
+
+    ``on_step`` sees the scheduler right after each schedule() call.
+    """
     s = Scheduler(cfg)
     run = Run()
     now = [0.0]
@@ -81,6 +98,8 @@ def drive(cfg: SchedulerConfig, specs: list[Spec], max_steps: int = 20000, trace
         out = s.schedule()
         if trace:
             run.traces.append(out.trace)
+        if on_step is not None:
+            on_step(s, out)
         served: dict[str | None, int] = {}
         for req, n in zip(out.scheduled, out.num_scheduled_tokens):
             run.first_scheduled.setdefault(req.request_id, step)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from llmsched.core import Reason, Scheduler, SchedulerOutput
 from llmsched.core.policies import POLICY_NAMES
 from support.policy_driver import STEP_S, Spec, config, drive
 
@@ -95,3 +96,27 @@ def test_fair_keeps_backlogged_tenants_within_one_request_of_each_other(specs: l
         charged[tenant[rid]] += cost[rid]
         remaining[tenant[rid]] -= 1
         assert max(charged.values()) - min(charged.values()) <= max_cost
+
+
+@_SETTINGS
+@given(specs=workloads(), blocks=st.integers(20, 60), seqs=st.integers(1, 4))
+def test_priority_preemptive_never_leaves_higher_priority_waiting_behind_lower(
+    specs: list[Spec], blocks: int, seqs: int
+) -> None:
+    """When admissions stop at a request for lack of KV blocks or slots, no request of lower
+    priority admitted in an earlier step is still running (it would have been preempted)."""
+
+    def check(s: Scheduler, out: SchedulerOutput) -> None:
+        head = out.trace.entries and next(
+            (e for e in out.trace.entries if e.reason in (Reason.KV_SHORT, Reason.MAX_NUM_SEQS)), None
+        )
+        if not head:
+            return
+        req = s.requests[head.request_id]
+        admitted = set(out.admitted)
+        lower = [r.request_id for r in s.running if r not in admitted and r.priority >= req.priority + 1]
+        assert not lower, (head, lower)
+
+    cfg = config(policy="priority-preemptive", num_gpu_blocks=blocks, max_num_seqs=seqs)
+    run = drive(cfg, specs, trace=True, on_step=check)
+    assert set(run.finished) == {sp.rid for sp in specs}
