@@ -64,7 +64,7 @@ def _with_tokens(wl: Workload, rng: random.Random) -> Workload:
     return wl
 
 
-def run_real(ex: TorchExecutor, config: SchedulerConfig, wl: Workload) -> list[tuple]:
+def run_real(ex: TorchExecutor, config: SchedulerConfig, wl: Workload, tag: str) -> list[tuple]:
     """The workload on the wall clock; (tenant, sent, first token, end, prompt, output) per request."""
     engine = EngineCore(config, ex)
     engine.scheduler.clock = lambda: time.perf_counter() - t0
@@ -76,7 +76,7 @@ def run_real(ex: TorchExecutor, config: SchedulerConfig, wl: Workload) -> list[t
         while nxt < n and wl.arrivals[nxt] <= now:
             t = wl.tenants[nxt] if wl.tenants is not None else None
             r = SimRequest(
-                str(nxt),
+                f"{tag}-{nxt}",
                 wl.prompt(nxt),
                 greedy(wl.output_lens[nxt]),
                 arrival_time=wl.arrivals[nxt],
@@ -97,6 +97,9 @@ def run_real(ex: TorchExecutor, config: SchedulerConfig, wl: Workload) -> list[t
             records.append(
                 (r.tenant, r.sent_time, r.first_token_time, end, r.num_prompt_tokens, r.num_output_tokens)
             )
+    while engine.has_requests():
+        # Tell the executor about the last finished requests: it frees their rows.
+        engine.step()
     return records
 
 
@@ -145,7 +148,7 @@ def main() -> int:
                     scheduling_policy=policy,
                 )
                 dep = build_deployment(spec)
-                real = figures(run_real(ex, dep.scheduler_config, wl), wl)
+                real = figures(run_real(ex, dep.scheduler_config, wl, f"{name}-{policy}"), wl)
                 sim = figures(simulate(dep, wl, record_requests=True).requests, wl)
                 out[name][policy] = {"real": real, "sim": sim}
                 print(

@@ -284,7 +284,10 @@ class TorchExecutor:
         self._thread = None
 
     def _unload(self) -> None:
-        self.batch.clear()
+        # Rows of requests that finished in the last step (never reported
+        # back as finished) are still there; their tensors are inference tensors.
+        with torch.inference_mode():
+            self.batch.clear()
         for name in ("model", "kv_cache", "weights"):
             if hasattr(self, name):
                 delattr(self, name)

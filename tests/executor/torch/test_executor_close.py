@@ -1,0 +1,20 @@
+"""Closing a TorchExecutor that still holds rows of requests never reported finished."""
+
+from __future__ import annotations
+
+from llmsched.core import Request, SamplingParams, SchedulerConfig
+from llmsched.engine import EngineCore
+from llmsched.executor.torch import TorchExecutor
+
+
+def test_close_after_rows_grew_during_a_step(tiny_models):
+    kw = {"num_gpu_blocks": 16, "max_model_len": 64}
+    ex = TorchExecutor(tiny_models["llama"].path, dtype="float32", max_num_seqs=1, **kw)
+    for rid in ("a", "b"):
+        # Each engine stops at the step its request finished, so the executor
+        # never hears of it: "b" needs a second row, grown inside a step.
+        engine = EngineCore(SchedulerConfig(block_size=ex.block_size, max_num_seqs=1, **kw), ex)
+        engine.add_request(Request(rid, [1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True)))
+        while not engine.step().outputs.finished:
+            pass
+    ex.close()
