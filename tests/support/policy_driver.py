@@ -48,6 +48,8 @@ class Run:
     first_scheduled: dict[str, int] = field(default_factory=dict)
     finished: dict[str, int] = field(default_factory=dict)
     declined: set[str] = field(default_factory=set)
+    # Requests that sampled at least one token.
+    sampled: set[str] = field(default_factory=set)
     admitted_order: list[str] = field(default_factory=list)
     steps: int = 0
     traces: list = field(default_factory=list)
@@ -107,6 +109,7 @@ def drive(
         run.service.append(served)
         run.admitted_order.extend(r.request_id for r in out.admitted if r.num_preemptions == 0)
         sampled = [[] if r.is_prefill_chunk else [7] for r in out.scheduled]
+        run.sampled.update(r.request_id for r, t in zip(out.scheduled, sampled) if t)
         res = s.update_from_output(out, ModelRunnerOutput(sampled))
         for r in res.finished:
             run.finished[r.request_id] = step

@@ -120,3 +120,28 @@ def test_priority_preemptive_never_leaves_higher_priority_waiting_behind_lower(
     cfg = config(policy="priority-preemptive", num_gpu_blocks=blocks, max_num_seqs=seqs)
     run = drive(cfg, specs, trace=True, on_step=check)
     assert set(run.finished) == {sp.rid for sp in specs}
+
+
+@_SETTINGS
+@given(specs=workloads(), blocks=st.integers(20, 40), limit=st.integers(0, 5))
+def test_skip_admission_skips_a_request_at_most_skip_limit_times(
+    specs: list[Spec], blocks: int, limit: int
+) -> None:
+    cfg = config(policy="skip-admission", num_gpu_blocks=blocks, policy_config={"skip_limit": limit})
+    run = drive(cfg, specs, trace=True)
+    skips: dict[str, int] = {}
+    for t in run.traces:
+        for e in t.entries:
+            if e.reason is Reason.SKIPPED_NO_ROOM:
+                skips[e.request_id] = skips.get(e.request_id, 0) + 1
+    assert all(n <= limit for n in skips.values()), skips
+    assert set(run.finished) == {s.rid for s in specs}
+
+
+@_SETTINGS
+@given(specs=workloads(), slo=st.sampled_from([0.02, 0.1, 0.5]))
+def test_slo_never_declines_a_request_that_produced_output(specs: list[Spec], slo: float) -> None:
+    cfg = config(policy="slo", policy_config={"ttft_slo_s": slo, "prefill_tokens_per_s": 5000})
+    run = drive(cfg, specs)
+    assert not run.declined & run.sampled
+    assert set(run.finished) == {s.rid for s in specs}
