@@ -463,7 +463,7 @@ def test_grammar_compiling_reason() -> None:
 
 def test_every_reason_has_a_scenario() -> None:
     # Guards this file: a new Reason needs a scenario above (the KV-connector
-    # ones have theirs in test_remote_kv.py).
+    # ones have theirs in test_remote_kv.py, the policies' in core/policies/).
     assert {r.value for r in Reason} == {
         "scheduled",
         "nothing_to_compute",
@@ -485,6 +485,11 @@ def test_every_reason_has_a_scenario() -> None:
         "waiting_for_remote_kv",
         "kv_load_failed_recomputing",
         "blocks_held_while_sending",
+        "skipped_no_room",
+        "preempted_for_waiting_priority",
+        "held_for_fair_share",
+        "declined_for_deadline",
+        "held_by_policy",
     }
 
 
