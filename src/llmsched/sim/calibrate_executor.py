@@ -114,6 +114,18 @@ def fit_host_costs(samples: Sequence[StepSample]) -> HostFit:
     return HostFit(step, layer, request, 1.0 / per_byte if per_byte > 0 else math.inf)
 
 
+def fit_rms_error(fit: HostFit, samples: Sequence[StepSample]) -> float:
+    """Root mean square of the fit's relative misses on its own samples: large when the steps disagree."""
+    per_byte = 1.0 / fit.decode_kv_bandwidth if math.isfinite(fit.decode_kv_bandwidth) else 0.0
+    errs = []
+    for s in samples:
+        model = (
+            fit.step_overhead_s + s.layers * fit.layer_overhead_s + s.decodes * fit.request_overhead_s
+        ) + s.kv_bytes * per_byte
+        errs.append((model - s.residual_s) / max(s.residual_s, 1e-9))
+    return math.sqrt(sum(e * e for e in errs) / len(errs)) if errs else 0.0
+
+
 def _lstsq(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
     """Least squares via the normal equations (a handful of unknowns, well scaled by column)."""
     k = len(rows[0]) if rows else 0
@@ -305,6 +317,7 @@ def measure_executor(hardware: HardwareProfile) -> dict:
             samples.extend(time_decode_steps(folder, layers, hardware))
     fit = fit_host_costs(samples)
     return {
+        "fit_rms_error": fit_rms_error(fit, samples),
         "step_overhead_s": fit.step_overhead_s,
         "layer_overhead_s": fit.layer_overhead_s,
         "request_overhead_s": fit.request_overhead_s,
@@ -331,7 +344,20 @@ def main(argv: list[str] | None = None) -> int:
         cuda_graphs=False,
         efficiency={"attention": figures["attention_efficiency"], "memory": figures["memory_efficiency"]},
     )
-    print(json.dumps(measure_executor(hw)))
+    # The matmul peak measured again here, before and after the probe, with
+    # the executor's thread and allocator settings: the caller compares it
+    # with its own microbenchmark, so a disturbance in either window, or a
+    # library that dispatches differently in the executor's process, shows.
+    from llmsched.sim.calibrate_torch import matmul_flops
+    from llmsched.sim.settle import Limits, measure
+
+    limits = Limits(**figures.get("limits", {}))
+    n = figures.get("matmul_n", 1024)
+    before = measure("probe_peak_flops_before", *matmul_flops(n), limits)
+    out = measure_executor(hw)
+    after = measure("probe_peak_flops_after", *matmul_flops(n), limits)
+    out["readings"] = [before.to_dict(), after.to_dict()]
+    print(json.dumps(out))
     return 0
 
 
