@@ -13,6 +13,7 @@ from llmsched.core.errors import ConfigError
 from llmsched.engine.chat_cli import add_chat_parser
 from llmsched.engine.cli import add_generate_parser
 from llmsched.server.cli import add_serve_parser
+from llmsched.sim.calibrate_cli import add_calibrate_parser
 from llmsched.sim.cli import add_simulate_parser
 
 
@@ -83,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--summary-json", metavar="PATH", help="write the summary as JSON")
     r.set_defaults(func=_replay)
     add_simulate_parser(sub)
+    add_calibrate_parser(sub)
     add_generate_parser(sub)
     add_chat_parser(sub)
     add_bench_parser(sub)

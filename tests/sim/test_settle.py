@@ -52,7 +52,7 @@ def test_a_disturbed_figure_is_measured_again_and_the_least_disturbed_kept(monke
     shares = iter([0.6, 0.3, 0.4])
     monkeypatch.setattr(settle.machine_load, "sample", lambda: object())
     monkeypatch.setattr(settle.machine_load, "foreign_share", lambda a, b: next(shares))
-    monkeypatch.setattr(settle, "settle", lambda run, limits: settle.Settled(0.5, 0.0, 5, True))
+    monkeypatch.setattr(settle, "settle", lambda run, limits: settle.Settled(0.5, 0.0, 5, True, 3))
     limits = Limits(attempts=3)
     r = settle.measure("peak", 10.0, lambda: None, limits)
     assert r.value == pytest.approx(20.0)

@@ -202,9 +202,6 @@ def _probe_check(peak: float, probe: dict, limits: Limits) -> list[str]:
                 f"{peak / 1e9:.0f} here ({100 * (ratio - 1):+.0f}%, "
                 f"limit {100 * _CROSS_CHECK_TOLERANCE:.0f}%)"
             )
-        problem = Reading(**r).problem(limits)
-        if problem:
-            problems.append(problem)
     if probe.get("fit_rms_error", 0.0) > _MAX_FIT_ERROR:
         problems.append(
             f"the executor probe's steps disagree with their fit by {100 * probe['fit_rms_error']:.0f}% "
@@ -349,7 +346,11 @@ def _summary(c: dict) -> str:
 
 def cpu_profile(recalibrate: bool = False) -> HardwareProfile:
     """This machine's CPU as a hardware profile: measured peaks, attention rates and host overhead."""
-    c = calibration(recalibrate)
+    return profile_from_calibration(calibration(recalibrate))
+
+
+def profile_from_calibration(c: dict, name: str = "cpu") -> HardwareProfile:
+    """The hardware profile a calibration's figures describe (flagged in its description if unsettled)."""
     efficiency = None
     if "attention_efficiency" in c:
         # The matmul peak is a measured, sustained figure (not a datasheet
@@ -359,7 +360,7 @@ def cpu_profile(recalibrate: bool = False) -> HardwareProfile:
         efficiency = {"attention": c["attention_efficiency"], "memory": c["memory_efficiency"]}
     unsettled = "" if c.get("settled", True) else " UNSETTLED: " + "; ".join(c.get("problems", []))
     return HardwareProfile(
-        name="cpu",
+        name=name,
         description=f"this machine's CPU, calibrated with {c['backend']} ({_summary(c)}){unsettled}",
         peak_flops_bf16=c["peak_flops"],
         peak_flops_fp8=None,

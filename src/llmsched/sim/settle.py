@@ -47,6 +47,7 @@ class Settled:
     spread: float
     calls: int
     settled: bool
+    readings: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,7 @@ class Reading:
     settled: bool
     foreign_share: float
     attempts: int
+    readings: int = 0
 
     def clean(self, limits: Limits) -> bool:
         """Settled, and no more than the tolerated share of the cores went to other processes."""
@@ -67,17 +69,20 @@ class Reading:
 
     def problem(self, limits: Limits) -> str | None:
         """Why the figure cannot be trusted, or None."""
-        if not self.settled:
-            return (
-                f"{self.name} did not settle: the last {limits.agree} readings of {self.calls} "
-                f"spread {100 * self.spread:.0f}% (limit {100 * limits.tolerance:.0f}%)"
-            )
+        why = []
         if self.foreign_share > limits.max_foreign_share:
-            return (
-                f"{self.name}: other processes used {100 * self.foreign_share:.0f}% of the cores while it "
-                f"was measured (limit {100 * limits.max_foreign_share:.0f}%)"
+            why.append(
+                f"other processes used {100 * self.foreign_share:.0f}% of the cores while it was measured "
+                f"(limit {100 * limits.max_foreign_share:.0f}%)"
             )
-        return None
+        if not self.settled and self.readings < limits.agree:
+            why.append(f"did not settle: {self.readings} readings in the {limits.max_seconds:g} s allowed")
+        elif not self.settled:
+            why.append(
+                f"did not settle: its last {limits.agree} readings spread {100 * self.spread:.0f}% "
+                f"(limit {100 * limits.tolerance:.0f}%)"
+            )
+        return f"{self.name}: {', and '.join(why)}" if why else None
 
     def to_dict(self) -> dict:
         """Plain-dict form (for the calibration record)."""
@@ -106,11 +111,11 @@ def settle(run: Callable[[], object], limits: Limits) -> Settled:
         calls += inner
         last = readings[-limits.agree :]
         if len(last) == limits.agree and _spread(last) <= limits.tolerance:
-            return Settled(statistics.median(last), _spread(last), calls, True)
+            return Settled(statistics.median(last), _spread(last), calls, True, len(readings))
         if time.perf_counter() - start > limits.max_seconds:
             break
     last = readings[-limits.agree :]
-    return Settled(statistics.median(last), _spread(last), calls, False)
+    return Settled(statistics.median(last), _spread(last), calls, False, len(readings))
 
 
 def measure(name: str, work: float, run: Callable[[], object], limits: Limits) -> Reading:
@@ -120,7 +125,8 @@ def measure(name: str, work: float, run: Callable[[], object], limits: Limits) -
         before = machine_load.sample()
         s = settle(run, limits)
         share = machine_load.foreign_share(before, machine_load.sample())
-        r = Reading(name, work / s.seconds, s.spread, s.calls, s.settled, round(share, 3), attempt)
+        share = round(share, 3)
+        r = Reading(name, work / s.seconds, s.spread, s.calls, s.settled, share, attempt, s.readings)
         if r.clean(limits):
             return r
         # Keep the least disturbed attempt; a settled one before an unsettled one.
