@@ -32,6 +32,8 @@ FITTED = (
 )
 
 log = logging.getLogger(__name__)
+# Profile files already warned about: a run that loads one per scenario warns once.
+_warned: set[str] = set()
 
 
 def write_profile(path: str | Path, calibration: dict, name: str | None = None) -> HardwareProfile:
@@ -68,7 +70,8 @@ def profile_from_file_data(data: dict, source: str) -> HardwareProfile:
     if not isinstance(hw, dict):
         raise ConfigError(f"{source}: a profile file needs a 'hardware' object")
     cal = data.get("calibration") or {}
-    if cal.get("settled") is False:
+    if cal.get("settled") is False and source not in _warned:
+        _warned.add(source)
         log.warning("%s: calibrated unsettled: %s", source, "; ".join(cal.get("problems", [])))
     return hardware_from_dict(hw, source=source)
 
