@@ -112,3 +112,11 @@ def test_simulate_runs_on_a_profile_file(tmp_path, capsys):
     argv = ["simulate", "--model", "llama-3-8b", "--hardware", str(path), "--num-prompts", "4"]
     assert main([*argv, "--input-len", "64", "--output-len", "8", "--disable-tqdm"]) == 0
     assert "420.0 GFLOP/s" in capsys.readouterr().out
+
+
+def test_calibrate_help_names_the_flags(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["calibrate", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--keep-unsettled" in out and "--compare" in out and "5% is flagged" in out

@@ -43,7 +43,7 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPa
         action="append",
         metavar="OTHER.json",
         help="print each fitted figure's difference from another profile file "
-        f"(more than {100 * AGREEMENT:.0f}% is flagged)",
+        f"(more than {100 * AGREEMENT:.0f}%% is flagged)",
     )
     p.add_argument(
         "--quick",
