@@ -115,15 +115,20 @@ def fit_host_costs(samples: Sequence[StepSample]) -> HostFit:
 
 
 def fit_rms_error(fit: HostFit, samples: Sequence[StepSample]) -> float:
-    """Root mean square of the fit's relative misses on its own samples: large when the steps disagree."""
+    """Root mean square of the fit's misses on its own samples over their mean: large when steps disagree."""
+    if not samples:
+        return 0.0
     per_byte = 1.0 / fit.decode_kv_bandwidth if math.isfinite(fit.decode_kv_bandwidth) else 0.0
-    errs = []
+    misses = []
     for s in samples:
         model = (
             fit.step_overhead_s + s.layers * fit.layer_overhead_s + s.decodes * fit.request_overhead_s
         ) + s.kv_bytes * per_byte
-        errs.append((model - s.residual_s) / max(s.residual_s, 1e-9))
-    return math.sqrt(sum(e * e for e in errs) / len(errs)) if errs else 0.0
+        misses.append(model - s.residual_s)
+    # Over the mean residual, not each one's: a small residual would make
+    # a microsecond's miss look enormous.
+    mean = sum(s.residual_s for s in samples) / len(samples)
+    return math.sqrt(sum(m * m for m in misses) / len(misses)) / max(abs(mean), 1e-9)
 
 
 def _lstsq(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
