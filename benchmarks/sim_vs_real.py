@@ -28,7 +28,7 @@ bfloat16, random weights):
 - async: the batch workload, smaller, with async scheduling on both sides.
 
     python benchmarks/sim_vs_real.py [--json results/sim_vs_real.json] [--scenario batch]
-        [--hardware PROFILE.json] [--repeats 2]
+        [--hardware PROFILE.json] [--repeats 2] [--wait-quiet SECONDS]
 """
 
 from __future__ import annotations
@@ -456,6 +456,15 @@ def build_model(folder: Path, seed: int) -> None:
     LlamaForCausalLM(LlamaConfig(**MODEL)).to(torch.bfloat16).save_pretrained(folder)
 
 
+def wait_quiet(timeout_s: float, what: str) -> None:
+    """Wait (up to ``timeout_s``) for the other processes to leave the cores; say if they did not."""
+    if timeout_s <= 0:
+        return
+    check = machine_load.wait_for_quiet(DISTURBED_SHARE, timeout_s)
+    if check.share > DISTURBED_SHARE:
+        print(f"not quiet after {timeout_s:g} s, starting {what} anyway: {check.describe()}")
+
+
 def hardware_profile(args: argparse.Namespace, out_dir: Path) -> tuple[Path, dict]:
     """The profile file to simulate with: ``--hardware``'s, or one calibrated now (on a thread of its own)."""
     if args.hardware:
@@ -496,6 +505,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PROFILE.json",
         help="simulate with this profile file (`llmsched calibrate` writes one) instead of calibrating now",
     )
+    ap.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before the calibration and each scenario, wait up to this long for a second in which other "
+        "processes use at most a tenth of the cores (default 0: start at once)",
+    )
     ap.add_argument("--json", default=str(ROOT / "results" / "sim_vs_real.json"))
     args = ap.parse_args(argv)
 
@@ -505,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     names = args.scenario or list(SCENARIOS)
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
+    wait_quiet(args.wait_quiet, "the calibration")
     profile, cal = hardware_profile(args, path.parent)
     hw_line = read_profile_description(profile)
     print(f"hardware: {hw_line}")
@@ -517,6 +535,7 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = Path(tmp) / "small-llama"
         on_a_thread(build_model, model_dir, args.seed)
         for name in names:
+            wait_quiet(args.wait_quiet, name)
             res = run_scenario(SCENARIOS[name], model_dir, profile, args.seed, args.repeats)
             print_report(res)
             results.append(res)

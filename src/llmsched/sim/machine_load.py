@@ -135,3 +135,15 @@ def quiet_check(seconds: float = 0.3) -> QuietCheck:
     time.sleep(seconds)
     b = sample(with_processes=True)
     return QuietCheck(round(foreign_share(a, b), 3), busiest_others(a, b))
+
+
+def wait_for_quiet(max_share: float, timeout_s: float, window_s: float = 1.0) -> QuietCheck:
+    """Watch ``window_s`` windows until others use at most ``max_share`` of the cores, or time runs out.
+
+    Returns the last window's check: its share says whether it ended quiet.
+    """
+    deadline = time.monotonic() + timeout_s
+    check = quiet_check(window_s)
+    while check.share > max_share and time.monotonic() < deadline:
+        check = quiet_check(window_s)
+    return check
