@@ -236,10 +236,11 @@ def warm_up(ex: TorchExecutor, config: SchedulerConfig, seed: int) -> None:
     """First calls build oneDNN kernels and grow buffers: run a few throwaway requests."""
     engine = EngineCore(config, ex)
     rng = random.Random(seed + 1)
+    # Prompts of 300 tokens, or less where the scenario's max_model_len is shorter.
+    n = min(300, config.max_model_len - 8)
+    vocab = MODEL["vocab_size"]
     for i in range(8):
-        engine.add_request(
-            Request(f"w{i}", [rng.randrange(MODEL["vocab_size"]) for _ in range(300)], greedy(4))
-        )
+        engine.add_request(Request(f"w{i}", [rng.randrange(vocab) for _ in range(n)], greedy(4)))
     while engine.has_requests():
         engine.step()
     engine.drain()
@@ -359,6 +360,9 @@ def run_scenario(sc: Scenario, model_dir: Path, profile: Path, seed: int, repeat
     """Real runs (the least disturbed counts), then the simulation of the same requests; the comparison."""
     wl = make_workload(sc, seed, MODEL["vocab_size"])
     blocks = kv_blocks(sc, wl, DEFAULT_BLOCK_SIZE["cpu"])
+    # A cut-down KV cache need only hold the longest request, not the model's longest context.
+    longest = max(wl.input_lens[i] + wl.output_lens[i] for i in range(len(wl)))
+    max_model_len = None if blocks is None else longest
     ex = TorchExecutor(
         model_dir,
         dtype="bfloat16",
@@ -366,6 +370,7 @@ def run_scenario(sc: Scenario, model_dir: Path, profile: Path, seed: int, repeat
         max_num_batched_tokens=sc.max_num_batched_tokens,
         max_num_seqs=sc.max_num_seqs,
         num_gpu_blocks=blocks,
+        max_model_len=max_model_len,
     )
     spec = DeploymentSpec(
         model=str(model_dir),
@@ -411,17 +416,8 @@ def run_scenario(sc: Scenario, model_dir: Path, profile: Path, seed: int, repeat
             "disturbed": best.foreign_share > DISTURBED_SHARE,
             "runs_execute_s": [r.execute_s for r in runs],
         },
-        "sim": {"duration_s": sim["duration"], "preemptions": _sim_preemptions(sim_result)},
+        "sim": {"duration_s": sim["duration"], "preemptions": sim_result.num_preemptions},
     }
-
-
-def _sim_preemptions(result: object) -> int | None:
-    """The simulation's preemption count, where its result has one."""
-    for name in ("num_preemptions", "preemptions"):
-        v = getattr(result, name, None)
-        if isinstance(v, int):
-            return v
-    return None
 
 
 def print_report(res: dict) -> None:
@@ -444,7 +440,7 @@ def print_report(res: dict) -> None:
         f"real run: {r['duration_s']:.1f} s, {r['num_steps']} steps, {r['execute_s']:.1f} s executing "
         f"(runs: {', '.join(f'{x:.1f}' for x in r['runs_execute_s'])} s), {r['scheduler_s']:.2f} s "
         f"scheduling, {r['preemptions']} preemptions, others {100 * r['foreign_share']:.0f}% of the cores; "
-        f"simulated {res['sim']['duration_s']:.1f} s"
+        f"simulated {res['sim']['duration_s']:.1f} s, {res['sim']['preemptions']} preemptions"
     )
 
 
