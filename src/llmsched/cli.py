@@ -14,6 +14,7 @@ from llmsched.engine.chat_cli import add_chat_parser
 from llmsched.engine.cli import add_generate_parser
 from llmsched.engine.policy_args import add_policy_args
 from llmsched.server.cli import add_serve_parser
+from llmsched.sim.calibrate_cli import add_calibrate_parser
 from llmsched.sim.cli import add_simulate_parser
 
 
@@ -89,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_policy_args(r, default=None)
     r.set_defaults(func=_replay)
     add_simulate_parser(sub)
+    add_calibrate_parser(sub)
     add_generate_parser(sub)
     add_chat_parser(sub)
     add_bench_parser(sub)

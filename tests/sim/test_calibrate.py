@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -17,6 +20,8 @@ FAKE = {
     "mem_capacity": 16.0 * 2**30,
     "seconds": 0.1,
     "measured_at": "now",
+    "settled": True,
+    "problems": [],
 }
 
 
@@ -27,7 +32,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def test_measure_gives_plausible_figures():
-    r = calibrate.measure()
+    r = calibrate.measure(quick=True)
     assert r["backend"] in ("torch", "numpy", "python")
     # Even pure Python on a busy core manages a megaflop; no CPU copies a terabyte/s.
     assert 1e6 < r["peak_flops"] < 1e14
@@ -98,28 +103,72 @@ def test_a_failing_executor_probe_gives_none(monkeypatch):
     assert calibrate._executor_figures({"peak_flops": 1e9}) is None
 
 
-def test_a_disturbed_measurement_is_repeated_and_the_least_disturbed_kept(monkeypatch):
-    # Other processes' CPU seconds per attempt: heavy, light, then none.
-    foreign = iter([5.0, 0.05, 0.0])
-    clock = {"busy": 0.0, "attempt": 0, "wall": 0.0}
+def test_an_unsettled_calibration_is_returned_but_not_cached(cache, monkeypatch):
+    bad = dict(FAKE, settled=False, problems=["peak_flops did not settle"])
+    monkeypatch.setattr(calibrate, "measure", lambda: dict(bad))
+    assert calibrate.calibration()["settled"] is False
+    assert not cache.exists()
+    h = load_hardware("cpu")
+    assert "UNSETTLED: peak_flops did not settle" in h.description
 
-    def busy() -> float:
-        return clock["busy"]
 
-    def once() -> dict:
-        # Each attempt takes one second of wall time.
-        clock["attempt"] += 1
-        clock["busy"] += next(foreign)
-        clock["wall"] += 1.0
-        return {"attempt": clock["attempt"]}
+def test_a_cached_calibration_survives_an_unsettled_recalibration(cache, monkeypatch):
+    monkeypatch.setattr(calibrate, "measure", lambda: dict(FAKE))
+    calibrate.calibration()
+    monkeypatch.setattr(calibrate, "measure", lambda: dict(FAKE, settled=False, peak_flops=1e9))
+    assert calibrate.calibration(recalibrate=True)["peak_flops"] == 1e9
+    # The clean figures stay cached for the next run.
+    assert calibrate.calibration()["peak_flops"] == FAKE["peak_flops"]
 
-    monkeypatch.setattr(calibrate, "_busy_seconds", busy)
-    monkeypatch.setattr(calibrate, "_own_seconds", lambda: 0.0)
-    monkeypatch.setattr(calibrate, "_measure_once", once)
-    monkeypatch.setattr(calibrate, "time", SimpleNamespace(perf_counter=lambda: clock["wall"]))
-    monkeypatch.setattr(calibrate.os, "cpu_count", lambda: 2)
-    r = calibrate.measure()
-    # The second attempt is within the tolerated share, so measuring stops there.
-    assert r["attempt"] == 2
-    assert clock["attempt"] == 2
-    assert r["foreign_cpu_share"] <= calibrate._MAX_FOREIGN_SHARE
+
+def test_probe_cross_check_flags_a_matmul_peak_that_disagrees():
+    def reading(name: str, value: float) -> dict:
+        return {
+            "name": name,
+            "value": value,
+            "spread": 0.01,
+            "calls": 5,
+            "settled": True,
+            "foreign_share": 0.0,
+            "attempts": 1,
+        }
+
+    limits = calibrate.Limits()
+    probe = {"readings": [reading("before", 400e9), reading("after", 410e9)], "fit_rms_error": 0.05}
+    assert calibrate._probe_check(420e9, probe, limits) == []
+    # The issue's case: one process measured about half the other's peak.
+    probe["readings"][0] = reading("before", 207e9)
+    problems = calibrate._probe_check(427e9, probe, limits)
+    assert len(problems) == 1 and "before" in problems[0] and "-52%" in problems[0]
+    probe["fit_rms_error"] = 0.5
+    assert len(calibrate._probe_check(427e9, probe, limits)) == 2
+
+
+def _busy_neighbours(n: int) -> list[subprocess.Popen]:
+    code = "while True: pass"
+    return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+
+
+def test_a_calibration_beside_a_cpu_heavy_process_is_flagged_and_not_cached(cache, monkeypatch):
+    pytest.importorskip("torch")
+    if calibrate.machine_load.busy_seconds() is None:
+        pytest.skip("no /proc/stat: the machine's load cannot be read here")
+    limits = calibrate.Limits(agree=3, max_calls=4, min_reading_s=0.003, max_seconds=0.3, attempts=1)
+    # The real measurement at test sizes (no executor probe), as calibration() runs it.
+    real = calibrate.measure
+    monkeypatch.setattr(calibrate, "measure", lambda: real(quick=True, limits=limits))
+    hogs = _busy_neighbours(os.cpu_count() or 1)
+    try:
+        time.sleep(0.2)
+        result = calibrate.calibration(recalibrate=True)
+    finally:
+        for p in hogs:
+            p.kill()
+            p.wait()
+    assert result["settled"] is False
+    assert any("other processes used" in p for p in result["problems"]), result["problems"]
+    # Their CPU time shows in every window: before, during and after.
+    assert result["load"]["before"] > limits.max_foreign_share
+    assert result["load"]["during"] > limits.max_foreign_share
+    assert any(r["foreign_share"] > limits.max_foreign_share for r in result["readings"])
+    assert not cache.exists()

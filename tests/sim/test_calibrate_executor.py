@@ -73,3 +73,14 @@ def test_probe_runs_on_the_torch_executor(tmp_path, monkeypatch):
     # Four requests read more cached KV than one with a shorter context.
     assert samples[1].kv_bytes > samples[0].kv_bytes > 0
     assert all(math.isfinite(s.residual_s) for s in samples)
+
+
+def test_fit_error_is_small_on_consistent_steps_and_large_on_disturbed_ones():
+    samples = synthetic()
+    assert ce.fit_rms_error(fit_host_costs(samples), samples) < 1e-6
+    # Two batches slowed threefold by a neighbour: the steps no longer fit one model.
+    disturbed = [
+        StepSample(s.layers, s.decodes, s.kv_bytes, s.residual_s * (3 if i in (1, 6) else 1))
+        for i, s in enumerate(samples)
+    ]
+    assert ce.fit_rms_error(fit_host_costs(disturbed), disturbed) > 0.3

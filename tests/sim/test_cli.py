@@ -140,7 +140,8 @@ def test_cpu_hardware_uses_the_calibration(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setenv("LLMSCHED_CACHE_DIR", str(tmp_path))
     fake = {"backend": "numpy", "peak_flops": 5e10, "mem_bandwidth": 2e10, "mem_capacity": 32 * 2**30}
-    monkeypatch.setattr(calibrate, "measure", lambda: dict(fake, seconds=0.1, measured_at="now"))
+    fake.update(seconds=0.1, measured_at="now", settled=True)
+    monkeypatch.setattr(calibrate, "measure", lambda: dict(fake))
     code, out, _ = run(
         capsys, "--hardware", "cpu", "--model", "qwen3-0.6b", "--max-model-len", "2048",
         "--num-prompts", "4", "--input-len", "64", "--output-len", "4",

@@ -10,9 +10,26 @@ decode attention reads the KV cache. Should that fail (no safetensors, say),
 single-op microbenchmarks stand in for the last two. Without torch only the
 matmul throughput (numpy, else pure Python) and the memory bandwidth (a
 large buffer copy) are measured.
-The result is cached per machine and backend in
+
+A calibration once measured half the matmul peak without noticing. Two
+causes explain that on a small shared machine: the first bf16 matmul of a
+shape is several times slower than the next (oneDNN builds its primitive,
+pages fault in), and a neighbour holding one of two cores halves a
+two-thread matmul, whose every parallel region waits for its slowest
+thread, while the readings stay steady. The old check averaged other
+processes' CPU time over the whole calibration, where a burst during the
+0.1 s matmul vanished. Now every figure is timed until its readings settle
+and agree (``settle``), in its own window checked for other processes' CPU
+time (``machine_load``), re-measured when disturbed; the machine is checked
+idle before and after; and the executor probe's process measures the
+matmul peak again before and after its steps, which must match. A
+calibration that fails any of these is ``settled: false``, says why, and
+is not cached.
+
+A settled result is cached per machine and backend in
 ``$LLMSCHED_CACHE_DIR/cpu-calibration.json`` (default ``~/.cache/llmsched``),
-so only the first simulation on a machine pays the few seconds it takes.
+so only the first simulation on a machine pays the few seconds it takes;
+``llmsched calibrate`` writes it as a named profile file instead.
 """
 
 from __future__ import annotations
@@ -21,32 +38,34 @@ import json
 import logging
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 from llmsched.executor.sim.hardware import HardwareProfile
+from llmsched.sim import machine_load
+from llmsched.sim.settle import Limits, Reading
+from llmsched.sim.settle import measure as measure_figure
 
 CACHE_FILE = "cpu-calibration.json"
 # Bumped when the measurements change meaning, so older cached entries are
 # measured again rather than read with the wrong sense.
-_VERSION = 3
-# A measurement during which other processes used more than this share of
-# the machine's cores is repeated, up to _ATTEMPTS times, and the least
-# disturbed one kept: their work slows every figure, and the cached result
-# outlives the disturbance.
-_MAX_FOREIGN_SHARE = 0.1
-_ATTEMPTS = 3
+_VERSION = 4
+# Test-sized limits: fewer calls and shorter readings, one attempt.
+QUICK_LIMITS = Limits(max_calls=6, min_reading_s=0.005, max_seconds=0.5, attempts=1)
 # The executor probe runs a few seconds; beyond this something is wrong.
 _PROBE_TIMEOUT_S = 300
+_PROBE_ATTEMPTS = 2
+# The executor process's own matmul peak must match the microbenchmark's
+# within this, and the probe's steps their fit within _MAX_FIT_ERROR RMS.
+_CROSS_CHECK_TOLERANCE = 0.10
+_MAX_FIT_ERROR = 0.30
 
 log = logging.getLogger(__name__)
-
-# Each measurement keeps the best of a few repeats: the machine is shared and
-# the best run is the closest to what the hardware can do.
-_REPEATS = 3
 
 
 def cache_dir() -> Path:
@@ -80,26 +99,8 @@ def machine_key(backend_name: str) -> str:
     return f"{platform.node()}|{cpu}|{os.cpu_count()}|{backend_name}|v{_VERSION}"
 
 
-def _best(fn: Callable[[], float]) -> float:
-    return min(fn() for _ in range(_REPEATS))
-
-
-def _matmul_flops(name: str) -> float:
-    """Sustained float32 matmul FLOP/s with the given backend."""
-    if name == "torch":
-        import torch
-
-        n = 1024
-        a, b = torch.rand(n, n), torch.rand(n, n)
-        torch.mm(a, b)
-
-        def run() -> float:
-            t = time.perf_counter()
-            for _ in range(4):
-                torch.mm(a, b)
-            return (time.perf_counter() - t) / 4
-
-        return 2 * n**3 / _best(run)
+def _matmul_bench(name: str) -> tuple[float, Callable[[], object]]:
+    """Float32 matmul FLOPs per call with numpy, else pure Python, and the call."""
     if name == "numpy":
         import numpy as np
 
@@ -107,39 +108,22 @@ def _matmul_flops(name: str) -> float:
         rng = np.random.default_rng(0)
         a = rng.random((n, n), dtype=np.float32)
         b = rng.random((n, n), dtype=np.float32)
-        a @ b
-
-        def run() -> float:
-            t = time.perf_counter()
-            for _ in range(4):
-                a @ b
-            return (time.perf_counter() - t) / 4
-
-        return 2 * n**3 / _best(run)
+        return 2 * n**3, lambda: a @ b
     n = 48
     a = [[float(i * n + j) for j in range(n)] for i in range(n)]
     bt = [[float(j * n + i) for j in range(n)] for i in range(n)]
-
-    def run() -> float:
-        t = time.perf_counter()
-        [[sum(x * y for x, y in zip(row, col)) for col in bt] for row in a]
-        return time.perf_counter() - t
-
-    return 2 * n**3 / _best(run)
+    return 2 * n**3, lambda: [[sum(x * y for x, y in zip(row, col)) for col in bt] for row in a]
 
 
-def _copy_bandwidth(nbytes: int = 64 << 20) -> float:
-    """Bytes/s moved by a large memcpy (read + write counted)."""
+def _copy_bench(nbytes: int = 64 << 20) -> tuple[float, Callable[[], object]]:
+    """Bytes (read + write) per call of a large memcpy, and the call."""
     src = bytearray(nbytes)
     dst = bytearray(nbytes)
-    dst[:] = src
 
-    def run() -> float:
-        t = time.perf_counter()
+    def run() -> None:
         dst[:] = src
-        return time.perf_counter() - t
 
-    return 2 * nbytes / _best(run)
+    return 2 * nbytes, run
 
 
 def _total_memory() -> float:
@@ -183,72 +167,144 @@ def _executor_figures(figures: dict) -> dict | None:
         return None
 
 
-def _busy_seconds() -> float | None:
-    """CPU seconds the whole machine has been busy since boot (Linux /proc/stat); None elsewhere."""
+def machine_info() -> dict:
+    """The machine and library versions a calibration was taken with."""
+    import llmsched
+
+    info = {
+        "node": platform.node(),
+        "cpu": machine_key("").split("|")[1],
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "llmsched": llmsched.__version__,
+    }
     try:
-        with open("/proc/stat") as f:
-            fields = f.readline().split()
-        hz = os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, AttributeError):
-        return None
-    if len(fields) < 5 or fields[0] != "cpu":
-        return None
-    # user nice system idle iowait irq softirq steal (the guest columns are
-    # already inside user). Steal counts as busy: another guest had the core.
-    ticks = [int(x) for x in fields[1:9]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / hz
+        import torch
+
+        info["torch"] = torch.__version__
+        info["threads"] = torch.get_num_threads()
+        found = re.search(r"(MKL-DNN|oneDNN) v([\d.]+)", torch.__config__.parallel_info())
+        if found:
+            info["onednn"] = found.group(2)
+    except ImportError:
+        pass
+    return info
 
 
-def _own_seconds() -> float:
-    """CPU seconds of this process and its waited-for children."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+def _probe_check(peak: float, probe: dict, limits: Limits) -> list[str]:
+    """The executor process's matmul peak against this one's, and the probe fit's own misses."""
+    problems = []
+    for r in probe.get("readings", []):
+        ratio = r["value"] / peak
+        if abs(ratio - 1.0) > _CROSS_CHECK_TOLERANCE:
+            problems.append(
+                f"{r['name']}: {r['value'] / 1e9:.0f} GFLOP/s in the executor probe's process against "
+                f"{peak / 1e9:.0f} here ({100 * (ratio - 1):+.0f}%, "
+                f"limit {100 * _CROSS_CHECK_TOLERANCE:.0f}%)"
+            )
+    if probe.get("fit_rms_error", 0.0) > _MAX_FIT_ERROR:
+        problems.append(
+            f"the executor probe's steps disagree with their fit by {100 * probe['fit_rms_error']:.0f}% "
+            f"RMS (limit {100 * _MAX_FIT_ERROR:.0f}%)"
+        )
+    return problems
 
 
-def measure() -> dict:
-    """Measure now, again if other processes took a share of the cores meanwhile; no caching."""
-    best: dict | None = None
-    for _ in range(_ATTEMPTS):
-        busy0, own0, t0 = _busy_seconds(), _own_seconds(), time.perf_counter()
-        result = _measure_once()
-        busy1, own1 = _busy_seconds(), _own_seconds()
-        share = 0.0
-        if busy0 is not None and busy1 is not None:
-            cores = os.cpu_count() or 1
-            foreign = (busy1 - busy0) - (own1 - own0)
-            share = max(0.0, foreign / max((time.perf_counter() - t0) * cores, 1e-9))
-        result["foreign_cpu_share"] = round(share, 3)
-        if best is None or share < best["foreign_cpu_share"]:
-            best = result
-        if share <= _MAX_FOREIGN_SHARE:
-            break
-    assert best is not None
-    return best
+def _torch_figures(limits: Limits, quick: bool) -> tuple[dict, list[Reading], list[str]]:
+    """Microbenchmarks, then the executor probe (unless quick), each load-checked, and their problems."""
+    from llmsched.sim.calibrate_torch import FULL, QUICK, host_figures, measure_torch
+
+    sizes = QUICK if quick else FULL
+    figures, readings = measure_torch(limits, sizes)
+    problems: list[str] = []
+    probe = None
+    if not quick:
+        request = dict(figures, matmul_n=sizes.matmul_n, limits=asdict(limits))
+        for _ in range(_PROBE_ATTEMPTS):
+            before = machine_load.sample()
+            probe = _executor_figures(request)
+            share = machine_load.foreign_share(before, machine_load.sample())
+            if probe is None or share <= limits.max_foreign_share:
+                break
+        if probe is not None:
+            probe["probe_foreign_share"] = round(share, 3)
+            if share > limits.max_foreign_share:
+                problems.append(
+                    f"executor probe: other processes used {100 * share:.0f}% of the cores while it ran "
+                    f"(limit {100 * limits.max_foreign_share:.0f}%)"
+                )
+            problems += _probe_check(figures["peak_flops"], probe, limits)
+    if probe is None:
+        host, more = host_figures(limits, sizes)
+        figures.update(host)
+        readings += more
+    else:
+        figures.update({k: v for k, v in probe.items() if k != "readings"})
+        readings += [Reading(**r) for r in probe.get("readings", [])]
+    return figures, readings, problems
 
 
-def _measure_once() -> dict:
-    """Run the microbenchmarks (and the executor probe) once; returns the figures."""
+def _plain_figures(name: str, limits: Limits) -> tuple[dict, list[Reading]]:
+    """Matmul and copy rates with numpy or pure Python (no torch)."""
+    readings = [
+        measure_figure("peak_flops", *_matmul_bench(name), limits),
+        measure_figure("mem_bandwidth", *_copy_bench(), limits),
+    ]
+    return {r.name: r.value for r in readings}, readings
+
+
+def measure(quick: bool = False, limits: Limits | None = None) -> dict:
+    """Measure now, each figure settled and load-checked, with the verdict; no caching.
+
+    ``quick`` uses small problem sizes and skips the executor probe (seconds,
+    for tests). The result's ``settled`` is False, and ``problems`` says
+    why, when a figure did not settle, other processes used more than the
+    tolerated share of the cores before, during or after, or the executor
+    probe's own matmul peak disagrees with the microbenchmark's.
+    """
+    limits = limits or (QUICK_LIMITS if quick else Limits())
     name = backend()
+    quiet_s = 0.2 if quick else 0.5
+    before = machine_load.quiet_check(quiet_s)
+    start = machine_load.sample(with_processes=True)
     t = time.perf_counter()
     if name == "torch":
-        from llmsched.sim.calibrate_torch import host_figures, measure_torch
-
-        figures = measure_torch()
-        probe = _executor_figures(figures)
-        figures.update(probe if probe is not None else host_figures())
+        figures, readings, problems = _torch_figures(limits, quick)
     else:
-        figures = {"peak_flops": _matmul_flops(name), "mem_bandwidth": _copy_bandwidth()}
+        (figures, readings), problems = _plain_figures(name, limits), []
+    seconds = time.perf_counter() - t
+    end = machine_load.sample(with_processes=True)
+    after = machine_load.quiet_check(quiet_s)
+    problems = [p for r in readings if (p := r.problem(limits))] + problems
+    for when, check in (("before", before), ("after", after)):
+        if check.share > limits.max_foreign_share:
+            problems.append(f"{when} measuring: {check.describe()}")
     return {
         "backend": name,
         **figures,
         "mem_capacity": _total_memory(),
-        "seconds": round(time.perf_counter() - t, 3),
+        "seconds": round(seconds, 3),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "settled": not problems,
+        "problems": problems,
+        "readings": [r.to_dict() for r in readings],
+        "load": {
+            "before": before.share,
+            "during": round(machine_load.foreign_share(start, end), 3),
+            "after": after.share,
+            "busiest_others": machine_load.busiest_others(start, end),
+        },
+        "machine": machine_info(),
     }
 
 
 def calibration(recalibrate: bool = False) -> dict:
-    """The cached figures for this machine and backend, measured if absent."""
+    """The cached figures for this machine and backend, measured if absent.
+
+    Only a settled calibration is cached: an unsettled one is returned (with
+    a warning naming its problems) for this run alone, and the next run
+    measures again.
+    """
     name = backend()
     key = machine_key(name)
     path = cache_dir() / CACHE_FILE
@@ -258,9 +314,12 @@ def calibration(recalibrate: bool = False) -> dict:
             cached = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             cached = {}
-    if not recalibrate and isinstance(cached.get(key), dict):
+    if not recalibrate and isinstance(cached.get(key), dict) and cached[key].get("settled"):
         return cached[key]
     result = measure()
+    if not result["settled"]:
+        log.warning("the cpu calibration did not settle and is not cached: %s", "; ".join(result["problems"]))
+        return result
     cached[key] = result
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -287,7 +346,11 @@ def _summary(c: dict) -> str:
 
 def cpu_profile(recalibrate: bool = False) -> HardwareProfile:
     """This machine's CPU as a hardware profile: measured peaks, attention rates and host overhead."""
-    c = calibration(recalibrate)
+    return profile_from_calibration(calibration(recalibrate))
+
+
+def profile_from_calibration(c: dict, name: str = "cpu") -> HardwareProfile:
+    """The hardware profile a calibration's figures describe (flagged in its description if unsettled)."""
     efficiency = None
     if "attention_efficiency" in c:
         # The matmul peak is a measured, sustained figure (not a datasheet
@@ -295,9 +358,10 @@ def cpu_profile(recalibrate: bool = False) -> HardwareProfile:
         # profile stays as the share lost to the small-M GEMMs of decode steps
         # and to the cache traffic between a step's ops.
         efficiency = {"attention": c["attention_efficiency"], "memory": c["memory_efficiency"]}
+    unsettled = "" if c.get("settled", True) else " UNSETTLED: " + "; ".join(c.get("problems", []))
     return HardwareProfile(
-        name="cpu",
-        description=f"this machine's CPU, calibrated with {c['backend']} ({_summary(c)})",
+        name=name,
+        description=f"this machine's CPU, calibrated with {c['backend']} ({_summary(c)}){unsettled}",
         peak_flops_bf16=c["peak_flops"],
         peak_flops_fp8=None,
         mem_bandwidth=c["mem_bandwidth"],

@@ -114,6 +114,23 @@ def fit_host_costs(samples: Sequence[StepSample]) -> HostFit:
     return HostFit(step, layer, request, 1.0 / per_byte if per_byte > 0 else math.inf)
 
 
+def fit_rms_error(fit: HostFit, samples: Sequence[StepSample]) -> float:
+    """Root mean square of the fit's misses on its own samples over their mean: large when steps disagree."""
+    if not samples:
+        return 0.0
+    per_byte = 1.0 / fit.decode_kv_bandwidth if math.isfinite(fit.decode_kv_bandwidth) else 0.0
+    misses = []
+    for s in samples:
+        model = (
+            fit.step_overhead_s + s.layers * fit.layer_overhead_s + s.decodes * fit.request_overhead_s
+        ) + s.kv_bytes * per_byte
+        misses.append(model - s.residual_s)
+    # Over the mean residual, not each one's: a small residual would make
+    # a microsecond's miss look enormous.
+    mean = sum(s.residual_s for s in samples) / len(samples)
+    return math.sqrt(sum(m * m for m in misses) / len(misses)) / max(abs(mean), 1e-9)
+
+
 def _lstsq(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
     """Least squares via the normal equations (a handful of unknowns, well scaled by column)."""
     k = len(rows[0]) if rows else 0
@@ -305,6 +322,7 @@ def measure_executor(hardware: HardwareProfile) -> dict:
             samples.extend(time_decode_steps(folder, layers, hardware))
     fit = fit_host_costs(samples)
     return {
+        "fit_rms_error": fit_rms_error(fit, samples),
         "step_overhead_s": fit.step_overhead_s,
         "layer_overhead_s": fit.layer_overhead_s,
         "request_overhead_s": fit.request_overhead_s,
@@ -331,7 +349,20 @@ def main(argv: list[str] | None = None) -> int:
         cuda_graphs=False,
         efficiency={"attention": figures["attention_efficiency"], "memory": figures["memory_efficiency"]},
     )
-    print(json.dumps(measure_executor(hw)))
+    # The matmul peak measured again here, before and after the probe, with
+    # the executor's thread and allocator settings: the caller compares it
+    # with its own microbenchmark, so a disturbance in either window, or a
+    # library that dispatches differently in the executor's process, shows.
+    from llmsched.sim.calibrate_torch import matmul_flops
+    from llmsched.sim.settle import Limits, measure
+
+    limits = Limits(**figures.get("limits", {}))
+    n = figures.get("matmul_n", 1024)
+    before = measure("probe_peak_flops_before", *matmul_flops(n), limits)
+    out = measure_executor(hw)
+    after = measure("probe_peak_flops_after", *matmul_flops(n), limits)
+    out["readings"] = [before.to_dict(), after.to_dict()]
+    print(json.dumps(out))
     return 0
 
 

@@ -24,37 +24,56 @@ The last two are stand-ins: ``calibrate_executor`` measures both (and the
 per-step and per-request host costs) on the executor's real code path, and
 the calibration uses these only when that probe cannot run.
 
-Each figure is the best of a few repeats: the machine may be shared and
-the best run is the closest to what it can do undisturbed.
+Each figure is timed until its readings settle and agree, in a window
+checked for other processes' CPU time (``settle``); the benchmarks here
+only build their tensors and return the work one call does and the call.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-_REPEATS = 5
+from llmsched.sim.settle import Limits, Reading, measure
+
 _DTYPE = torch.bfloat16
 # Gathered K and V of one decode group: about a core's L2 cache.
 _GATHER_BYTES = 1 << 20
 
-
-def _best(fn: Callable[[], object], repeats: int = _REPEATS) -> float:
-    """Fastest wall time of ``repeats`` calls, after one warm-up call."""
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+# (work per call, the call): the figure is work / seconds per call.
+Bench = tuple[float, Callable[[], object]]
 
 
-def matmul_flops(n: int = 1024) -> float:
-    """Dense bfloat16 matmul FLOP/s (square, large enough to be compute bound)."""
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    """Problem sizes of the microbenchmarks (``QUICK`` for tests: seconds, not tens)."""
+
+    matmul_n: int = 1024
+    copy_bytes: int = 128 << 20
+    stream_hidden: int = 2048
+    stream_width: int = 4096
+    attention_tokens: int = 1024
+    decode_seqs: int = 32
+    decode_context: int = 512
+
+
+FULL = Sizes()
+QUICK = Sizes(
+    matmul_n=384,
+    copy_bytes=16 << 20,
+    stream_hidden=512,
+    stream_width=1024,
+    attention_tokens=256,
+    decode_seqs=8,
+    decode_context=128,
+)
+
+
+def matmul_flops(n: int = 1024) -> Bench:
+    """Dense bfloat16 matmul FLOPs (square, large enough to be compute bound)."""
     a = torch.rand(n, n).to(_DTYPE)
     b = torch.rand(n, n).to(_DTYPE)
 
@@ -62,18 +81,18 @@ def matmul_flops(n: int = 1024) -> float:
         for _ in range(4):
             torch.mm(a, b)
 
-    return 4 * 2 * n**3 / _best(run)
+    return 4 * 2 * n**3, run
 
 
-def copy_bandwidth(nbytes: int = 128 << 20) -> float:
-    """Bytes/s (read + write) of a tensor copy larger than the last-level cache."""
+def copy_bandwidth(nbytes: int = 128 << 20) -> Bench:
+    """Bytes (read + write) of a tensor copy larger than the last-level cache."""
     src = torch.ones(nbytes // 2, dtype=_DTYPE)
     dst = torch.empty_like(src)
-    return 2 * nbytes / _best(lambda: dst.copy_(src))
+    return 2 * nbytes, lambda: dst.copy_(src)
 
 
-def weight_stream_bandwidth(rows: int = 4, hidden: int = 2048, width: int = 4096, mats: int = 4) -> float:
-    """Weight bytes/s of small-batch linears (decode GEMMs) over weights larger than the caches."""
+def weight_stream_bandwidth(rows: int = 4, hidden: int = 2048, width: int = 4096, mats: int = 4) -> Bench:
+    """Weight bytes of small-batch linears (decode GEMMs) over weights larger than the caches."""
     x = torch.randn(rows, hidden).to(_DTYPE)
     ws = [torch.randn(width, hidden).to(_DTYPE) for _ in range(mats)]
 
@@ -81,15 +100,14 @@ def weight_stream_bandwidth(rows: int = 4, hidden: int = 2048, width: int = 4096
         for w in ws:
             F.linear(x, w)
 
-    return mats * width * hidden * 2 / _best(run)
+    return mats * width * hidden * 2, run
 
 
-def prefill_attention_flops(tokens: int = 1024, heads: int = 8, head_dim: int = 64) -> float:
-    """FLOP/s of causal SDPA over one prompt (4 x heads x head_dim per visible pair)."""
+def prefill_attention_flops(tokens: int = 1024, heads: int = 8, head_dim: int = 64) -> Bench:
+    """FLOPs of causal SDPA over one prompt (4 x heads x head_dim per visible pair)."""
     q, k, v = (torch.randn(1, heads, tokens, head_dim).to(_DTYPE) for _ in range(3))
-    t = _best(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), 3)
     pairs = tokens * (tokens + 1) / 2
-    return 4 * heads * head_dim * pairs / t
+    return 4 * heads * head_dim * pairs, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 def decode_kv_bandwidth(
@@ -100,8 +118,8 @@ def decode_kv_bandwidth(
     head_dim: int = 64,
     block_size: int = 16,
     layers: int = 4,
-) -> float:
-    """Cached-KV bytes/s of eager paged decode attention: gather blocks, then tiny batched matmuls.
+) -> Bench:
+    """Cached-KV bytes of eager paged decode attention: gather blocks, then tiny batched matmuls.
 
     Every layer has its own cache, larger together than the last-level
     cache, with the requests spread over it, as in a serving run.
@@ -133,7 +151,7 @@ def decode_kv_bandwidth(
                 torch.bmm(torch.softmax(scores, dim=1).transpose(1, 2), kv[1])
 
     kv_bytes = layers * num_seqs * context * 2 * kv_heads * head_dim * 2
-    return kv_bytes / _best(run)
+    return kv_bytes, run
 
 
 def _rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -141,8 +159,8 @@ def _rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
 
 
-def layer_overhead(tokens: int = 4, hidden: int = 64, heads: int = 4, kv_heads: int = 2) -> float:
-    """Seconds of one eager Llama-style decoder layer at toy sizes: its host (Python, dispatch) cost."""
+def layer_overhead(tokens: int = 4, hidden: int = 64, heads: int = 4, kv_heads: int = 2) -> Bench:
+    """Twenty eager Llama-style decoder layers at toy sizes: their time is host (Python, dispatch) cost."""
     d = hidden // heads
     inter = 2 * hidden
     context = 32
@@ -179,25 +197,36 @@ def layer_overhead(tokens: int = 4, hidden: int = 64, heads: int = 4, kv_heads: 
         return r + F.linear(F.silu(gate) * up, down_w)
 
     def run() -> None:
-        for _ in range(20):
-            layer()
+        with torch.inference_mode():
+            for _ in range(20):
+                layer()
 
-    with torch.inference_mode():
-        return _best(run) / 20
+    return 20.0, run
 
 
-def measure_torch() -> dict:
-    """The peaks and efficiencies above, keyed as the calibration stores them."""
-    peak = matmul_flops()
-    bandwidth = copy_bandwidth()
-    return {
-        "peak_flops": peak,
-        "mem_bandwidth": bandwidth,
-        "memory_efficiency": min(1.0, weight_stream_bandwidth() / bandwidth),
-        "attention_efficiency": min(1.0, prefill_attention_flops() / peak),
+def measure_torch(limits: Limits | None = None, sizes: Sizes = FULL) -> tuple[dict, list[Reading]]:
+    """The peaks and efficiencies above, keyed as the calibration stores them, and their readings."""
+    limits = limits or Limits()
+    peak = measure("peak_flops", *matmul_flops(sizes.matmul_n), limits)
+    copy = measure("mem_bandwidth", *copy_bandwidth(sizes.copy_bytes), limits)
+    stream = measure(
+        "weight_stream_bandwidth",
+        *weight_stream_bandwidth(hidden=sizes.stream_hidden, width=sizes.stream_width),
+        limits,
+    )
+    attn = measure("prefill_attention_flops", *prefill_attention_flops(sizes.attention_tokens), limits)
+    figures = {
+        "peak_flops": peak.value,
+        "mem_bandwidth": copy.value,
+        "memory_efficiency": min(1.0, stream.value / copy.value),
+        "attention_efficiency": min(1.0, attn.value / peak.value),
     }
+    return figures, [peak, copy, stream, attn]
 
 
-def host_figures() -> dict:
+def host_figures(limits: Limits | None = None, sizes: Sizes = FULL) -> tuple[dict, list[Reading]]:
     """Decode KV rate and per-layer host cost from single ops (when the executor probe cannot run)."""
-    return {"decode_kv_bandwidth": decode_kv_bandwidth(), "layer_overhead_s": layer_overhead()}
+    limits = limits or Limits()
+    kv = measure("decode_kv_bandwidth", *decode_kv_bandwidth(sizes.decode_seqs, sizes.decode_context), limits)
+    layers = measure("layers_per_second", *layer_overhead(), limits)
+    return {"decode_kv_bandwidth": kv.value, "layer_overhead_s": 1.0 / layers.value}, [kv, layers]

@@ -54,7 +54,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         "--hardware",
         default="h100",
         help=f"{', '.join(known_hardware())} (cpu is calibrated on this machine), or a JSON "
-        "profile (default h100)",
+        "profile: a file `llmsched calibrate` wrote, or HardwareProfile fields (default h100)",
     )
     e.add_argument(
         "--tensor-parallel-size",

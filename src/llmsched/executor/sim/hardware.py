@@ -185,7 +185,7 @@ def hardware_from_dict(data: dict, source: str = "profile") -> HardwareProfile:
 
 
 def load_hardware(name_or_path: str, *, recalibrate: bool = False) -> HardwareProfile:
-    """A built-in profile by name, ``cpu`` (calibrated here), or a JSON profile file."""
+    """A built-in profile by name, ``cpu`` (calibrated here), or a JSON file (calibrated or bare fields)."""
     key = name_or_path.strip().lower()
     key = ALIASES.get(key, key)
     if key in BUILTIN_HARDWARE:
@@ -200,10 +200,14 @@ def load_hardware(name_or_path: str, *, recalibrate: bool = False) -> HardwarePr
             data = json.loads(path.read_text())
         except json.JSONDecodeError as e:
             raise ConfigError(f"hardware profile {str(path)!r} is not valid JSON: {e}") from e
+        from llmsched.sim.profile_file import is_profile_file, profile_from_file_data
+
+        if is_profile_file(data):
+            return profile_from_file_data(data, source=path.stem)
         return hardware_from_dict(data, source=path.stem)
     raise ConfigError(
         f"unknown hardware {name_or_path!r}; known: {', '.join(known_hardware())} "
-        "(or a JSON file with HardwareProfile fields)"
+        "(or a JSON file: one `llmsched calibrate` wrote, or HardwareProfile fields)"
     )
 
 
