@@ -53,6 +53,10 @@ class RequestState:
     # The output grammar's matcher (constrained requests only): advanced with
     # each token sampled here, so it is as far ahead as ``generated``.
     matcher: Any = None
+    # Speculative decoding: set once this admission sampled (its next input
+    # is its last sampled token), and the drafts proposed after that sample.
+    decoding: bool = False
+    drafts: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -71,12 +75,21 @@ class StepPlan:
     tokens: list[list[int] | None]
     samples: list[bool]
     admitted_outputs: list[list[int]]
+    # Speculative decoding: per scheduled request, how many of its last
+    # input tokens are drafts to verify (None: none in this step).
+    verify: list[int] | None = None
 
 
-def plan_step(so: SchedulerOutput) -> StepPlan:
-    """Copy what the step needs from its Requests; call right after schedule(), on the engine's thread."""
-    if so.spec_decode_tokens:
-        raise NotImplementedError("the torch executor does not verify speculative draft tokens")
+def plan_step(so: SchedulerOutput, verifies_drafts: bool = False) -> StepPlan:
+    """Copy what the step needs from its Requests; call right after schedule(), on the engine's thread.
+
+    Draft tokens are refused unless the caller verifies them (``verifies_drafts``).
+    """
+    if so.spec_decode_tokens and not verifies_drafts:
+        raise NotImplementedError(
+            "the step schedules speculative draft tokens, but the torch executor was started "
+            "without a speculative_config"
+        )
     starts: list[int] = []
     counts: list[int] = []
     tokens: list[list[int] | None] = []
@@ -124,6 +137,9 @@ class StepInputs:
     # For each logits row, the index into scheduler_output.scheduled.
     sample_sched_index: list[int] = field(default_factory=list)
     sample_states: list[RequestState] = field(default_factory=list)
+    # Speculative decoding: per sampling request, its drafts to verify; it
+    # owns 1 + len(drafts) consecutive logits rows (None: one row each).
+    sample_drafts: list[list[int]] | None = None
 
     def input_ids(self, device: torch.device) -> torch.Tensor:
         """The input tokens, holes filled from the executor's own samples (call once the step before ran)."""
@@ -295,7 +311,7 @@ class InputBatch:
             chunks.append(chunk)
             row += n
             if samples[i]:
-                sample_rows.append((row - 1, i, st))
+                sample_rows.append((row - 1 - (plan.verify[i] if plan.verify else 0), i, st))
         if prefills:
             # Rows must ascend; decodes and prefills each already do.
             sample_rows.sort(key=_first)
@@ -314,9 +330,10 @@ class InputBatch:
             holes=holes,
             positions=positions.to(dev),
             attn=attn,
-            logits_indices=torch.tensor([r for r, _, _ in sample_rows], dtype=torch.int64).to(dev),
+            logits_indices=_logits_rows(sample_rows, plan.verify).to(dev),
             sample_sched_index=[i for _, i, _ in sample_rows],
             sample_states=[st for _, _, st in sample_rows],
+            sample_drafts=_drafts(sample_rows, plan) if plan.verify else None,
         )
 
     def _decode_groups(
@@ -360,3 +377,22 @@ def _position(item: tuple[int, int, RequestState]) -> int:
 
 def _first(item: tuple[int, int, RequestState]) -> int:
     return item[0]
+
+
+def _logits_rows(sample_rows: list[tuple[int, int, RequestState]], verify: list[int] | None) -> torch.Tensor:
+    """The rows whose hidden states reach the LM head: each sampling row, and its draft rows after it."""
+    if not verify:
+        return torch.tensor([r for r, _, _ in sample_rows], dtype=torch.int64)
+    return torch.tensor([r + k for r, i, _ in sample_rows for k in range(verify[i] + 1)], dtype=torch.int64)
+
+
+def _drafts(sample_rows: list[tuple[int, int, RequestState]], plan: StepPlan) -> list[list[int]]:
+    """Each sampling request's drafts: the last ``verify[i]`` of its input tokens."""
+    verify = plan.verify
+    assert verify is not None
+    out = []
+    for _, i, _ in sample_rows:
+        v = verify[i]
+        toks = plan.tokens[i]
+        out.append(list(toks[len(toks) - v :]) if v and toks is not None else [])
+    return out
