@@ -30,6 +30,7 @@ from llmsched.executor.torch.model import DecoderModel
 from llmsched.executor.torch.rope import RotaryEmbedding
 from llmsched.executor.torch.sampler import Sampler
 from llmsched.executor.torch.spec.decoder import SpecDecoder
+from llmsched.executor.torch.spec.draft_model import DraftModelProposer
 from llmsched.executor.torch.spec.verify import DraftVerifier
 from llmsched.executor.torch.step_thread import StepThread
 from llmsched.executor.torch.weights import load_weights
@@ -173,8 +174,24 @@ class TorchExecutor:
         )
         self.sampler = Sampler(self.device, seed)
         self.spec: SpecDecoder | None = None
-        if self.speculative_config is not None:
-            self.spec = SpecDecoder(self.speculative_config, self.max_model_len)
+        sc = self.speculative_config
+        if sc is not None:
+            draft = None
+            if sc.method == "draft_model":
+                assert sc.model is not None
+                draft = DraftModelProposer(
+                    sc.model,
+                    k=sc.num_speculative_tokens,
+                    target=cfg,
+                    num_blocks=self.num_gpu_blocks,
+                    block_size=self.block_size,
+                    keys_transposed=keys_transposed,
+                    max_model_len=self.max_model_len,
+                    dtype=self.dtype,
+                    device=self.device,
+                    threads=self.num_threads or 1,
+                )
+            self.spec = SpecDecoder(sc, self.max_model_len, draft)
             self.verifier = DraftVerifier(self.sampler)
         self._max_num_seqs = max_num_seqs
         self._bitmask = None
@@ -246,6 +263,8 @@ class TorchExecutor:
         num_sched = step.num_scheduled
         with torch.inference_mode():
             logits = self.model.forward(input_ids, step.positions, step.attn, step.logits_indices)
+            if self.spec is not None:
+                self.spec.observe(input_ids, step)
             if not step.sample_states:
                 return ModelRunnerOutput(sampled_token_ids=[[] for _ in range(num_sched)])
             if self.spec is not None:
@@ -294,7 +313,7 @@ class TorchExecutor:
                     logprobs[step.sample_sched_index[j]] = lp
         if drafts is not None and len(plain) < len(states):
             self._verify(logits, step, drafts, sampled)
-        proposed = self.spec.propose(states)  # type: ignore[union-attr]
+        proposed = self.spec.propose(states, self.batch)  # type: ignore[union-attr]
         draft_ids: list[list[int]] = [[] for _ in range(step.num_scheduled)]
         for i, d in zip(step.sample_sched_index, proposed):
             draft_ids[i] = d

@@ -336,6 +336,25 @@ class InputBatch:
             sample_drafts=_drafts(sample_rows, plan) if plan.verify else None,
         )
 
+    def decode_metadata(self, entries: list[tuple[int, RequestState]]) -> AttentionMetadata:
+        """Attention inputs for one token per request at the given positions (ascending), as decodes."""
+        bs = self.block_size
+        decodes = [(p, i, st) for i, (p, st) in enumerate(entries)]
+        dpos = torch.tensor([p for p, _ in entries], dtype=torch.int64)
+        drows = torch.tensor([st.row for _, st in entries], dtype=torch.int64)
+        slots = self.block_table[drows, dpos // bs] * bs + dpos % bs
+        dev = self.device
+        attn = AttentionMetadata(
+            slot_mapping=slots.to(dev),
+            num_decodes=len(entries),
+            decode_groups=self._decode_groups(decodes, drows, dpos),
+            prefills=[],
+        )
+        if self.keys_transposed:
+            attn.slot_blocks = (slots // bs).to(dev)
+            attn.slot_offsets = (slots % bs).to(dev)
+        return attn
+
     def _decode_groups(
         self, decodes: list[tuple[int, int, RequestState]], rows: torch.Tensor, positions: torch.Tensor
     ) -> list[DecodeGroup]:

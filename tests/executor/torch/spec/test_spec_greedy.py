@@ -62,6 +62,7 @@ def run(
         max_num_seqs=16,
         async_scheduling=async_scheduling,
         num_speculative_tokens=0 if sc is None else sc.num_speculative_tokens,
+        num_lookahead_tokens=0 if sc is None else sc.num_lookahead_tokens,
         debug=True,
     )
     engine = EngineCore(config, ex)
@@ -75,11 +76,12 @@ def run(
             es = engine.step()
             if es is None:
                 continue
-            for r, toks in zip(es.scheduler_output.scheduled, es.model_output.sampled_token_ids):
-                d = es.scheduler_output.spec_decode_tokens.get(r.request_id)
-                if d:
-                    drafts += len(d)
-                    accepted += max(0, len(toks) - 1)
+            # Drafts really verified (async placeholders with no draft behind them are not).
+            verified = es.model_output.num_drafts_verified or ()
+            for v, toks in zip(verified, es.model_output.sampled_token_ids):
+                if v:
+                    drafts += v
+                    accepted += len(toks) - 1
     finally:
         engine.close()
     return SpecRun([r.output_token_ids for r in reqs], engine.scheduler.num_preemptions, accepted, drafts)
@@ -134,6 +136,24 @@ def test_max_tokens_and_stop_token_inside_an_accepted_run(tiny_models, async_sch
     on = run(model, prompts, stops, spec=NGRAM, async_scheduling=async_scheduling)
     for out, ref in zip(on.outputs, long):
         assert out == ref[: ref.index(ref[5]) + 1]
+
+
+def test_draft_model_greedy_equal_with_chunking_and_preemption(tiny_models, async_scheduling) -> None:
+    """Another tiny model (same vocabulary) drafts; the target itself as its draft accepts everything."""
+    target = tiny_models["qwen3"].path
+    prompts = repeating_prompts(5, seed=7)
+    params = [greedy(10 + 4 * k) for k in range(len(prompts))]
+    kw = {"async_scheduling": async_scheduling, "num_gpu_blocks": 34, "max_num_batched_tokens": 32}
+    off = run(target, prompts, params, spec=None, **kw)
+    other = {"model": str(tiny_models["llama"].path), "num_speculative_tokens": 2}
+    on = run(target, prompts, params, spec=other, **kw)
+    assert on.outputs == off.outputs
+    assert on.drafts > 0
+    itself = run(target, prompts, params, spec={"model": str(target), "num_speculative_tokens": 3}, **kw)
+    assert itself.outputs == off.outputs
+    assert itself.num_preemptions > 0
+    # Every draft the target verified is its own greedy choice.
+    assert itself.drafts > 0 and itself.accepted == itself.drafts
 
 
 @pytest.mark.usefixtures("use_embedded")

@@ -19,26 +19,38 @@ no drafts and decode one token at a time.
 
 from __future__ import annotations
 
+import torch
+
 from llmsched.core.output import SchedulerOutput
 from llmsched.core.speculative import SpeculativeConfig
-from llmsched.executor.torch.input_batch import RequestState, StepPlan
+from llmsched.executor.torch.input_batch import InputBatch, RequestState, StepInputs, StepPlan
 from llmsched.executor.torch.penalties import has_penalties, needs_stop_mask
+from llmsched.executor.torch.spec.draft_model import DraftModelProposer
 from llmsched.executor.torch.spec.ngram import NgramProposer
 
 
 class SpecDecoder:
     """Rewrites decoding requests' inputs with their drafts, and proposes new drafts after sampling."""
 
-    def __init__(self, config: SpeculativeConfig, max_model_len: int, draft: object = None) -> None:
+    def __init__(
+        self, config: SpeculativeConfig, max_model_len: int, draft: DraftModelProposer | None = None
+    ) -> None:
         self.config = config
         self.k = config.num_speculative_tokens
         self.max_model_len = max_model_len
+        self.ngram: NgramProposer | None = None
         if config.method == "ngram":
-            self.proposer: object = NgramProposer(
+            self.ngram = NgramProposer(
                 self.k, config.prompt_lookup_min, config.prompt_lookup_max, max_model_len
             )
-        else:
-            self.proposer = draft
+        elif draft is None:
+            raise ValueError("a draft_model speculative config needs its DraftModelProposer")
+        self.draft = draft
+
+    def observe(self, input_ids: torch.Tensor, step: StepInputs) -> None:
+        """Let a draft model see the step's tokens (after the target's forward); n-gram needs nothing."""
+        if self.draft is not None:
+            self.draft.observe(input_ids, step.positions, step.attn)
 
     def resolve(self, plan: StepPlan, states: dict[str, RequestState]) -> None:
         """Give each decoding request its true start, last token and the drafts it verifies."""
@@ -72,15 +84,19 @@ class SpecDecoder:
             and not needs_stop_mask(st)
         )
 
-    def propose(self, states: list[RequestState]) -> list[list[int]]:
+    def propose(self, states: list[RequestState], batch: InputBatch) -> list[list[int]]:
         """Drafts for each state that just sampled (also kept on the state)."""
-        out = []
-        proposer = self.proposer
         for st in states:
             st.decoding = True
-            if self.can_speculate(st):
-                st.drafts = proposer.propose(st.request.prompt_token_ids + st.generated)  # type: ignore[attr-defined]
-            else:
-                st.drafts = []
-            out.append(st.drafts)
-        return out
+            st.drafts = []
+        # Drafts past max_tokens would only be cut off by the scheduler.
+        able = [st for st in states if self.can_speculate(st) and len(st.generated) < st.request.max_tokens]
+        if self.ngram is not None:
+            for st in able:
+                left = st.request.max_tokens - len(st.generated)
+                st.drafts = self.ngram.propose(st.request.prompt_token_ids + st.generated)[:left]
+        elif able:
+            assert self.draft is not None
+            for st, d in zip(able, self.draft.propose(batch, able)):
+                st.drafts = d
+        return [st.drafts for st in states]
