@@ -296,8 +296,9 @@ class TorchExecutor:
             plain_states = [states[j] for j in plain]
             plain_logits = logits
             if drafts is not None:
-                first_rows = _first_rows(drafts)
-                idx = torch.tensor([first_rows[j] for j in plain], device=logits.device)
+                owned = step.sample_logit_rows
+                assert owned is not None
+                idx = torch.tensor([owned[j][0] for j in plain], device=logits.device)
                 plain_logits = logits.index_select(0, idx)
             if self._has_grammars:
                 self._apply_grammars(plain_logits, plain_states)
@@ -333,9 +334,10 @@ class TorchExecutor:
         self, logits: torch.Tensor, step: StepInputs, drafts: list[list[int]], sampled: list[list[int]]
     ) -> None:
         """Check the drafting requests' drafts against their rows of ``logits``; record what they keep."""
-        first_rows = _first_rows(drafts)
+        owned = step.sample_logit_rows
+        assert owned is not None
         js = [j for j, d in enumerate(drafts) if d]
-        rows = [r for j in js for r in range(first_rows[j], first_rows[j] + len(drafts[j]) + 1)]
+        rows = [r for j in js for r in owned[j]]
         sub = logits.index_select(0, torch.tensor(rows, device=logits.device))
         vstates = [step.sample_states[j] for j in js]
         kept = self.verifier.verify(
@@ -395,13 +397,3 @@ class TorchExecutor:
                 delattr(self, name)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-
-
-def _first_rows(drafts: list[list[int]]) -> list[int]:
-    """Each sampling request's first logits row, when request j owns 1 + len(drafts[j]) rows."""
-    out = []
-    row = 0
-    for d in drafts:
-        out.append(row)
-        row += len(d) + 1
-    return out

@@ -137,9 +137,10 @@ class StepInputs:
     # For each logits row, the index into scheduler_output.scheduled.
     sample_sched_index: list[int] = field(default_factory=list)
     sample_states: list[RequestState] = field(default_factory=list)
-    # Speculative decoding: per sampling request, its drafts to verify; it
-    # owns 1 + len(drafts) consecutive logits rows (None: one row each).
+    # Speculative decoding: per sampling request, its drafts to verify, and
+    # its 1 + len(drafts) rows of the logits (None: one row each, in order).
     sample_drafts: list[list[int]] | None = None
+    sample_logit_rows: list[list[int]] | None = None
 
     def input_ids(self, device: torch.device) -> torch.Tensor:
         """The input tokens, holes filled from the executor's own samples (call once the step before ran)."""
@@ -252,6 +253,7 @@ class InputBatch:
         bs = self.block_size
         decodes: list[tuple[int, int, RequestState]] = []  # (position, scheduled index, state)
         prefills: list[tuple[int, int, int, RequestState]] = []  # (start, n, scheduled index, state)
+        verify = plan.verify
         for i, (req, start, n) in enumerate(zip(so.scheduled, plan.starts, plan.counts)):
             st = states.get(req.request_id)
             if st is None:
@@ -263,6 +265,11 @@ class InputBatch:
                 )
             if n == 1:
                 decodes.append((start, i, st))
+            elif verify is not None and verify[i] == n - 1:
+                # The last token and its drafts: one decode query per position
+                # (each layer writes the step's K/V before attending, so a
+                # draft sees those before it), batched with the other decodes.
+                decodes.extend((start + j, i, st) for j in range(n))
             else:
                 prefills.append((start, n, i, st))
         decodes.sort(key=_position)
@@ -275,7 +282,7 @@ class InputBatch:
         for row, (pos, i, st) in enumerate(decodes):
             known = tokens[i]
             if known is not None:
-                ids.append(known[0])
+                ids.append(known[pos - plan.starts[i]])
             else:
                 # Sampled by the step before, still in flight when this one was planned.
                 ids.append(0)
@@ -311,7 +318,8 @@ class InputBatch:
             chunks.append(chunk)
             row += n
             if samples[i]:
-                sample_rows.append((row - 1 - (plan.verify[i] if plan.verify else 0), i, st))
+                v = verify[i] if verify is not None else 0
+                sample_rows.extend((row - 1 - v + j, i, st) for j in range(v + 1))
         if prefills:
             # Rows must ascend; decodes and prefills each already do.
             sample_rows.sort(key=_first)
@@ -330,10 +338,8 @@ class InputBatch:
             holes=holes,
             positions=positions.to(dev),
             attn=attn,
-            logits_indices=_logits_rows(sample_rows, plan.verify).to(dev),
-            sample_sched_index=[i for _, i, _ in sample_rows],
-            sample_states=[st for _, _, st in sample_rows],
-            sample_drafts=_drafts(sample_rows, plan) if plan.verify else None,
+            logits_indices=torch.tensor([r for r, _, _ in sample_rows], dtype=torch.int64).to(dev),
+            **_samplers(sample_rows, plan),
         )
 
     def decode_metadata(self, entries: list[tuple[int, RequestState]]) -> AttentionMetadata:
@@ -398,20 +404,35 @@ def _first(item: tuple[int, int, RequestState]) -> int:
     return item[0]
 
 
-def _logits_rows(sample_rows: list[tuple[int, int, RequestState]], verify: list[int] | None) -> torch.Tensor:
-    """The rows whose hidden states reach the LM head: each sampling row, and its draft rows after it."""
-    if not verify:
-        return torch.tensor([r for r, _, _ in sample_rows], dtype=torch.int64)
-    return torch.tensor([r + k for r, i, _ in sample_rows for k in range(verify[i] + 1)], dtype=torch.int64)
+def _samplers(sample_rows: list[tuple[int, int, RequestState]], plan: StepPlan) -> dict[str, Any]:
+    """StepInputs' per-request sampling fields, from the logits rows sorted ascending.
 
-
-def _drafts(sample_rows: list[tuple[int, int, RequestState]], plan: StepPlan) -> list[list[int]]:
-    """Each sampling request's drafts: the last ``verify[i]`` of its input tokens."""
+    Without drafts each sampling request owns one row. With drafts a request
+    owns 1 + drafts rows, possibly interleaved with other requests' (decodes
+    are ordered by position): ``sample_logit_rows`` lists each one's rows.
+    """
     verify = plan.verify
-    assert verify is not None
-    out = []
-    for _, i, _ in sample_rows:
+    if not verify:
+        return {
+            "sample_sched_index": [i for _, i, _ in sample_rows],
+            "sample_states": [st for _, _, st in sample_rows],
+        }
+    rows: dict[int, list[int]] = {}
+    order: list[tuple[int, RequestState]] = []
+    for k, (_, i, st) in enumerate(sample_rows):
+        owned = rows.get(i)
+        if owned is None:
+            owned = rows[i] = []
+            order.append((i, st))
+        owned.append(k)
+    drafts = []
+    for i, _ in order:
         v = verify[i]
         toks = plan.tokens[i]
-        out.append(list(toks[len(toks) - v :]) if v and toks is not None else [])
-    return out
+        drafts.append(list(toks[len(toks) - v :]) if v and toks is not None else [])
+    return {
+        "sample_sched_index": [i for i, _ in order],
+        "sample_states": [st for _, st in order],
+        "sample_drafts": drafts,
+        "sample_logit_rows": [rows[i] for i, _ in order],
+    }
