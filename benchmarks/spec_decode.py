@@ -13,8 +13,9 @@ temporary folder, so it shares the tokenizer). Workloads:
   measures what speculation costs when it cannot help.
 
 Batch 1 runs its prompts one at a time (max_num_seqs=1); batch 16 runs 16
-prompts together. Each configuration uses a fresh engine; one warm-up
-request runs before timing. Configurations alternate within a round.
+prompts together. Each configuration has its own engine, warmed up by one
+request; the configurations then alternate for ``--rounds`` rounds and each
+reports its median round (the machine's load drifts between rounds).
 
     python benchmarks/spec_decode.py [--model DIR] [--batches 1,16] [--json results/spec_decode.json]
 """
@@ -125,6 +126,9 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--prompts-batch1", type=int, default=4, help="prompts run one at a time (default 4)")
     ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument(
+        "--rounds", type=int, default=3, help="alternating rounds; the median is reported (default 3)"
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -157,22 +161,7 @@ def main() -> None:
             n = args.prompts_batch1 if batch == 1 else batch
             for wl in args.workloads.split(","):
                 prompts, params = workload(wl, n, vocab, args.output_len, seed=0)
-                for name in names:
-                    llm = LLM(
-                        args.model,
-                        speculative_config=configs[name],
-                        max_num_seqs=batch,
-                        max_model_len=args.max_model_len,
-                        max_num_batched_tokens=max(2048, batch),
-                    )
-                    try:
-                        llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
-                        row = measure(llm, prompts, params, batch)
-                    finally:
-                        llm.close()
-                    row.update(batch=batch, workload=wl, config=name)
-                    results.append(row)
-                    print(_line(row), flush=True)
+                results.extend(_compare(args, configs, names, batch, wl, prompts, params))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print()
@@ -181,6 +170,46 @@ def main() -> None:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         info = {"model": str(model_dir), "draft_model": draft, "k": args.k, "lookup": [lo, hi]}
         Path(args.json).write_text(json.dumps({"config": info, "results": results}, indent=1))
+
+
+def _compare(
+    args: argparse.Namespace,
+    configs: dict,
+    names: list[str],
+    batch: int,
+    wl: str,
+    prompts: list,
+    params: list[SamplingParams],
+) -> list[dict]:
+    """Every configuration on one workload: engines built once, rounds alternating, the median round kept."""
+    llms = {}
+    rows: dict[str, list[dict]] = {name: [] for name in names}
+    try:
+        for name in names:
+            llms[name] = llm = LLM(
+                args.model,
+                speculative_config=configs[name],
+                max_num_seqs=batch,
+                max_model_len=args.max_model_len,
+                max_num_batched_tokens=max(2048, batch),
+            )
+            llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+        for _ in range(args.rounds):
+            for name in names:
+                rows[name].append(measure(llms[name], prompts, params, batch))
+    finally:
+        for llm in llms.values():
+            llm.close()
+    out = []
+    for name in names:
+        runs = sorted(rows[name], key=lambda r: r["output_tok_s"])
+        row = dict(runs[len(runs) // 2])
+        row.update(
+            batch=batch, workload=wl, config=name, rounds_tok_s=[r["output_tok_s"] for r in rows[name]]
+        )
+        print(_line(row), flush=True)
+        out.append(row)
+    return out
 
 
 def _line(r: dict) -> str:
