@@ -139,15 +139,24 @@ class ThroughputResult:
     max_running: int
     rejections: list[tuple[str, str]] = field(default_factory=list)
     percentiles: Sequence[float] = DEFAULT_PERCENTILES
+    # Speculative decoding over the run (None when off): drafts, draft and
+    # accepted tokens, acceptance rate, mean acceptance length, per position.
+    spec_decode: dict | None = None
 
     def rows(self) -> list[tuple[str, object]]:
         """Engine figures for the summary table."""
-        return [
+        rows: list[tuple[str, object]] = [
             ("Engine steps (with tokens):", f"{self.num_steps} ({self.num_busy_steps})"),
             ("Preemptions:", self.num_preemptions),
             ("Prefix cache hit rate (%):", 100.0 * self.prefix_cache_hit_rate),
             ("Max running requests:", self.max_running),
         ]
+        sd = self.spec_decode
+        if sd is not None:
+            rows.append(("Draft acceptance rate (%):", 100.0 * sd["acceptance_rate"]))
+            rows.append(("Mean acceptance length:", sd["mean_acceptance_length"]))
+            rows.append(("Drafts (draft tokens):", f"{sd['num_drafts']} ({sd['num_draft_tokens']})"))
+        return rows
 
     def table(self) -> str:
         """vLLM-style result table plus the engine's figures."""
@@ -174,6 +183,8 @@ class ThroughputResult:
             "max_running": self.max_running,
             "rejections": [list(r) for r in self.rejections],
         }
+        if self.spec_decode is not None:
+            out["spec_decode"] = self.spec_decode
         return out
 
 
@@ -195,6 +206,7 @@ def run_throughput(
     itls: dict[str, list[float]] = {}
     rejections: list[tuple[str, str]] = []
     steps0, preempt0 = engine.num_steps, sched.num_preemptions
+    spec0 = engine.spec_stats.as_tuple() if engine.spec_stats is not None else None
     start = time.monotonic()
     collector = MetricsCollector(origin=start)
     for i, r in enumerate(requests):
@@ -288,7 +300,27 @@ def run_throughput(
         max_running=max_running,
         rejections=rejections,
         percentiles=percentiles,
+        spec_decode=_spec_delta(engine, spec0),
     )
+
+
+def _spec_delta(engine: LLMEngine, before: tuple[int, int, int, tuple[int, ...]] | None) -> dict | None:
+    """Speculative-decoding figures since ``before`` (the engine's counters at the start)."""
+    if engine.spec_stats is None or before is None:
+        return None
+    drafts, draft_toks, accepted, per_pos = engine.spec_stats.as_tuple()
+    drafts -= before[0]
+    draft_toks -= before[1]
+    accepted -= before[2]
+    nan = float("nan")
+    return {
+        "num_drafts": drafts,
+        "num_draft_tokens": draft_toks,
+        "num_accepted_tokens": accepted,
+        "acceptance_rate": accepted / draft_toks if draft_toks else nan,
+        "mean_acceptance_length": 1 + accepted / drafts if drafts else nan,
+        "acceptance_rate_per_pos": [(a - b) / drafts if drafts else nan for a, b in zip(per_pos, before[3])],
+    }
 
 
 def _progress(total: int, enabled: bool) -> Any:

@@ -81,6 +81,9 @@ class ModelRunnerOutput:
     extra: object = None
     # The KV connector's events (finished or failed transfers), if any.
     kv_connector_output: KVConnectorOutput | None = None
+    # Speculative decoding: drafts the executor really verified per request
+    # (async placeholders with no draft behind them are not), for statistics.
+    num_drafts_verified: Sequence[int] | None = None
 
 
 @dataclass(slots=True)

@@ -15,6 +15,7 @@ from llmsched.core.config import SchedulerConfig
 from llmsched.core.errors import ConfigError
 from llmsched.core.kv.block_hash import HASH_ALGOS
 from llmsched.core.policy import check_policy_name
+from llmsched.core.speculative import SpeculativeConfig
 from llmsched.engine.policy_args import add_policy_args
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -84,6 +85,9 @@ class EngineArgs:
     debug: bool = False
     # Load no tokenizer: prompts are token ids, outputs token ids (vLLM's skip_tokenizer_init).
     skip_tokenizer_init: bool = False
+    # Speculative decoding: a dict or its JSON text, as vLLM's speculative_config
+    # ({"method": "ngram", "num_speculative_tokens": 4, ...} or {"model": DIR, ...}).
+    speculative_config: SpeculativeConfig | dict | str | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs"):
@@ -124,6 +128,7 @@ class EngineArgs:
             raise ConfigError("structured_outputs_disable_any_whitespace must be true or false")
         if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
             raise ConfigError(f"async_scheduling={self.async_scheduling!r} must be true, false or None")
+        self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         u = self.gpu_memory_utilization
         if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0.0 < u <= 1.0:
             raise ConfigError(f"gpu_memory_utilization={u!r} must be in (0, 1]")
@@ -147,6 +152,7 @@ class EngineArgs:
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "seed": self.seed,
             "num_threads": self.num_threads,
+            **({} if self.speculative_config is None else {"speculative_config": self.speculative_config}),
         }
 
     def create_scheduler_config(
@@ -171,7 +177,18 @@ class EngineArgs:
             policy_config=self.policy_config,
             async_scheduling=self.resolved_async_scheduling,
             debug=self.debug,
+            **self._spec_scheduler_fields(),
         )
+
+    def _spec_scheduler_fields(self) -> dict[str, int]:
+        spec = self.speculative_config
+        if spec is None:
+            return {}
+        assert isinstance(spec, SpeculativeConfig)
+        return {
+            "num_speculative_tokens": spec.num_speculative_tokens,
+            "num_lookahead_tokens": spec.num_lookahead_tokens,
+        }
 
     @property
     def resolved_async_scheduling(self) -> bool:
@@ -247,6 +264,17 @@ class EngineArgs:
             action="store_true",
             help="structured outputs: JSON without whitespace between tokens (a model that favours "
             "whitespace, such as the random-weight demo model, may otherwise never close an object)",
+        )
+
+        g.add_argument(
+            "--speculative-config",
+            "-sc",
+            dest="speculative_config",
+            default=None,
+            metavar="JSON",
+            help='speculative decoding, as vLLM: \'{"method": "ngram", "num_speculative_tokens": 4, '
+            '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\' (prompt lookup) or '
+            '\'{"model": DIR, "num_speculative_tokens": 4}\' (a draft model sharing the tokenizer)',
         )
 
     @classmethod

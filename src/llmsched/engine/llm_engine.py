@@ -32,6 +32,7 @@ from llmsched.engine.executor import Executor
 from llmsched.engine.model_files import load_model_files
 from llmsched.engine.outputs import RequestMetrics, RequestOutput, RequestOutputKind
 from llmsched.engine.request_state import RequestState
+from llmsched.engine.spec_stats import SpecDecodingStats
 from llmsched.engine.tokenizer import Tokenizer, load_tokenizer
 
 if TYPE_CHECKING:
@@ -105,6 +106,10 @@ class LLMEngine:
         # Constrained requests added while their grammar compiled: checked
         # each step, so a grammar that fails to compile ends its request.
         self._grammar_pending: dict[str, Request] = {}
+        spec = engine_args.speculative_config
+        self.spec_stats: SpecDecodingStats | None = None
+        if spec is not None:
+            self.spec_stats = SpecDecodingStats(config.num_speculative_tokens)
 
     def _executor_kwargs(self) -> dict[str, Any]:
         kwargs = self.engine_args.executor_kwargs()
@@ -349,6 +354,8 @@ class LLMEngine:
             return failed
         states = self._states
         so = es.scheduler_output
+        if self.spec_stats is not None:
+            self.spec_stats.observe(so, es.model_output)
         for req in so.admitted:
             st = states.get(req.request_id)
             if st is not None and math.isnan(st.metrics.first_scheduled_time):

@@ -308,4 +308,5 @@ class EngineLoop:
             step_tokens=step_tokens,
             waiting_by_reason=waiting_by_reason(self.engine, last.trace if last is not None else None),
             kv_evictions=drain_evictions(self.residency),
+            spec_decode=None if self.engine.spec_stats is None else self.engine.spec_stats.as_tuple(),
         )

@@ -117,6 +117,9 @@ class EngineSnapshot:
     waiting_by_reason: tuple[tuple[str, int], ...] = ()
     # Sampled KV block lives that ended since the previous snapshot: (lifetime, idle, reuse gaps).
     kv_evictions: tuple[tuple[float, float, tuple[float, ...]], ...] = ()
+    # Speculative decoding, cumulative: (drafts, draft tokens, accepted tokens,
+    # accepted per draft position); None when speculation is off.
+    spec_decode: tuple[int, int, int, tuple[int, ...]] | None = None
 
 
 @dataclass(slots=True)
@@ -194,7 +197,7 @@ def encode_batch(batch: StepBatch) -> tuple:
         snap_t = (
             snap.num_running, snap.num_waiting, snap.kv_usage, snap.num_free_blocks, snap.num_usable_blocks,
             snap.num_preemptions, snap.prefix_cache_queries, snap.prefix_cache_hits, snap.num_steps,
-            snap.step_tokens, snap.waiting_by_reason, snap.kv_evictions,
+            snap.step_tokens, snap.waiting_by_reason, snap.kv_evictions, snap.spec_decode,
         )  # fmt: skip
     return (BATCH_TAG, outs, batch.token_time, snap_t)
 

@@ -234,6 +234,8 @@ class ServerMetrics:
         if self.kv_cache_metrics:
             for name, doc, attr in _KV_RESIDENCY_HISTOGRAMS:
                 yield getattr(self, attr).family(name, doc, self.labels)
+        if snap.spec_decode is not None:
+            yield from self._spec_decode_families(snap.spec_decode)
         yield from self._own_families(snap, self._admission())
         yield from self.tenants.families(self.labels["model_name"])
 
@@ -306,6 +308,20 @@ class ServerMetrics:
         for reason, n in self.finished.items():
             success.add_metric([*self.labels.values(), reason], n)
         yield success
+
+    def _spec_decode_families(self, spec: tuple[int, int, int, tuple[int, ...]]) -> Iterator[Metric]:
+        drafts, draft_tokens, accepted, per_pos = spec
+        yield self._counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", drafts)
+        yield self._counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", draft_tokens)
+        yield self._counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", accepted)
+        by_pos = CounterMetricFamily(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            labels=[*self.labels, "position"],
+        )
+        for pos, n in enumerate(per_pos):
+            by_pos.add_metric([*self.labels.values(), str(pos)], n)
+        yield by_pos
 
     def _own_families(self, snap: EngineSnapshot, adm: AdmissionControl) -> Iterator[Metric]:
         rejected = CounterMetricFamily(

@@ -12,6 +12,7 @@ import torch
 
 from llmsched.core.errors import ConfigError
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput
+from llmsched.core.speculative import SpeculativeConfig
 from llmsched.executor.torch.config import ModelConfig
 from llmsched.executor.torch.cpu_tuning import tune_cpu_allocator
 from llmsched.executor.torch.device import (
@@ -28,6 +29,9 @@ from llmsched.executor.torch.layers import can_prepack_linears
 from llmsched.executor.torch.model import DecoderModel
 from llmsched.executor.torch.rope import RotaryEmbedding
 from llmsched.executor.torch.sampler import Sampler
+from llmsched.executor.torch.spec.decoder import SpecDecoder
+from llmsched.executor.torch.spec.draft_model import DraftModelProposer
+from llmsched.executor.torch.spec.verify import DraftVerifier
 from llmsched.executor.torch.step_thread import StepThread
 from llmsched.executor.torch.weights import load_weights
 
@@ -77,6 +81,7 @@ class TorchExecutor:
         gpu_memory_utilization: float = 0.9,
         seed: int = 0,
         num_threads: int | None = None,
+        speculative_config: SpeculativeConfig | dict | str | None = None,
     ) -> None:
         for name, v in (
             ("block_size", 1 if block_size is None else block_size),
@@ -90,6 +95,9 @@ class TorchExecutor:
         self.dtype = resolve_dtype(dtype, cfg, self.device)
         self.max_model_len = self._resolve_max_model_len(cfg, max_model_len)
         self.block_size = default_block_size(self.device) if block_size is None else block_size
+        self.speculative_config = SpeculativeConfig.parse(speculative_config)
+        # The last step submitted: speculative steps are prepared only once it ran.
+        self._last_future: Future[ModelRunnerOutput] | None = None
         self._thread: StepThread | None = StepThread(self._run, self.device)
         try:
             self._thread.call(
@@ -165,6 +173,26 @@ class TorchExecutor:
             dtype=self.dtype,
         )
         self.sampler = Sampler(self.device, seed)
+        self.spec: SpecDecoder | None = None
+        sc = self.speculative_config
+        if sc is not None:
+            draft = None
+            if sc.method == "draft_model":
+                assert sc.model is not None
+                draft = DraftModelProposer(
+                    sc.model,
+                    k=sc.num_speculative_tokens,
+                    target=cfg,
+                    num_blocks=self.num_gpu_blocks,
+                    block_size=self.block_size,
+                    keys_transposed=keys_transposed,
+                    max_model_len=self.max_model_len,
+                    dtype=self.dtype,
+                    device=self.device,
+                    threads=self.num_threads or 1,
+                )
+            self.spec = SpecDecoder(sc, self.max_model_len, draft)
+            self.verifier = DraftVerifier(self.sampler)
         self._max_num_seqs = max_num_seqs
         self._bitmask = None
         self._has_grammars = False
@@ -204,7 +232,7 @@ class TorchExecutor:
         executor's thread. The preparation runs single-threaded, so that
         this thread never starts an OpenMP team of its own (see the class).
         """
-        plan = plan_step(scheduler_output)
+        plan = plan_step(scheduler_output, verifies_drafts=self.spec is not None)
         if not self._has_grammars and any(r.grammar is not None for r in scheduler_output.admitted):
             # Sticky: once a constrained request came, each step looks for matchers.
             self._has_grammars = True
@@ -212,21 +240,35 @@ class TorchExecutor:
             # interpreter tears xgrammar down, or its C++ side aborts at exit.
             ref = weakref.ref(self)
             atexit.register(lambda: (ex := ref()) is not None and ex.close())
+        spec = self.spec
+        if spec is not None and self._last_future is not None:
+            # Drafts and true positions come from the step before (see spec.decoder).
+            self._last_future.exception()
+            self._last_future = None
         with single_threaded(), torch.inference_mode():
             self.batch.update(plan)
             if not scheduler_output.scheduled:
                 return _NO_SAMPLES
+            if spec is not None:
+                spec.resolve(plan, self.batch.states)
             step = self.batch.prepare(plan)
         assert self._thread is not None, "the executor is closed"
-        return self._thread.submit(step)
+        future = self._thread.submit(step)
+        if spec is not None:
+            self._last_future = future
+        return future
 
     def _run(self, step: StepInputs, input_ids: torch.Tensor) -> ModelRunnerOutput:
         """A prepared step's forward pass and sampling (on the executor's thread)."""
         num_sched = step.num_scheduled
         with torch.inference_mode():
             logits = self.model.forward(input_ids, step.positions, step.attn, step.logits_indices)
+            if self.spec is not None:
+                self.spec.observe(input_ids, step)
             if not step.sample_states:
                 return ModelRunnerOutput(sampled_token_ids=[[] for _ in range(num_sched)])
+            if self.spec is not None:
+                return self._run_spec(logits, step)
             if self._has_grammars:
                 self._apply_grammars(logits, step.sample_states)
             tokens, lps = self.sampler.sample(logits, step.sample_states)
@@ -242,6 +284,71 @@ class TorchExecutor:
             for i, lp in zip(step.sample_sched_index, lps):
                 logprobs[i] = lp
         return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+
+    def _run_spec(self, logits: torch.Tensor, step: StepInputs) -> ModelRunnerOutput:
+        """Sampling with speculative decoding: plain rows sampled, drafts verified, next drafts proposed."""
+        states = step.sample_states
+        drafts = step.sample_drafts
+        plain = list(range(len(states))) if drafts is None else [j for j, d in enumerate(drafts) if not d]
+        sampled: list[list[int]] = [[] for _ in range(step.num_scheduled)]
+        logprobs = None
+        if plain:
+            plain_states = [states[j] for j in plain]
+            plain_logits = logits
+            if drafts is not None:
+                owned = step.sample_logit_rows
+                assert owned is not None
+                idx = torch.tensor([owned[j][0] for j in plain], device=logits.device)
+                plain_logits = logits.index_select(0, idx)
+            if self._has_grammars:
+                self._apply_grammars(plain_logits, plain_states)
+            tokens, lps = self.sampler.sample(plain_logits, plain_states)
+            for j, t in zip(plain, tokens):
+                sampled[step.sample_sched_index[j]] = [t]
+                states[j].generated.append(t)
+            if self._has_grammars:
+                self._advance_grammars(plain_states, tokens)
+            if lps is not None:
+                logprobs = [None] * step.num_scheduled
+                for j, lp in zip(plain, lps):
+                    logprobs[step.sample_sched_index[j]] = lp
+        if drafts is not None and len(plain) < len(states):
+            self._verify(logits, step, drafts, sampled)
+        proposed = self.spec.propose(states, self.batch)  # type: ignore[union-attr]
+        draft_ids: list[list[int]] = [[] for _ in range(step.num_scheduled)]
+        for i, d in zip(step.sample_sched_index, proposed):
+            draft_ids[i] = d
+        verified = None
+        if drafts is not None:
+            verified = [0] * step.num_scheduled
+            for i, d in zip(step.sample_sched_index, drafts):
+                verified[i] = len(d)
+        return ModelRunnerOutput(
+            sampled_token_ids=sampled,
+            draft_token_ids=draft_ids,
+            logprobs=logprobs,
+            num_drafts_verified=verified,
+        )
+
+    def _verify(
+        self, logits: torch.Tensor, step: StepInputs, drafts: list[list[int]], sampled: list[list[int]]
+    ) -> None:
+        """Check the drafting requests' drafts against their rows of ``logits``; record what they keep."""
+        owned = step.sample_logit_rows
+        assert owned is not None
+        js = [j for j, d in enumerate(drafts) if d]
+        rows = [r for j in js for r in owned[j]]
+        sub = logits.index_select(0, torch.tensor(rows, device=logits.device))
+        vstates = [step.sample_states[j] for j in js]
+        kept = self.verifier.verify(
+            sub,
+            [drafts[j] for j in js],
+            [st.request.sampling_params for st in vstates],
+            [len(st.generated) for st in vstates],
+        )
+        for j, st, toks in zip(js, vstates, kept):
+            sampled[step.sample_sched_index[j]] = toks
+            st.generated.extend(toks)
 
     def _apply_grammars(self, logits: torch.Tensor, states: list[RequestState]) -> None:
         """Mask each constrained row's logits to the tokens its grammar allows next."""

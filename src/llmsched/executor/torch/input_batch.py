@@ -53,6 +53,10 @@ class RequestState:
     # The output grammar's matcher (constrained requests only): advanced with
     # each token sampled here, so it is as far ahead as ``generated``.
     matcher: Any = None
+    # Speculative decoding: set once this admission sampled (its next input
+    # is its last sampled token), and the drafts proposed after that sample.
+    decoding: bool = False
+    drafts: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -71,12 +75,21 @@ class StepPlan:
     tokens: list[list[int] | None]
     samples: list[bool]
     admitted_outputs: list[list[int]]
+    # Speculative decoding: per scheduled request, how many of its last
+    # input tokens are drafts to verify (None: none in this step).
+    verify: list[int] | None = None
 
 
-def plan_step(so: SchedulerOutput) -> StepPlan:
-    """Copy what the step needs from its Requests; call right after schedule(), on the engine's thread."""
-    if so.spec_decode_tokens:
-        raise NotImplementedError("the torch executor does not verify speculative draft tokens")
+def plan_step(so: SchedulerOutput, verifies_drafts: bool = False) -> StepPlan:
+    """Copy what the step needs from its Requests; call right after schedule(), on the engine's thread.
+
+    Draft tokens are refused unless the caller verifies them (``verifies_drafts``).
+    """
+    if so.spec_decode_tokens and not verifies_drafts:
+        raise NotImplementedError(
+            "the step schedules speculative draft tokens, but the torch executor was started "
+            "without a speculative_config"
+        )
     starts: list[int] = []
     counts: list[int] = []
     tokens: list[list[int] | None] = []
@@ -124,6 +137,10 @@ class StepInputs:
     # For each logits row, the index into scheduler_output.scheduled.
     sample_sched_index: list[int] = field(default_factory=list)
     sample_states: list[RequestState] = field(default_factory=list)
+    # Speculative decoding: per sampling request, its drafts to verify, and
+    # its 1 + len(drafts) rows of the logits (None: one row each, in order).
+    sample_drafts: list[list[int]] | None = None
+    sample_logit_rows: list[list[int]] | None = None
 
     def input_ids(self, device: torch.device) -> torch.Tensor:
         """The input tokens, holes filled from the executor's own samples (call once the step before ran)."""
@@ -236,6 +253,7 @@ class InputBatch:
         bs = self.block_size
         decodes: list[tuple[int, int, RequestState]] = []  # (position, scheduled index, state)
         prefills: list[tuple[int, int, int, RequestState]] = []  # (start, n, scheduled index, state)
+        verify = plan.verify
         for i, (req, start, n) in enumerate(zip(so.scheduled, plan.starts, plan.counts)):
             st = states.get(req.request_id)
             if st is None:
@@ -247,6 +265,11 @@ class InputBatch:
                 )
             if n == 1:
                 decodes.append((start, i, st))
+            elif verify is not None and verify[i] == n - 1:
+                # The last token and its drafts: one decode query per position
+                # (each layer writes the step's K/V before attending, so a
+                # draft sees those before it), batched with the other decodes.
+                decodes.extend((start + j, i, st) for j in range(n))
             else:
                 prefills.append((start, n, i, st))
         decodes.sort(key=_position)
@@ -259,7 +282,7 @@ class InputBatch:
         for row, (pos, i, st) in enumerate(decodes):
             known = tokens[i]
             if known is not None:
-                ids.append(known[0])
+                ids.append(known[pos - plan.starts[i]])
             else:
                 # Sampled by the step before, still in flight when this one was planned.
                 ids.append(0)
@@ -295,7 +318,8 @@ class InputBatch:
             chunks.append(chunk)
             row += n
             if samples[i]:
-                sample_rows.append((row - 1, i, st))
+                v = verify[i] if verify is not None else 0
+                sample_rows.extend((row - 1 - v + j, i, st) for j in range(v + 1))
         if prefills:
             # Rows must ascend; decodes and prefills each already do.
             sample_rows.sort(key=_first)
@@ -315,9 +339,27 @@ class InputBatch:
             positions=positions.to(dev),
             attn=attn,
             logits_indices=torch.tensor([r for r, _, _ in sample_rows], dtype=torch.int64).to(dev),
-            sample_sched_index=[i for _, i, _ in sample_rows],
-            sample_states=[st for _, _, st in sample_rows],
+            **_samplers(sample_rows, plan),
         )
+
+    def decode_metadata(self, entries: list[tuple[int, RequestState]]) -> AttentionMetadata:
+        """Attention inputs for one token per request at the given positions (ascending), as decodes."""
+        bs = self.block_size
+        decodes = [(p, i, st) for i, (p, st) in enumerate(entries)]
+        dpos = torch.tensor([p for p, _ in entries], dtype=torch.int64)
+        drows = torch.tensor([st.row for _, st in entries], dtype=torch.int64)
+        slots = self.block_table[drows, dpos // bs] * bs + dpos % bs
+        dev = self.device
+        attn = AttentionMetadata(
+            slot_mapping=slots.to(dev),
+            num_decodes=len(entries),
+            decode_groups=self._decode_groups(decodes, drows, dpos),
+            prefills=[],
+        )
+        if self.keys_transposed:
+            attn.slot_blocks = (slots // bs).to(dev)
+            attn.slot_offsets = (slots % bs).to(dev)
+        return attn
 
     def _decode_groups(
         self, decodes: list[tuple[int, int, RequestState]], rows: torch.Tensor, positions: torch.Tensor
@@ -360,3 +402,37 @@ def _position(item: tuple[int, int, RequestState]) -> int:
 
 def _first(item: tuple[int, int, RequestState]) -> int:
     return item[0]
+
+
+def _samplers(sample_rows: list[tuple[int, int, RequestState]], plan: StepPlan) -> dict[str, Any]:
+    """StepInputs' per-request sampling fields, from the logits rows sorted ascending.
+
+    Without drafts each sampling request owns one row. With drafts a request
+    owns 1 + drafts rows, possibly interleaved with other requests' (decodes
+    are ordered by position): ``sample_logit_rows`` lists each one's rows.
+    """
+    verify = plan.verify
+    if not verify:
+        return {
+            "sample_sched_index": [i for _, i, _ in sample_rows],
+            "sample_states": [st for _, _, st in sample_rows],
+        }
+    rows: dict[int, list[int]] = {}
+    order: list[tuple[int, RequestState]] = []
+    for k, (_, i, st) in enumerate(sample_rows):
+        owned = rows.get(i)
+        if owned is None:
+            owned = rows[i] = []
+            order.append((i, st))
+        owned.append(k)
+    drafts = []
+    for i, _ in order:
+        v = verify[i]
+        toks = plan.tokens[i]
+        drafts.append(list(toks[len(toks) - v :]) if v and toks is not None else [])
+    return {
+        "sample_sched_index": [i for i, _ in order],
+        "sample_states": [st for _, st in order],
+        "sample_drafts": drafts,
+        "sample_logit_rows": [rows[i] for i, _ in order],
+    }

@@ -101,6 +101,12 @@ class Sampler:
     def _random(self, logits: torch.Tensor, states: list[RequestState]) -> torch.Tensor:
         """Sample each row of float32 ``logits`` with its request's temperature and filters."""
         params = [st.request.sampling_params for st in states]
+        self.apply_filters(logits, params)
+        return _inverse_cdf(logits, self._uniforms(states, params).to(logits.device))
+
+    @staticmethod
+    def apply_filters(logits: torch.Tensor, params: list[SamplingParams]) -> None:
+        """Temperature, min_p, top_k and top_p on float32 ``logits``, a row per entry of params (in place)."""
         dev = logits.device
         temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=dev)
         logits.div_(temps[:, None])
@@ -123,7 +129,6 @@ class Sampler:
         p_rows = [i for i, p in enumerate(params) if p.top_p < 1.0]
         if p_rows:
             _apply_top_p(logits, p_rows, [params[i].top_p for i in p_rows])
-        return _inverse_cdf(logits, self._uniforms(states, params).to(dev))
 
     def _uniforms(self, states: list[RequestState], params: list[SamplingParams]) -> torch.Tensor:
         """One U[0, 1) draw per row, on the CPU so seeded rows agree across devices."""

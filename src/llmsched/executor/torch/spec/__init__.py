@@ -1,0 +1,1 @@
+"""Speculative decoding in the torch executor: draft proposers and the verification of drafts."""
