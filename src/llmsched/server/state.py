@@ -32,6 +32,7 @@ class ServerState:
     vocab_size: int
     args: ServerArgs
     model_notice: str | None = None
+    startup_log: list[str] = field(default_factory=list)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -61,6 +62,8 @@ def make_backend(
     """Start the engine where ``server_args.engine_mode`` says (a custom executor needs a thread)."""
     if engine_args.num_threads is None:
         engine_args = replace(engine_args, num_threads=serving_threads())
+    if engine_args.usage_context is None:
+        engine_args = replace(engine_args, usage_context="OPENAI_API_SERVER")
     loop_options = {
         "admission_window_ms": server_args.admission_window_ms,
         "trace_steps": server_args.trace_steps,
@@ -122,4 +125,5 @@ def create_state(
         vocab_size=info.vocab_size,
         args=server_args,
         model_notice=info.model_notice,
+        startup_log=list(info.startup_log),
     )
