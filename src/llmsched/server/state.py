@@ -15,6 +15,7 @@ from llmsched.server.args import ServerArgs
 from llmsched.server.async_engine import AsyncEngine, Backend
 from llmsched.server.errors import APIError
 from llmsched.server.metrics import ServerMetrics
+from llmsched.server.prefault import prefault_kv_cache
 from llmsched.server.sampling import ModelLimits
 
 
@@ -74,10 +75,12 @@ def make_backend(
         from llmsched.server.thread_backend import ThreadBackend
 
         engine = LLMEngine(engine_args, executor_factory=executor_factory)
+        if server_args.prefault_kv_cache:
+            prefault_kv_cache(engine)
         return ThreadBackend(engine, **loop_options)
     from llmsched.server.process_backend import ProcessBackend
 
-    return ProcessBackend(engine_args, **loop_options)
+    return ProcessBackend(engine_args, prefault_kv_cache=server_args.prefault_kv_cache, **loop_options)
 
 
 def create_state(
