@@ -59,16 +59,41 @@ BUCKETS: list[tuple[str, re.Pattern]] = [
 ]
 
 
-def classify(stack: str) -> str:
+# The HTTP process (the same sampling), for what it takes from the cores the engine shares.
+HTTP_BUCKETS: list[tuple[str, re.Pattern]] = [
+    ("pipe reader", re.compile(r"process_backend\.py|decode_batch|connection\.py|reduction\.py")),
+    ("json", re.compile(r"\bjson/|orjson|jsonable|model_dump|pydantic")),
+    ("llmsched routes+streams", re.compile(r"llmsched/server/")),
+    ("http (uvicorn, starlette)", re.compile(r"uvicorn|h11|httptools|starlette|fastapi|anyio")),
+    ("event loop", re.compile(r"asyncio")),
+]
+
+
+def spy_cmd(args: argparse.Namespace, pid: int, raw: Path) -> list[str]:
+    """py-spy sampling ``pid`` into ``raw`` without pausing it."""
+    cmd = [
+        args.py_spy,
+        "record",
+        "--pid",
+        str(pid),
+        "--rate",
+        str(args.rate),
+        "--duration",
+        str(args.duration),
+    ]
+    return [*cmd, "--format", "raw", "--output", str(raw), "--nonblocking", *(["--gil"] if args.gil else [])]
+
+
+def classify(stack: str, buckets: list[tuple[str, re.Pattern]] = BUCKETS) -> str:
     """The bucket of one sampled stack (frames outermost first, ';'-separated)."""
     for frame in reversed(stack.split(";")):
-        for name, pat in BUCKETS:
+        for name, pat in buckets:
             if pat.search(frame):
                 return name
     return "other"
 
 
-def parse_raw(path: Path) -> tuple[Counter, int]:
+def parse_raw(path: Path, known: list[tuple[str, re.Pattern]] = BUCKETS) -> tuple[Counter, int]:
     """py-spy raw output: samples per bucket, and in all."""
     buckets: Counter = Counter()
     total = 0
@@ -77,7 +102,7 @@ def parse_raw(path: Path) -> tuple[Counter, int]:
         if not count.isdigit():
             continue
         n = int(count)
-        buckets[classify(stack)] += n
+        buckets[classify(stack, known)] += n
         total += n
     return buckets, total
 
@@ -119,22 +144,16 @@ def measure(args: argparse.Namespace, label: str, src: Path, tmp: Path) -> dict:
     try:
         server.wait_ready(args.start_timeout_s)
         pid = engine_pid(server.proc.pid)
-        client = subprocess.Popen(client_cmd(args, server.url, src), env=env, stdout=subprocess.DEVNULL)
+        client_json = tmp / f"{label}-client.json"
+        cmd = [*client_cmd(args, server.url, src), "--result-json", str(client_json)]
+        client = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
         time.sleep(args.warmup_s)
         s0 = num_steps(server.url)
-        raw = tmp / f"{label}.txt"
-        spy = [
-            args.py_spy,
-            "record",
-            "--pid",
-            str(pid),
-            "--rate",
-            str(args.rate),
-            "--duration",
-            str(args.duration),
-        ]
-        spy += ["--format", "raw", "--output", str(raw), "--nonblocking", *(["--gil"] if args.gil else [])]
-        subprocess.run(spy, check=True, capture_output=True)
+        raw, http_raw = tmp / f"{label}.txt", tmp / f"{label}-http.txt"
+        spies = [subprocess.Popen(spy_cmd(args, p, r), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                 for p, r in ((pid, raw), (server.proc.pid, http_raw))]  # fmt: skip
+        for spy in spies:
+            spy.wait()
         steps = num_steps(server.url) - s0
         records = debug_steps(server.url, max(1, min(steps, 256)))
         client.wait(args.run_timeout_s)
@@ -142,7 +161,11 @@ def measure(args: argparse.Namespace, label: str, src: Path, tmp: Path) -> dict:
         server.stop()
     buckets, total = parse_raw(raw)
     per_step = {k: v / args.rate / max(steps, 1) * 1000.0 for k, v in buckets.most_common()}
+    http, _ = parse_raw(http_raw, HTTP_BUCKETS)
+    http_per_step = {k: v / args.rate / max(steps, 1) * 1000.0 for k, v in http.most_common()}
     decode = [r for r in records if r.get("num_scheduled_tokens", 0) <= r.get("num_running", 0)]
+    prefill = [r for r in records if r.get("num_scheduled_tokens", 0) > r.get("num_running", 0)]
+    seen = json.loads(client_json.read_text()) if client_json.exists() else {}
     return {
         "label": label,
         "src": str(src),
@@ -150,10 +173,19 @@ def measure(args: argparse.Namespace, label: str, src: Path, tmp: Path) -> dict:
         "samples": total,
         "ms_per_step": per_step,
         "active_ms_per_step": sum(per_step.values()),
+        "http_ms_per_step": http_per_step,
+        "http_active_ms_per_step": sum(http_per_step.values()),
         "step_duration_ms_median": median([r["duration_ms"] for r in decode]),
         "step_cpu_ms_median": median([r["cpu_ms"] for r in decode]),
         "running_median": median([r["num_running"] for r in decode]),
+        "prefill_step_ms_median": median([r["duration_ms"] for r in prefill]),
+        "prefill_tokens_per_s": sum(r["num_scheduled_tokens"] for r in prefill)
+        / max(sum(r["duration_ms"] for r in prefill) / 1000.0, 1e-9),
+        **{k: seen.get(k, float("nan")) for k in CLIENT_KEYS},
     }
+
+
+CLIENT_KEYS = ("median_ttft_ms", "median_tpot_ms", "median_itl_ms", "output_throughput")
 
 
 def median(xs: list[float]) -> float:
@@ -178,11 +210,22 @@ def report(results: list[dict]) -> None:
     print(f"\n{'ms per engine step':22}" + "".join(f"{r['label']:>12}" for r in results))
     for k in names:
         print(f"{k:22}" + "".join(f"{r['ms_per_step'].get(k, 0.0):12.2f}" for r in results))
+    print(f"{'HTTP process':22}")
+    http_names = sorted({k for r in results for k in r["http_ms_per_step"]})
+    for k in http_names:
+        print(f"  {k:20}" + "".join(f"{r['http_ms_per_step'].get(k, 0.0):12.2f}" for r in results))
     for key, title in (
-        ("active_ms_per_step", "sampled, all"),
+        ("active_ms_per_step", "engine, all"),
+        ("http_active_ms_per_step", "HTTP process, all"),
         ("step_duration_ms_median", "decode step (wall)"),
         ("step_cpu_ms_median", "decode step (CPU)"),
         ("running_median", "running (median)"),
+        ("prefill_step_ms_median", "prefill step (wall)"),
+        ("prefill_tokens_per_s", "prefill tokens/s"),
+        ("median_ttft_ms", "client TTFT median"),
+        ("median_tpot_ms", "client TPOT median"),
+        ("median_itl_ms", "client ITL median"),
+        ("output_throughput", "client out tok/s"),
         ("steps", "steps sampled"),
     ):
         print(f"{title:22}" + "".join(f"{r[key]:12.2f}" for r in results))
