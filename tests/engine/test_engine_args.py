@@ -21,7 +21,8 @@ def parse(argv: list[str]) -> EngineArgs:
 def test_defaults_follow_vllm() -> None:
     a = EngineArgs()
     assert a.model is None
-    assert (a.max_num_batched_tokens, a.max_num_seqs) == (8192, 256)
+    # Unset: resolved by platform and entry point (tests/engine/test_batch_defaults.py).
+    assert (a.max_num_batched_tokens, a.max_num_seqs, a.usage_context) == (None, None, None)
     # The block size is the executor's: 128 tokens on CPU, 16 on CUDA.
     assert a.block_size is None
     assert a.enable_prefix_caching and a.enable_chunked_prefill
@@ -30,14 +31,16 @@ def test_defaults_follow_vllm() -> None:
 
 
 def test_flags_with_defaults_equal_the_dataclass_defaults() -> None:
-    assert parse([]) == EngineArgs()
+    # The parser carries its entry point's usage context (LLM_CLASS by default).
+    assert parse([]) == EngineArgs(usage_context="LLM_CLASS")
 
 
 def test_every_field_has_a_flag() -> None:
     p = argparse.ArgumentParser()
     EngineArgs.add_cli_args(p)
     dests = {a.dest for a in p._actions}
-    missing = {f.name for f in fields(EngineArgs)} - dests - {"debug"}
+    # usage_context is the entry point's, set with the parser's defaults, not a flag.
+    missing = {f.name for f in fields(EngineArgs)} - dests - {"debug", "usage_context"}
     assert missing == set()
 
 

@@ -18,6 +18,7 @@ import pytest
 from llmsched.cli import build_parser, main
 from llmsched.core.errors import ConfigError
 from llmsched.engine.args import EngineArgs
+from llmsched.engine.batch_defaults import Platform
 from llmsched.server.args import API_KEY_ENV, ServerArgs
 
 
@@ -56,7 +57,9 @@ def test_defaults_bound_the_queue_and_read_the_key_from_the_environment(
     engine, server = parse([])
     assert engine.model is None and server.api_key == "from-env"
     assert (server.host, server.port, server.admission_window_ms) == ("127.0.0.1", 8000, 0.0)
-    assert server.queue_limit(engine.max_num_seqs) == 1024
+    # max_num_seqs resolves at startup: vLLM's serve default on CPU, 128.
+    assert engine.max_num_seqs is None and engine.usage_context == "OPENAI_API_SERVER"
+    assert server.queue_limit(engine.batch_limits(Platform("cpu")).max_num_seqs) == 1024
     assert server.queue_limit(512) == 2048
 
 

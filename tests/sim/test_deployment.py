@@ -148,3 +148,12 @@ def test_cuda_graph_capture_size_follows_vllm_and_launch_costs_pass_through(tmp_
         build(launch_latency_us=-1.0)
     with pytest.raises(ConfigError, match="cuda_graph_max_tokens=-4"):
         build(cuda_graph_max_tokens=-4)
+
+
+def test_defaults_follow_the_entry_point_and_cpu_rule():
+    c = build(hardware="h100", usage_context="LLM_CLASS").scheduler_config
+    assert (c.max_num_batched_tokens, c.max_num_seqs) == (16384, 1024)
+    c = build(hardware="a100", model="qwen3-0.6b", usage_context="LLM_CLASS").scheduler_config
+    assert (c.max_num_batched_tokens, c.max_num_seqs) == (8192, 256)
+    with pytest.raises(ConfigError, match="usage_context"):
+        build(usage_context="nope")

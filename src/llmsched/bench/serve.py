@@ -2,8 +2,8 @@
 
 Requests go out at ``request_rate`` per second (Poisson arrivals, seeded;
 inf sends all at once), at most ``max_concurrency`` in flight, each
-streaming ``/v1/completions`` with ``ignore_eos`` so it generates exactly
-its output length. Each chunk's arrival is a token time (a chunk that
+streaming ``/v1/completions`` with ``ignore_eos`` (unless turned off) so it
+generates exactly its output length. Each chunk's arrival is a token time (a chunk that
 carries several tokens counts once, as ``vllm bench serve`` counts it); the
 output length is the server's usage figure. The summary is
 ``llmsched.bench.metrics``'s, the same keys as ``bench throughput``.
@@ -41,6 +41,11 @@ class ServeBenchConfig:
     api_key: str | None = None
     seed: int = 0
     timeout_s: float = 3600.0
+    # vLLM's --burstiness: arrival gaps are gamma-distributed with this shape
+    # (1 is Poisson; lower is burstier) around the same mean rate.
+    burstiness: float = 1.0
+    # Generate exactly each request's output length (vLLM's --ignore-eos).
+    ignore_eos: bool = True
 
 
 @dataclass(slots=True)
@@ -58,12 +63,16 @@ class ServeBenchResult:
         return summarize(self.timings, self.duration, goodput, percentiles)
 
 
-def arrival_delays(n: int, rate: float, seed: int) -> list[float]:
-    """Seconds between consecutive sends: exponential gaps at ``rate``/s, all zero for inf."""
+def arrival_delays(n: int, rate: float, seed: int, burstiness: float = 1.0) -> list[float]:
+    """Seconds between consecutive sends: exponential gaps at ``rate``/s (gamma of shape
+    ``burstiness`` when not 1, as vLLM), all zero for inf."""
     if math.isinf(rate):
         return [0.0] * n
     rng = random.Random(seed)
-    return [rng.expovariate(rate) for _ in range(n)]
+    if burstiness == 1.0:
+        return [rng.expovariate(rate) for _ in range(n)]
+    scale = 1.0 / (rate * burstiness)
+    return [rng.gammavariate(burstiness, scale) for _ in range(n)]
 
 
 async def _one(
@@ -73,7 +82,7 @@ async def _one(
     body = {
         "prompt": req.prompt,
         "max_tokens": req.output_len,
-        "ignore_eos": True,
+        "ignore_eos": cfg.ignore_eos,
         "temperature": 1.0,
         "top_p": 1.0,
         "stream": True,
@@ -154,7 +163,9 @@ async def run_serve_bench(
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
         start = time.perf_counter()
         tasks = []
-        for req, delay in zip(requests, arrival_delays(len(requests), cfg.request_rate, cfg.seed)):
+        for req, delay in zip(
+            requests, arrival_delays(len(requests), cfg.request_rate, cfg.seed, cfg.burstiness)
+        ):
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(guarded(req)))

@@ -16,6 +16,16 @@ from llmsched.core.errors import ConfigError
 from llmsched.core.kv.block_hash import HASH_ALGOS
 from llmsched.core.policy import check_policy_name
 from llmsched.core.speculative import SpeculativeConfig
+from llmsched.engine.batch_defaults import (
+    BatchLimits,
+    Platform,
+    UsageContext,
+    adjust_for_model_len,
+    detect_platform,
+    help_text,
+    parse_usage_context,
+    resolve_batch_limits,
+)
 from llmsched.engine.policy_args import add_policy_args
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -60,8 +70,14 @@ class EngineArgs:
     device: str = "auto"
     seed: int = 0
     max_model_len: int | None = None
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 256
+    # None: vLLM 0.33's default for the platform and the usage context
+    # (engine/batch_defaults.py), e.g. 2048 and 128 for `serve` on CPU.
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
+    # Who builds the engine (a UsageContext value): LLM_CLASS for LLM(...)
+    # and the offline benchmarks, OPENAI_API_SERVER for `serve`; None is a
+    # bare engine (vLLM's ENGINE_CONTEXT).
+    usage_context: str | None = None
     # None: the executor's default (128 tokens on CPU, 16 on CUDA, as vLLM).
     block_size: int | None = None
     enable_prefix_caching: bool = True
@@ -90,11 +106,14 @@ class EngineArgs:
     speculative_config: SpeculativeConfig | dict | str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_num_batched_tokens", "max_num_seqs"):
-            v = getattr(self, name)
-            if not _is_int(v) or v < 1:
-                raise ConfigError(f"{name}={v!r} must be a positive integer")
-        for name in ("block_size", "max_model_len", "num_gpu_blocks_override", "num_threads"):
+        for name in (
+            "max_num_batched_tokens",
+            "max_num_seqs",
+            "block_size",
+            "max_model_len",
+            "num_gpu_blocks_override",
+            "num_threads",
+        ):
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or v < 1):
                 raise ConfigError(f"{name}={v!r} must be a positive integer or None")
@@ -132,21 +151,52 @@ class EngineArgs:
         u = self.gpu_memory_utilization
         if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0.0 < u <= 1.0:
             raise ConfigError(f"gpu_memory_utilization={u!r} must be in (0, 1]")
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ConfigError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
-                f"max_num_seqs ({self.max_num_seqs}); lower --max-num-seqs or raise the budget"
-            )
+        parse_usage_context(self.usage_context)
+        if self.max_num_batched_tokens is not None and self.max_num_seqs is not None:
+            self.check_batch_limits(BatchLimits(self.max_num_batched_tokens, self.max_num_seqs, False, False))
 
-    def executor_kwargs(self) -> dict:
+    @property
+    def usage(self) -> UsageContext:
+        """The usage context the batch defaults are chosen for."""
+        return parse_usage_context(self.usage_context)
+
+    def batch_limits(self, platform: Platform | None = None, max_model_len: int | None = None) -> BatchLimits:
+        """``max_num_batched_tokens`` and ``max_num_seqs`` as vLLM 0.33 resolves them here, checked."""
+        if platform is None:
+            platform = detect_platform(self.device)
+        limits = resolve_batch_limits(
+            self.max_num_batched_tokens,
+            self.max_num_seqs,
+            usage=self.usage,
+            platform=platform,
+        )
+        if max_model_len is not None:
+            limits = adjust_for_model_len(limits, max_model_len, self.enable_chunked_prefill)
+        self.check_batch_limits(limits)
+        return limits
+
+    @staticmethod
+    def check_batch_limits(limits: BatchLimits) -> None:
+        """Stop when a step could not hold one token per sequence, naming both values."""
+        if limits.max_num_batched_tokens >= limits.max_num_seqs:
+            return
+        tokens = f"max_num_batched_tokens ({limits.max_num_batched_tokens}"
+        tokens += ", the default here)" if limits.tokens_defaulted else ")"
+        raise ConfigError(
+            f"{tokens} must be >= max_num_seqs ({limits.max_num_seqs}); lower --max-num-seqs or raise "
+            "--max-num-batched-tokens"
+        )
+
+    def executor_kwargs(self, platform: Platform | None = None) -> dict:
         """Keyword arguments of TorchExecutor (everything but the model path)."""
+        limits = self.batch_limits(platform)
         return {
             "dtype": self.dtype,
             "device": self.device,
             "block_size": self.block_size,
             "max_model_len": self.max_model_len,
-            "max_num_batched_tokens": self.max_num_batched_tokens,
-            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": limits.max_num_batched_tokens,
+            "max_num_seqs": limits.max_num_seqs,
             "num_gpu_blocks": self.num_gpu_blocks_override,
             "kv_cache_memory": self.kv_cache_memory,
             "gpu_memory_utilization": self.gpu_memory_utilization,
@@ -156,18 +206,23 @@ class EngineArgs:
         }
 
     def create_scheduler_config(
-        self, num_gpu_blocks: int, max_model_len: int, block_size: int | None = None
+        self,
+        num_gpu_blocks: int,
+        max_model_len: int,
+        block_size: int | None = None,
+        platform: Platform | None = None,
     ) -> SchedulerConfig:
         """The scheduler's settings, once the executor has sized the KV cache and context.
 
         ``block_size`` is the one the executor chose when ``self.block_size`` is None.
         """
         bs = self.block_size or block_size
+        limits = self.batch_limits(platform, max_model_len)
         return SchedulerConfig(
             num_gpu_blocks=num_gpu_blocks,
             max_model_len=max_model_len,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=limits.max_num_batched_tokens,
+            max_num_seqs=limits.max_num_seqs,
             **({} if bs is None else {"block_size": bs}),
             enable_prefix_caching=self.enable_prefix_caching,
             prefix_caching_hash_algo=self.prefix_caching_hash_algo,
@@ -196,8 +251,17 @@ class EngineArgs:
         return DEFAULT_ASYNC_SCHEDULING if self.async_scheduling is None else self.async_scheduling
 
     @staticmethod
-    def add_cli_args(parser: argparse.ArgumentParser, *, model_help: str | None = None) -> None:
-        """Add the engine flags (``--max-num-batched-tokens`` and the rest) to ``parser``."""
+    def add_cli_args(
+        parser: argparse.ArgumentParser,
+        *,
+        model_help: str | None = None,
+        usage: UsageContext = UsageContext.LLM_CLASS,
+    ) -> None:
+        """Add the engine flags (``--max-num-batched-tokens`` and the rest) to ``parser``.
+
+        ``usage`` is the entry point's usage context: it picks the batch
+        defaults, which ``from_cli_args`` carries along.
+        """
         g = parser.add_argument_group("engine (vLLM engine arguments)")
         g.add_argument(
             "--model",
@@ -218,8 +282,19 @@ class EngineArgs:
         g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
         g.add_argument("--seed", type=int, default=0, help="engine seed (default 0)")
         g.add_argument("--max-model-len", type=_positive_int, default=None)
-        g.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192)
-        g.add_argument("--max-num-seqs", type=_positive_int, default=256)
+        g.add_argument(
+            "--max-num-batched-tokens",
+            type=_positive_int,
+            default=None,
+            help="tokens per step (" + help_text("tokens", usage) + ")",
+        )
+        g.add_argument(
+            "--max-num-seqs",
+            type=_positive_int,
+            default=None,
+            help="sequences per step (" + help_text("seqs", usage) + ")",
+        )
+        parser.set_defaults(usage_context=usage.value)
         g.add_argument(
             "--block-size",
             type=_positive_int,

@@ -36,6 +36,7 @@ class LLM:
     def __init__(
         self, model: str | None = None, *, executor_factory: ExecutorFactory | None = None, **kwargs: Any
     ) -> None:
+        kwargs.setdefault("usage_context", "LLM_CLASS")
         self.llm_engine = LLMEngine(EngineArgs(model=model, **kwargs), executor_factory=executor_factory)
         self._ids = itertools.count()
         if self.llm_engine.model_notice:

@@ -26,6 +26,7 @@ from llmsched.core.request import Request, RequestStatus
 from llmsched.core.sampling_params import SamplingParams
 from llmsched.core.scheduler import Scheduler
 from llmsched.engine.args import EngineArgs
+from llmsched.engine.batch_defaults import detect_platform
 from llmsched.engine.detokenizer import IncrementalDetokenizer
 from llmsched.engine.engine_core import EngineCore, EngineStep
 from llmsched.engine.executor import Executor
@@ -75,13 +76,19 @@ class LLMEngine:
         self.eos_token_ids: list[int] = (
             self.tokenizer.eos_token_ids if self.tokenizer is not None else files.eos_token_ids
         )
+        # Resolved (and checked) before the weights load, so a bad batch flag stops at once.
+        self.platform = detect_platform(engine_args.device)
+        engine_args.batch_limits(self.platform)
         factory = executor_factory if executor_factory is not None else _torch_executor
         executor = factory(self.model_path, **self._executor_kwargs())
         try:
+            max_model_len = executor.max_model_len  # type: ignore[attr-defined]
+            self.batch_limits = engine_args.batch_limits(self.platform, max_model_len)
             config = engine_args.create_scheduler_config(
                 num_gpu_blocks=executor.num_gpu_blocks,  # type: ignore[attr-defined]
-                max_model_len=executor.max_model_len,  # type: ignore[attr-defined]
+                max_model_len=max_model_len,
                 block_size=getattr(executor, "block_size", None),
+                platform=self.platform,
             )
             self.engine_core = EngineCore(config, executor)
         except BaseException:
@@ -101,6 +108,8 @@ class LLMEngine:
         # scheduled one, with async scheduling).
         self.last_step: EngineStep | None = None
         self.num_steps = 0
+        # Lines for whoever starts the engine to show (a server's startup log).
+        self.startup_notes: list[str] = []
         # Built on the first constrained request (it loads xgrammar).
         self._structured: StructuredOutputManager | None = None
         # Constrained requests added while their grammar compiled: checked
@@ -112,12 +121,21 @@ class LLMEngine:
             self.spec_stats = SpecDecodingStats(config.num_speculative_tokens)
 
     def _executor_kwargs(self) -> dict[str, Any]:
-        kwargs = self.engine_args.executor_kwargs()
+        kwargs = self.engine_args.executor_kwargs(self.platform)
         if self.is_embedded and kwargs["num_gpu_blocks"] is None and kwargs["kv_cache_memory"] is None:
             from llmsched.executor.torch.embedded import KV_CACHE_MEMORY
 
             kwargs["kv_cache_memory"] = KV_CACHE_MEMORY
         return kwargs
+
+    def batch_limits_log(self) -> list[str]:
+        """What vLLM logs at startup about the batch limits in force."""
+        lines = self.batch_limits.log_lines(self.engine_args.usage, self.platform)
+        cfg = self.scheduler_config
+        if cfg.enable_chunked_prefill:
+            budget = cfg.max_num_batched_tokens
+            lines.append(f"Chunked prefill is enabled with max_num_batched_tokens={budget}.")
+        return lines
 
     @classmethod
     def from_engine_args(

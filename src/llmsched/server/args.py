@@ -54,6 +54,10 @@ class ServerArgs:
     max_stop_string_len: int = DEFAULT_MAX_STOP_STRING_LEN
     request_timeout_s: float | None = None
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
+    # Touch the whole CPU KV cache before serving, so no step pays its first
+    # page faults (on by default from the command line; off here so that
+    # engines built in-process for tests start at once).
+    prefault_kv_cache: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -153,6 +157,13 @@ class ServerArgs:
             default="process",
             help="run the engine loop in its own process (default; HTTP work never shares its interpreter "
             "lock) or on a thread of the server",
+        )
+        g.add_argument(
+            "--prefault-kv-cache",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="write the whole KV cache once at startup, so no serving step pays its first page faults "
+            "(default on; a CPU cache starts lazily mapped)",
         )
         _add_observability_args(g)
         _add_hardening_args(g)

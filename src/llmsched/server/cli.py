@@ -6,6 +6,7 @@ import argparse
 
 from llmsched.core.errors import ConfigError
 from llmsched.engine.args import EngineArgs
+from llmsched.engine.batch_defaults import UsageContext
 from llmsched.server.args import ServerArgs
 
 
@@ -27,7 +28,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
         help="model folder (same as --model, as in vLLM)",
     )
     ServerArgs.add_cli_args(p)
-    EngineArgs.add_cli_args(p)
+    EngineArgs.add_cli_args(p, usage=UsageContext.OPENAI_API_SERVER)
     p._option_string_actions[
         "--num-threads"
     ].help = "torch CPU threads of the engine (default: every usable CPU but one, which the HTTP side needs)"

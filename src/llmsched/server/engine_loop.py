@@ -104,6 +104,7 @@ class EngineLoop:
             snapshot=self.snapshot(),
             cache_config=cache_config_labels(e),
             kv_cache_metrics=self.residency is not None,
+            startup_log=[*e.batch_limits_log(), *e.startup_notes],
         )
 
     def submit(self, cmd: Command) -> None:

@@ -177,6 +177,8 @@ class EngineInfo:
     # The KV cache settings, as vLLM's cache_config_info labels them.
     cache_config: dict[str, str] = field(default_factory=dict)
     kv_cache_metrics: bool = False
+    # The engine's startup lines the server prints (the batch limits chosen, as vLLM logs them).
+    startup_log: list[str] = field(default_factory=list)
 
 
 # Between processes a step batch travels as plain tuples: pickling a hundred

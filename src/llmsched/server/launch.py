@@ -49,6 +49,8 @@ def serve(engine_args: EngineArgs, server_args: ServerArgs) -> int:
     state = create_state(engine_args, server_args)
     if state.model_notice:
         print(state.model_notice, file=sys.stderr)
+    for line in state.startup_log:
+        print(f"llmsched serve: {line}", file=sys.stderr)
     sock = bind_socket(server_args.host, server_args.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

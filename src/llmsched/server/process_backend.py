@@ -30,6 +30,7 @@ from llmsched.server.engine_messages import (
     decode_batch,
     encode_batch,
 )
+from llmsched.server.prefault import prefault_kv_cache
 
 log = logging.getLogger("llmsched.server")
 
@@ -42,6 +43,7 @@ def engine_process_main(
     admission_window_ms: float,
     trace_steps: int,
     kv_metrics_sample: float = 0.0,
+    prefault: bool = False,
 ) -> None:
     """Entry point of the engine process: build the engine, announce it, serve commands until Stop."""
     # The server process handles Ctrl-C and SIGTERM (a whole process group gets them) and
@@ -53,6 +55,8 @@ def engine_process_main(
 
     try:
         engine = LLMEngine(engine_args)
+        if prefault:
+            prefault_kv_cache(engine)
     except Exception as e:  # reported to the server, which refuses to start with the message
         conn.send(Dead(f"{type(e).__name__}: {e}"))
         return
@@ -102,12 +106,13 @@ class ProcessBackend:
         trace_steps: int = 256,
         kv_metrics_sample: float = 0.0,
         start_timeout_s: float = 600.0,
+        prefault_kv_cache: bool = False,
     ) -> None:
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self.process = ctx.Process(
             target=engine_process_main,
-            args=(child, engine_args, admission_window_ms, trace_steps, kv_metrics_sample),
+            args=(child, engine_args, admission_window_ms, trace_steps, kv_metrics_sample, prefault_kv_cache),
             name="llmsched-engine",
             daemon=True,
         )

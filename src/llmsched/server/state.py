@@ -15,6 +15,7 @@ from llmsched.server.args import ServerArgs
 from llmsched.server.async_engine import AsyncEngine, Backend
 from llmsched.server.errors import APIError
 from llmsched.server.metrics import ServerMetrics
+from llmsched.server.prefault import prefault_kv_cache
 from llmsched.server.sampling import ModelLimits
 
 
@@ -32,6 +33,7 @@ class ServerState:
     vocab_size: int
     args: ServerArgs
     model_notice: str | None = None
+    startup_log: list[str] = field(default_factory=list)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -61,6 +63,8 @@ def make_backend(
     """Start the engine where ``server_args.engine_mode`` says (a custom executor needs a thread)."""
     if engine_args.num_threads is None:
         engine_args = replace(engine_args, num_threads=serving_threads())
+    if engine_args.usage_context is None:
+        engine_args = replace(engine_args, usage_context="OPENAI_API_SERVER")
     loop_options = {
         "admission_window_ms": server_args.admission_window_ms,
         "trace_steps": server_args.trace_steps,
@@ -71,10 +75,12 @@ def make_backend(
         from llmsched.server.thread_backend import ThreadBackend
 
         engine = LLMEngine(engine_args, executor_factory=executor_factory)
+        if server_args.prefault_kv_cache:
+            prefault_kv_cache(engine)
         return ThreadBackend(engine, **loop_options)
     from llmsched.server.process_backend import ProcessBackend
 
-    return ProcessBackend(engine_args, **loop_options)
+    return ProcessBackend(engine_args, prefault_kv_cache=server_args.prefault_kv_cache, **loop_options)
 
 
 def create_state(
@@ -122,4 +128,5 @@ def create_state(
         vocab_size=info.vocab_size,
         args=server_args,
         model_notice=info.model_notice,
+        startup_log=list(info.startup_log),
     )

@@ -369,8 +369,6 @@ def profile_from_calibration(c: dict, name: str = "cpu") -> HardwareProfile:
         # Tensor-parallel ranks on one host talk through shared memory.
         link_bandwidth=c["mem_bandwidth"] / 2,
         collective_latency_s=20e-6,
-        default_max_num_batched_tokens=2048,
-        default_max_num_seqs=128,
         # PyTorch on a CPU has no graphs to replay: every step runs eagerly
         # and pays the measured host costs (per step, layer and request)
         # instead of launches.

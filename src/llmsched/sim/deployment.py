@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from llmsched.core.config import SchedulerConfig
 from llmsched.core.errors import ConfigError
+from llmsched.engine.batch_defaults import parse_usage_context, resolve_batch_limits
 from llmsched.executor.sim.cost_model import CostModel, Efficiency, Parallelism
 from llmsched.executor.sim.hardware import GiB, HardwareProfile, load_hardware
 from llmsched.executor.sim.memory import MemoryPlan, plan_memory
@@ -80,6 +81,9 @@ class DeploymentSpec:
     # data-parallel simulation runs its ranks sync.
     async_scheduling: bool = False
     recalibrate: bool = False
+    # Whose defaults the batch limits take (engine/batch_defaults.py):
+    # `vllm serve`'s unless asked otherwise (LLM_CLASS: the offline LLM).
+    usage_context: str = "OPENAI_API_SERVER"
 
 
 @dataclass(slots=True)
@@ -235,6 +239,26 @@ def _build_smallest_tp(
     raise error
 
 
+def _batch_limits(spec: DeploymentSpec, hw: HardwareProfile, tp: int, max_len: int) -> tuple[int, int]:
+    """The spec's batch limits, or vLLM 0.33's defaults for the hardware and usage context."""
+    tokens = spec.max_num_batched_tokens
+    seqs = spec.max_num_seqs
+    # A profile may pin its own defaults; otherwise vLLM's table decides.
+    if tokens is None and hw.default_max_num_batched_tokens is not None:
+        tokens = hw.default_max_num_batched_tokens
+    if seqs is None and hw.default_max_num_seqs is not None:
+        seqs = hw.default_max_num_seqs
+    limits = resolve_batch_limits(
+        tokens,
+        seqs,
+        usage=parse_usage_context(spec.usage_context),
+        platform=hw.platform(world_size=tp),
+        max_model_len=max_len,
+        enable_chunked_prefill=spec.enable_chunked_prefill,
+    )
+    return limits.max_num_batched_tokens, limits.max_num_seqs
+
+
 def _build(spec: DeploymentSpec, model: ModelShape, hw: HardwareProfile, tp: int, ep_on: bool) -> Deployment:
     dp = spec.data_parallel_size
     if model.num_heads % tp:
@@ -246,17 +270,9 @@ def _build(spec: DeploymentSpec, model: ModelShape, hw: HardwareProfile, tp: int
         raise ConfigError(
             f"expert parallelism over {ep} GPUs needs num_experts ({model.num_experts}) divisible by it"
         )
-    # vLLM scales the CPU defaults with the world size.
-    scale = tp if hw.name == "cpu" else 1
-    budget = spec.max_num_batched_tokens
-    seqs = spec.max_num_seqs if spec.max_num_seqs is not None else hw.default_max_num_seqs * scale
     kv_bytes = KV_CACHE_DTYPES[spec.kv_cache_dtype]
     max_len = spec.max_model_len if spec.max_model_len is not None else model.max_position_embeddings
-    if budget is None:
-        budget = hw.default_max_num_batched_tokens * scale
-        if not spec.enable_chunked_prefill:
-            budget = max(budget, max_len)
-        budget = max(budget, seqs)
+    budget, seqs = _batch_limits(spec, hw, tp, max_len)
     memory = plan_memory(
         model,
         hw,

@@ -253,3 +253,15 @@ def test_finished_and_aborted_requests_release_executor_state(tiny_models, async
     assert batch.states == {}
     assert sorted(batch._free_rows) == list(range(batch.block_table.shape[0]))
     assert int(batch.block_table.abs().sum()) == 0
+
+
+def test_prefault_touches_the_whole_cache_and_changes_no_output(tiny_models):
+    model = tiny_models["llama"]
+    prompts = prompts_of([5, 9], seed=3)
+    before = run_engine(model.path, prompts, greedy(6)).outputs
+    ex = TorchExecutor(model.path, dtype="float32", num_gpu_blocks=16, max_model_len=64)
+    blocks = ex.kv_cache.blocks
+    assert ex.prefault_kv_cache() == sum(b.numel() * b.element_size() for b in blocks) > 0
+    assert all(not b.any() for b in blocks)
+    ex.close()
+    assert run_engine(model.path, prompts, greedy(6)).outputs == before

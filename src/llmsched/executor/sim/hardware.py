@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from llmsched.core.errors import ConfigError
+from llmsched.engine.batch_defaults import Platform
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -42,9 +43,10 @@ class HardwareProfile:
     # measured ~2,700 eager launches taking 42-90 ms of host time, 15-33 us
     # each. 0 means not modelled: the cpu profile, JSON profiles without it.
     kernel_launch_s: float = 0.0
-    # vLLM's serving defaults for this class of device.
-    default_max_num_batched_tokens: int = 8192
-    default_max_num_seqs: int = 1024
+    # Batch limits a deployment defaults to; None: what vLLM 0.33 picks for
+    # this device (by kind, name and memory, see engine/batch_defaults.py).
+    default_max_num_batched_tokens: int | None = None
+    default_max_num_seqs: int | None = None
     # False where the runtime has no CUDA graphs (the cpu profile runs plain
     # PyTorch eagerly): deployments then default to launching every step
     # eagerly, and the host cost is layer_overhead_s below.
@@ -77,6 +79,14 @@ class HardwareProfile:
         if fp8 and self.peak_flops_fp8:
             return self.peak_flops_fp8
         return self.peak_flops_bf16
+
+    def platform(self, world_size: int = 1) -> Platform:
+        """The platform vLLM's default batch limits are chosen for."""
+        if self.name == "cpu":
+            return Platform("cpu", world_size=world_size)
+        return Platform(
+            "cuda", f"{self.name} {self.description}", int(self.mem_capacity), world_size=world_size
+        )
 
     def to_dict(self) -> dict:
         """Plain-dict form (for reports and JSON profiles)."""
@@ -116,8 +126,6 @@ BUILTIN_HARDWARE: dict[str, HardwareProfile] = {
         link_bandwidth=300e9,
         collective_latency_s=10e-6,
         kernel_launch_s=5e-6,
-        default_max_num_batched_tokens=2048,
-        default_max_num_seqs=256,
     ),
     "b200": HardwareProfile(
         name="b200",
@@ -129,8 +137,6 @@ BUILTIN_HARDWARE: dict[str, HardwareProfile] = {
         link_bandwidth=900e9,
         collective_latency_s=6e-6,
         kernel_launch_s=5e-6,
-        default_max_num_batched_tokens=16384,
-        default_max_num_seqs=1024,
     ),
 }
 

@@ -382,6 +382,26 @@ class TorchExecutor:
             if m is not None and not m.is_terminated():
                 m.accept_token(t)
 
+    def prefault_kv_cache(self) -> int:
+        """Touch every page of the KV cache now; returns its bytes.
+
+        The CPU cache is lazily mapped memory: its pages are faulted in when
+        first written, which on a virtual machine with transparent huge pages
+        cost ~9 s per GiB here, paid inside the steps that first reach each
+        block. A server pays it once at startup instead (as vLLM's CPU
+        backend does, whose cache is written at allocation).
+        """
+        assert self._thread is not None, "the executor is closed"
+        return self._thread.call(self._prefault)
+
+    def _prefault(self) -> int:
+        total = 0
+        with torch.inference_mode():
+            for block in self.kv_cache.blocks:
+                block.zero_()
+                total += block.numel() * block.element_size()
+        return total
+
     def close(self) -> None:
         """Finish any step still running, then drop the weights, cache and request state."""
         if self._thread is None:
