@@ -81,6 +81,8 @@ class EngineArgs:
     debug: bool = False
     # Load no tokenizer: prompts are token ids, outputs token ids (vLLM's skip_tokenizer_init).
     skip_tokenizer_init: bool = False
+    # Disaggregated prefill/decode: vLLM's KVTransferConfig as JSON (or a dict).
+    kv_transfer_config: str | dict | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs"):
@@ -244,6 +246,15 @@ class EngineArgs:
             action="store_true",
             help="structured outputs: JSON without whitespace between tokens (a model that favours "
             "whitespace, such as the random-weight demo model, may otherwise never close an object)",
+        )
+        g.add_argument(
+            "--kv-transfer-config",
+            default=None,
+            metavar="JSON",
+            help='disaggregated prefill/decode, as vLLM spells it: \'{"kv_connector": "MooncakeConnector", '
+            '"kv_role": "kv_producer"|"kv_consumer"|"kv_both", "kv_ip": "127.0.0.1", "kv_port": 0}\' '
+            "(kv_port: the producer's side channel, 0 = any free port); requests then carry "
+            "kv_transfer_params (see llmsched proxy)",
         )
 
     @classmethod

@@ -76,13 +76,21 @@ class LLMEngine:
         )
         factory = executor_factory if executor_factory is not None else _torch_executor
         executor = factory(self.model_path, **self._executor_kwargs())
+        # Disaggregated prefill/decode: a KV connector over the executor's cache.
+        self.kv_connector: Any = None
         try:
+            if engine_args.kv_transfer_config is not None:
+                from llmsched.executor.torch.kv_transfer import attach, parse_kv_transfer_config
+
+                settings = parse_kv_transfer_config(engine_args.kv_transfer_config)
+                if settings is not None:
+                    self.kv_connector, executor = attach(settings, executor)
             config = engine_args.create_scheduler_config(
                 num_gpu_blocks=executor.num_gpu_blocks,  # type: ignore[attr-defined]
                 max_model_len=executor.max_model_len,  # type: ignore[attr-defined]
                 block_size=getattr(executor, "block_size", None),
             )
-            self.engine_core = EngineCore(config, executor)
+            self.engine_core = EngineCore(config, executor, connector=self.kv_connector)
         except BaseException:
             executor.close()
             raise
@@ -193,11 +201,13 @@ class LLMEngine:
         priority: int = 0,
         output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE,
         cache_salt: str | None = None,
+        kv_transfer_params: dict | None = None,
     ) -> None:
         """Queue one request, or raise RequestRejected (a ValueError) naming what is wrong with it.
 
         ``cache_salt`` keeps the request's prefix-cache entries apart from
         requests with another salt (or none), as vLLM's ``cache_salt`` does.
+        ``kv_transfer_params`` go to the KV connector (ignored without one).
         """
         if not isinstance(request_id, str):
             raise RequestRejected(f"request id {request_id!r} must be a string")
@@ -232,7 +242,14 @@ class LLMEngine:
             cache_salt=cache_salt,
             grammar=grammar,
         )
-        self.engine_core.add_request(req)
+        if kv_transfer_params is not None and self.kv_connector is not None:
+            self.kv_connector.set_request_params(request_id, kv_transfer_params)
+        try:
+            self.engine_core.add_request(req)
+        except RequestRejected:
+            if self.kv_connector is not None:
+                self.kv_connector.drop_request_params(request_id)
+            raise
         if grammar is not None and not grammar.ready:
             self._grammar_pending[request_id] = req
         decode = self._decode if params.skip_special_tokens else self._decode_keep_special
@@ -315,6 +332,8 @@ class LLMEngine:
             st.request.status = status
             st.metrics.finished_time = now
             out = st.make_output(True)
+            if self.kv_connector is not None:
+                self.kv_connector.finished_params.pop(rid, None)
             if out is not None:
                 outs.append(out)
         return outs
@@ -380,6 +399,10 @@ class LLMEngine:
                 m.finished_time = now
                 del states[req.request_id]
             out = st.make_output(finished)
+            if finished and self.kv_connector is not None:
+                params = self.kv_connector.finished_params.pop(req.request_id, None)
+                if out is not None:
+                    out.kv_transfer_params = params
             if out is not None:
                 outputs.append(out)
         return outputs
