@@ -13,6 +13,7 @@ from llmsched.core.errors import ConfigError
 from llmsched.engine.chat_cli import add_chat_parser
 from llmsched.engine.cli import add_generate_parser
 from llmsched.server.cli import add_serve_parser
+from llmsched.server.proxy import add_proxy_parser
 from llmsched.sim.cli import add_simulate_parser
 
 
@@ -87,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_chat_parser(sub)
     add_bench_parser(sub)
     add_serve_parser(sub)
+    add_proxy_parser(sub)
     return p
 
 

@@ -9,7 +9,13 @@ from llmsched.executor.torch.kv_transfer.config import KVTransferSettings, parse
 from llmsched.executor.torch.kv_transfer.connector import MooncakeConnector
 from llmsched.executor.torch.kv_transfer.executor import ConnectorExecutor
 
-__all__ = ["ConnectorExecutor", "KVTransferSettings", "MooncakeConnector", "attach", "parse_kv_transfer_config"]
+__all__ = [
+    "ConnectorExecutor",
+    "KVTransferSettings",
+    "MooncakeConnector",
+    "attach",
+    "parse_kv_transfer_config",
+]
 
 
 def attach(settings: KVTransferSettings, executor: Any) -> tuple[MooncakeConnector, ConnectorExecutor]:

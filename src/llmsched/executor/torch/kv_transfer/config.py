@@ -60,7 +60,9 @@ def parse_kv_transfer_config(raw: str | dict | None) -> KVTransferSettings | Non
         raise ConfigError(f"--kv-transfer-config: unknown fields {unknown}; known: {sorted(_KNOWN)}")
     name = raw.get("kv_connector")
     if name not in CONNECTORS:
-        raise ConfigError(f"--kv-transfer-config: kv_connector={name!r} is unknown; choose one of {CONNECTORS}")
+        raise ConfigError(
+            f"--kv-transfer-config: kv_connector={name!r} is unknown; choose one of {CONNECTORS}"
+        )
     role = raw.get("kv_role")
     if role not in KV_ROLES:
         raise ConfigError(f"--kv-transfer-config: kv_role={role!r} is unknown; choose one of {KV_ROLES}")
@@ -77,7 +79,9 @@ def parse_kv_transfer_config(raw: str | dict | None) -> KVTransferSettings | Non
         raise ConfigError("--kv-transfer-config: kv_connector_extra_config must be an object")
     bad = sorted(set(extra) - _EXTRA)
     if bad:
-        raise ConfigError(f"--kv-transfer-config: unknown kv_connector_extra_config keys {bad}; known: {sorted(_EXTRA)}")
+        raise ConfigError(
+            f"--kv-transfer-config: unknown kv_connector_extra_config keys {bad}; known: {sorted(_EXTRA)}"
+        )
     timeouts = {}
     for key in ("abort_timeout_s", "load_timeout_s"):
         if key in extra:

@@ -102,7 +102,9 @@ class MooncakeConnector:
     def set_request_params(self, request_id: str, params: object) -> None:
         """Remember a request's ``kv_transfer_params``; raises RequestRejected when malformed."""
         if not isinstance(params, dict):
-            raise RequestRejected(f"request {request_id!r}: kv_transfer_params must be an object, got {params!r}")
+            raise RequestRejected(
+                f"request {request_id!r}: kv_transfer_params must be an object, got {params!r}"
+            )
         if params.get("do_remote_prefill"):
             missing = [k for k in _REQUIRED if k not in params]
             if missing:
@@ -110,7 +112,9 @@ class MooncakeConnector:
                     f"request {request_id!r}: kv_transfer_params with do_remote_prefill lacks {missing}"
                 )
             if not self.transfer_config.is_consumer:
-                raise RequestRejected(f"request {request_id!r}: this instance is a kv_producer; it loads no KV")
+                raise RequestRejected(
+                    f"request {request_id!r}: this instance is a kv_producer; it loads no KV"
+                )
         self._params[request_id] = dict(params)
 
     def drop_request_params(self, request_id: str) -> None:
@@ -119,7 +123,9 @@ class MooncakeConnector:
 
     # ---- scheduler side ------------------------------------------------------
 
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
         """The whole prompt beyond the local hit, asynchronously, for a request prefilled elsewhere."""
         p = self._params.get(request.request_id)
         if not p or not p.get("do_remote_prefill"):
@@ -127,7 +133,9 @@ class MooncakeConnector:
         count = request.num_prompt_tokens - num_computed_tokens
         return (count, True) if count > 0 else (0, False)
 
-    def update_state_after_alloc(self, request: Request, block_ids: list[int], num_external_tokens: int) -> None:
+    def update_state_after_alloc(
+        self, request: Request, block_ids: list[int], num_external_tokens: int
+    ) -> None:
         """Count the lookup; a positive count starts a load into the blocks after the local hit."""
         if request.request_id not in self._counted:
             # Once per request: its admission after the load is no new lookup.
@@ -175,7 +183,9 @@ class MooncakeConnector:
         self.finished_params[rid] = out
         num_tokens = min(request.num_computed_tokens, request.num_prompt_tokens)
         with self._lock:
-            self._held[rid] = _Held(list(block_ids), num_tokens, time.monotonic() + self.settings.abort_timeout_s)
+            self._held[rid] = _Held(
+                list(block_ids), num_tokens, time.monotonic() + self.settings.abort_timeout_s
+            )
         return True, out
 
     def build_connector_meta(self, scheduler_output: object) -> list[_Load]:
@@ -206,7 +216,9 @@ class MooncakeConnector:
         with self._lock:
             for rid, h in list(self._held.items()):
                 if now > h.deadline:
-                    log.warning("KV of %s was not read within %.0f s; freeing it", rid, self.settings.abort_timeout_s)
+                    log.warning(
+                        "KV of %s was not read within %.0f s; freeing it", rid, self.settings.abort_timeout_s
+                    )
                     del self._held[rid]
                     self._sent.add(rid)
             for rid, load in list(self._loading.items()):
@@ -262,10 +274,15 @@ class MooncakeConnector:
         _, peer, layout_dict, remote_ids, _num_tokens = reply
         remote = KVLayout(**{**layout_dict, "bases": tuple(layout_dict["bases"])})
         if remote.shape_key() != self.layout.shape_key():
-            raise RuntimeError(f"the producer's KV layout {remote.shape_key()} differs from ours {self.layout.shape_key()}")
+            raise RuntimeError(
+                f"the producer's KV layout {remote.shape_key()} differs from ours {self.layout.shape_key()}"
+            )
         want = remote_ids[load.first_block : load.first_block + len(load.block_ids)]
         if len(want) != len(load.block_ids):
-            raise RuntimeError(f"the producer holds {len(remote_ids)} blocks; {load.first_block + len(load.block_ids)} needed")
+            raise RuntimeError(
+                f"the producer holds {len(remote_ids)} blocks; "
+                f"{load.first_block + len(load.block_ids)} needed"
+            )
         if load.request_id not in self._loading:
             return  # timed out meanwhile: write nothing into blocks the scheduler took back
         dst, src, lens = transfer_lists(self.layout, load.block_ids, remote, want)

@@ -11,7 +11,7 @@ from llmsched.executor.torch.kv_transfer.connector import MooncakeConnector
 
 # An engine with nothing to compute but transfers under way waits this long
 # for one to end before stepping again (instead of spinning).
-IDLE_WAIT_S = 0.002
+IDLE_WAIT_S = 0.005
 
 
 class ConnectorExecutor:

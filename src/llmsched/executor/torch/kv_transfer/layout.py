@@ -54,7 +54,14 @@ class KVLayout:
 
     def shape_key(self) -> tuple:
         """What must match between two instances (everything but addresses and block count)."""
-        return (len(self.bases), self.num_kv_heads, self.block_size, self.head_dim, self.keys_transposed, self.dtype)
+        return (
+            len(self.bases),
+            self.num_kv_heads,
+            self.block_size,
+            self.head_dim,
+            self.keys_transposed,
+            self.dtype,
+        )
 
 
 def transfer_lists(

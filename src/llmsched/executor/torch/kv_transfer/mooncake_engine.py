@@ -11,14 +11,17 @@ class MooncakeTransfer:
     """One instance's transfer engine: registered KV memory, reads from peers."""
 
     def __init__(self, host: str) -> None:
-        # Mooncake logs through glog: warnings and errors only.
-        os.environ.setdefault("GLOG_minloglevel", "1")
+        # Mooncake logs through glog; its start-up notes and the "No RDMA
+        # devices" warnings of a TCP-only host are noise: errors only.
+        os.environ.setdefault("GLOG_minloglevel", "2")
+        os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
         try:
             from mooncake.engine import TransferEngine
         except ImportError as e:
             raise ConfigError(
                 "the MooncakeConnector needs Mooncake's transfer engine: pip install 'llmsched[pd]' "
-                f"(mooncake-transfer-engine-non-cuda; on Debian also apt-get install libibverbs1 librdmacm1): {e}"
+                "(mooncake-transfer-engine-non-cuda; on Debian also "
+                f"apt-get install libibverbs1 librdmacm1): {e}"
             ) from None
         self._te = TransferEngine()
         # P2PHANDSHAKE: peers exchange segment metadata directly, no metadata server.
