@@ -21,7 +21,7 @@ def test_names_parse_and_bad_ones_are_named() -> None:
     assert parse_pd("colocated:4") == PDConfig(0, 4)
     assert parse_pd("1p3d").name == "1P3D"
     for bad in ("2P", "P3D", "xPyD", "colocated:x"):
-        with pytest.raises(ConfigError, match="xPyD|colocated"):
+        with pytest.raises(ConfigError, match=r"xPyD|colocated"):
             parse_pd(bad)
     with pytest.raises(ConfigError, match="num_decode"):
         PDConfig(1, 0)
