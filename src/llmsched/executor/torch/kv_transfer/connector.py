@@ -92,6 +92,7 @@ class MooncakeConnector:
         self._loading: dict[str, _Load] = {}
         self._held: dict[str, _Held] = {}
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kv-load")
+        self._clients: dict[tuple[str, int], SideChannelClient] = {}
         self._server: SideChannelServer | None = None
         if self.transfer_config.is_producer:
             self._server = SideChannelServer(settings.kv_ip, settings.kv_port, self._authkey, self._answer)
@@ -254,18 +255,38 @@ class MooncakeConnector:
 
     def _load(self, load: _Load) -> None:
         ok = False
-        client = None
+        key = (load.host, load.port)
         try:
-            client = SideChannelClient(load.host, load.port, self._authkey, self.settings.load_timeout_s)
-            self._read(client, load)
+            client = self._client(key)
+            with client.lock:
+                try:
+                    self._read(client, load)
+                except (OSError, EOFError, TimeoutError):
+                    # The connection is unusable (the producer restarted or died).
+                    self._drop_client(key)
+                    raise
             ok = True
         except Exception as e:
             log.warning("KV load of %s from %s:%d failed: %s", load.request_id, load.host, load.port, e)
         finally:
             with self._lock:
                 self._end_load(load.request_id, ok)
-            if client is not None:
-                client.close()
+
+    def _client(self, key: tuple[str, int]) -> SideChannelClient:
+        """A connection to a producer, kept for its next loads."""
+        with self._lock:
+            client = self._clients.get(key)
+        if client is None:
+            client = SideChannelClient(key[0], key[1], self._authkey, self.settings.load_timeout_s)
+            with self._lock:
+                self._clients[key] = client
+        return client
+
+    def _drop_client(self, key: tuple[str, int]) -> None:
+        with self._lock:
+            client = self._clients.pop(key, None)
+        if client is not None:
+            client.close()
 
     def _read(self, client: SideChannelClient, load: _Load) -> None:
         reply = client.call(("read", load.remote_request_id))
@@ -311,3 +332,5 @@ class MooncakeConnector:
         if self._server is not None:
             self._server.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        for key in list(self._clients):
+            self._drop_client(key)
