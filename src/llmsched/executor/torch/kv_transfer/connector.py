@@ -267,7 +267,7 @@ class MooncakeConnector:
                     raise
             ok = True
         except Exception as e:
-            log.warning("KV load of %s from %s:%d failed: %s", load.request_id, load.host, load.port, e)
+            log.warning("KV load of %s from %s:%d failed: %r", load.request_id, load.host, load.port, e)
         finally:
             with self._lock:
                 self._end_load(load.request_id, ok)
@@ -308,7 +308,13 @@ class MooncakeConnector:
             return  # timed out meanwhile: write nothing into blocks the scheduler took back
         dst, src, lens = transfer_lists(self.layout, load.block_ids, remote, want)
         self.transfer.read(peer, dst, src, lens)
-        client.call(("done", load.remote_request_id))
+        try:
+            client.call(("done", load.remote_request_id))
+        except (OSError, EOFError, TimeoutError) as e:
+            # The KV is here: the load stands. The producer frees its blocks
+            # after abort_timeout_s (or has died with them).
+            log.warning("could not tell %s:%d that %s was read: %r", load.host, load.port, load.request_id, e)
+            self._drop_client((load.host, load.port))
 
     def _answer(self, msg: tuple) -> tuple:
         """The producer's side of the side channel."""
