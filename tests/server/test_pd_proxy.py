@@ -93,7 +93,7 @@ def pd(embedded_cache: Path) -> Iterator[dict]:
     )
     mp = pytest.MonkeyPatch()
     mp.setenv("LLMSCHED_CACHE_DIR", str(embedded_cache))
-    sargs = {"log_level": "warning"}
+    sargs = {"log_level": "warning", "engine_mode": "thread"}
     decode = ServerThread(EngineArgs(**ENGINE, kv_transfer_config=CONSUMER), ServerArgs(**sargs)).start()
     ref = ServerThread(EngineArgs(**ENGINE), ServerArgs(**sargs)).start()
     port = _free_port()
