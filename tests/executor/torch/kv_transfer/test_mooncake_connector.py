@@ -141,3 +141,20 @@ def test_a_tiny_hf_model_transfers_and_matches_transformers(tiny_models: dict) -
     finally:
         prod.close()
         cons.close()
+
+
+def test_sync_scheduling_transfers_too(engines: dict[str, LLMEngine]) -> None:
+    sync = {**BASE, "async_scheduling": False}
+    prod = LLMEngine(EngineArgs(**sync, kv_transfer_config=_kv("kv_producer")))
+    cons = LLMEngine(EngineArgs(**sync, kv_transfer_config=_kv("kv_consumer")))
+    try:
+        prompt = [(5 * i + 1) % 250 + 1 for i in range(70)]
+        want = _run(engines["ref"], "s", prompt, _greedy(7)).outputs[0].token_ids
+        params = _run(prod, "s", prompt, _greedy(1), {"do_remote_decode": True}).kv_transfer_params
+        assert _run(cons, "s", prompt, _greedy(7), params).outputs[0].token_ids == want
+        assert cons.kv_connector.external_hits == 70
+        _drain(prod, 5)
+        assert _all_free(prod) and _all_free(cons)
+    finally:
+        prod.close()
+        cons.close()
