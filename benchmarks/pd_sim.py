@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from llmsched.sim.deployment import DeploymentSpec, build_deployment  # noqa: E402
-from llmsched.sim.pd import _PDRun, parse_pd  # noqa: E402
+from llmsched.sim.pd import PDRun, parse_pd  # noqa: E402
 from llmsched.sim.workload import synthetic_workload  # noqa: E402
 
 DEPLOYMENTS = {"colocated": "colocated:4", "2P6D": "1P3D", "4P4D": "2P2D"}
@@ -72,7 +72,7 @@ def main() -> int:
     for rate in RATES:
         wl = synthetic_workload(args.num_prompts, 768, 256, request_rate=rate, range_ratio=0.5, seed=7)
         for name, spec in DEPLOYMENTS.items():
-            run = _PDRun(dep, wl, parse_pd(spec))
+            run = PDRun(dep, wl, parse_pd(spec))
             run.run()
             m = run.metrics
             s = m.summary(run.end_time)

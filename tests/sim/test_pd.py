@@ -6,7 +6,7 @@ import pytest
 
 from llmsched.core.errors import ConfigError
 from llmsched.sim.deployment import DeploymentSpec, build_deployment
-from llmsched.sim.pd import PDConfig, _PDRun, parse_pd, simulate_pd, transfer_seconds
+from llmsched.sim.pd import PDConfig, PDRun, parse_pd, simulate_pd, transfer_seconds
 from llmsched.sim.workload import synthetic_workload
 
 
@@ -51,7 +51,7 @@ def test_decode_instances_keep_tpot_free_of_prefills_and_free_every_block(dep) -
     wl = synthetic_workload(60, 4000, 64, request_rate=6.0, seed=3)
     slos = {"ttft": 2000, "tpot": 20}
     co = simulate_pd(dep, wl, PDConfig(0, 2), slos).summary
-    run = _PDRun(dep, wl, PDConfig(1, 1))
+    run = PDRun(dep, wl, PDConfig(1, 1))
     run.run()
     pd = run.metrics.summary(run.end_time, slos)
     assert pd["completed"] == co["completed"] == 60
@@ -74,3 +74,10 @@ def test_simulate_takes_pd_flags(capsys: pytest.CaptureFixture[str], tmp_path) -
     # 512 tokens x 128 KiB over 1 GB/s: 67.11 ms.
     assert "1P1D (2 GPUs)" in text and "67.11" in text
     assert '"completed": 20' in out.read_text()
+
+
+def test_simulate_pd_refuses_flags_it_does_not_honour(capsys: pytest.CaptureFixture[str]) -> None:
+    from llmsched.cli import main
+
+    assert main(["simulate", "--pd", "1P1D", "--num-prompts", "4", "--max-concurrency", "2"]) == 2
+    assert "--pd runs without --max-concurrency" in capsys.readouterr().err

@@ -406,6 +406,13 @@ def _run_pd(args: argparse.Namespace, deployment, workload: Workload, pd, slos: 
 
     if deployment.data_parallel_size != 1:
         raise ConfigError("--pd sets the instances: drop --data-parallel-size")
+    unsupported = {
+        "--trace": args.trace, "--plot": args.plot, "--explain": args.explain,
+        "--max-concurrency": args.max_concurrency, "--api-server-count": args.api_server_count,
+    }  # fmt: skip
+    given = [flag for flag, v in unsupported.items() if v]
+    if given:
+        raise ConfigError(f"--pd runs without {', '.join(given)}: drop them")
     for line in deployment.describe():
         print(line.replace("hardware  ", "instance  ", 1))
     print(f"workload   {workload.describe()}\n")

@@ -205,7 +205,7 @@ def simulate_pd(
         raise ConfigError(
             "P/D instances are single engines: give data_parallel_size 1 (instances come from --pd)"
         )
-    run = _PDRun(deployment, workload, pd)
+    run = PDRun(deployment, workload, pd)
     run.run()
     summary = run.metrics.summary(run.end_time, goodput_slos_ms, percentiles)
     n_inst = pd.num_prefill + pd.num_decode
@@ -213,8 +213,15 @@ def simulate_pd(
     return PDResult(pd, summary, n_inst * deployment.cost_model.tp, mean_xfer, run.num_steps)
 
 
-class _PDRun:
-    """The event loop: arrivals, instance steps and transfers, earliest first."""
+class PDRun:
+    """The event loop: arrivals, instance steps and transfers, earliest first.
+
+    ``run()`` then leaves the client-side figures in ``metrics`` (a
+    MetricsCollector: one run gives SLO attainment for any SLO) and the
+    instances as they ended. A prefill instance frees a request's blocks
+    when it finishes (its hold during the sub-millisecond NVLink transfer
+    is not modelled).
+    """
 
     def __init__(self, deployment: Deployment, workload: Workload, pd: PDConfig) -> None:
         self.deployment = deployment
