@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import threading
 import time
@@ -44,17 +45,17 @@ def _tiny_llama(folder: Path) -> LlamaForCausalLM:
 
 
 @pytest.fixture(scope="module")
-def hf_pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LlamaForCausalLM]]:
-    """The proxy's URL in front of a producer and a consumer on the tiny model, and the model."""
+def hf_pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """The proxy's URL in front of a producer and a consumer on the tiny model, the servers and the model."""
     folder = tmp_path_factory.mktemp("tiny_llama")
     model = _tiny_llama(folder)
     base = {"model": str(folder), "skip_tokenizer_init": True, "max_model_len": 256, "block_size": 16}
     base["num_gpu_blocks_override"] = 64
     # The engines on threads of this process: no process start-ups to wait for.
     sargs = {"log_level": "warning", "engine_mode": "thread"}
-    prefill = ServerThread(
-        EngineArgs(**base, kv_transfer_config={**KV, "kv_role": "kv_producer"}), ServerArgs(**sargs)
-    )
+    # Blocks nobody reads are freed after a second (the decode instance dies in the last test).
+    producer = {**KV, "kv_role": "kv_producer", "kv_connector_extra_config": {"abort_timeout_s": 1.0}}
+    prefill = ServerThread(EngineArgs(**base, kv_transfer_config=producer), ServerArgs(**sargs))
     decode = ServerThread(
         EngineArgs(**base, kv_transfer_config={**KV, "kv_role": "kv_consumer"}), ServerArgs(**sargs)
     )
@@ -76,7 +77,7 @@ def hf_pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Llama
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.05)
     try:
-        yield f"http://127.0.0.1:{port}", model
+        yield {"url": f"http://127.0.0.1:{port}", "model": model, "prefill": prefill, "decode": decode}
     finally:
         server.should_exit = True
         thread.join(10)
@@ -95,8 +96,8 @@ def _greedy(model: LlamaForCausalLM, prompt: list[int], n: int) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
-def test_tiny_hf_model_through_the_proxy_equals_transformers(hf_pd: tuple[str, LlamaForCausalLM]) -> None:
-    url, model = hf_pd
+def test_tiny_hf_model_through_the_proxy_equals_transformers(hf_pd: dict) -> None:
+    url, model = hf_pd["url"], hf_pd["model"]
     for i, n in enumerate((20, 47, 130)):
         prompt = [(17 * j + 3 * i) % 290 + 5 for j in range(n)]
         want = _greedy(model, prompt, 8)
@@ -111,3 +112,26 @@ def test_tiny_hf_model_through_the_proxy_equals_transformers(hf_pd: tuple[str, L
                     for c in json.loads(line[6:])["choices"]:
                         got.extend(c.get("token_ids") or [])
         assert got == want
+
+
+def _kv_usage(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    m = re.search(r"^vllm:kv_cache_usage_perc(?:{[^}]*})? (\S+)$", text, re.M)
+    assert m is not None
+    return float(m.group(1))
+
+
+def test_a_dead_decode_instance_is_a_503_and_the_prefill_frees_its_blocks(hf_pd: dict) -> None:
+    decode_url = hf_pd["decode"].base_url
+    hf_pd["decode"].stop()
+    t0 = time.monotonic()
+    body = {"prompt": list(range(5, 105)), "max_tokens": 4}
+    r = httpx.post(hf_pd["url"] + "/v1/completions", json=body, timeout=30)
+    assert r.status_code == 503 and decode_url in r.json()["error"]["message"]
+    assert time.monotonic() - t0 < 10
+    # The prefill instance prefilled and held the request's blocks for a reader that never comes.
+    prefill_url = hf_pd["prefill"].base_url
+    deadline = time.monotonic() + 10
+    while _kv_usage(prefill_url) > 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _kv_usage(prefill_url) == 0.0
