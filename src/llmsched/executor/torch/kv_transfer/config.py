@@ -32,7 +32,8 @@ class KVTransferSettings:
     kv_load_failure_policy: str = "recompute"
     # A producer frees a request's blocks after this long if nobody read them.
     abort_timeout_s: float = 30.0
-    # A consumer gives a load up (and recomputes) after this long.
+    # A consumer gives a load up (and recomputes) if its bytes have not
+    # started moving after this long (a transfer under way runs to its end).
     load_timeout_s: float = 10.0
     # Shared by the instances of one deployment (the side channel authenticates with it).
     authkey: str = "llmsched-kv"

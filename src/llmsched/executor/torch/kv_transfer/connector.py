@@ -52,6 +52,9 @@ class _Load:
     first_block: int
     block_ids: list[int]
     deadline: float
+    # Set once the bytes start moving: from then on the load ends only when
+    # the transfer engine returns (a timeout must not free blocks it writes).
+    reading: bool = False
 
 
 @dataclass(slots=True)
@@ -223,7 +226,7 @@ class MooncakeConnector:
                     del self._held[rid]
                     self._sent.add(rid)
             for rid, load in list(self._loading.items()):
-                if now > load.deadline:
+                if now > load.deadline and not load.reading:
                     log.warning("KV load of %s timed out; it will be recomputed", rid)
                     self._end_load(rid, ok=False)
             if not (self._sent or self._recved):
@@ -304,8 +307,10 @@ class MooncakeConnector:
                 f"the producer holds {len(remote_ids)} blocks; "
                 f"{load.first_block + len(load.block_ids)} needed"
             )
-        if load.request_id not in self._loading:
-            return  # timed out meanwhile: write nothing into blocks the scheduler took back
+        with self._lock:
+            if load.request_id not in self._loading:
+                return  # timed out meanwhile: write nothing into blocks the scheduler took back
+            load.reading = True
         dst, src, lens = transfer_lists(self.layout, load.block_ids, remote, want)
         self.transfer.read(peer, dst, src, lens)
         try:
