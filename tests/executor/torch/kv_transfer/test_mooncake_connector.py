@@ -122,6 +122,12 @@ def test_bad_params_and_configs_are_named(engines: dict[str, LLMEngine]) -> None
         parse_kv_transfer_config('{"kv_connector": "MooncakeConnector", "kv_role": "decode"}')
     with pytest.raises(ConfigError, match="JSON"):
         parse_kv_transfer_config("{kv_role")
+    # Reachable from other hosts: the side channel needs a secret of the deployment's own.
+    open_cfg = {"kv_connector": "MooncakeConnector", "kv_role": "kv_producer", "kv_ip": "0.0.0.0"}
+    with pytest.raises(ConfigError, match="authkey"):
+        parse_kv_transfer_config(open_cfg)
+    keyed = parse_kv_transfer_config({**open_cfg, "kv_connector_extra_config": {"authkey": "s3cret"}})
+    assert keyed is not None and keyed.authkey == "s3cret"
 
 
 def test_a_tiny_hf_model_transfers_and_matches_transformers(tiny_models: dict) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,10 +91,17 @@ def parse_kv_transfer_config(raw: str | dict | None) -> KVTransferSettings | Non
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"--kv-transfer-config: {key}={v!r} must be a positive number of seconds")
             timeouts[key] = float(v)
+    ip = str(raw.get("kv_ip", "127.0.0.1"))
+    if "authkey" not in extra and not _is_loopback(ip):
+        # The side channel unpickles what authenticated peers send: a known key is no key.
+        raise ConfigError(
+            f"--kv-transfer-config: kv_ip={ip!r} is reachable from other hosts; give the deployment's "
+            "instances a shared secret in kv_connector_extra_config.authkey"
+        )
     return KVTransferSettings(
         kv_connector=name,
         kv_role=role,
-        kv_ip=str(raw.get("kv_ip", "127.0.0.1")),
+        kv_ip=ip,
         kv_port=port,
         engine_id=str(raw.get("engine_id") or ""),
         kv_load_failure_policy=policy,
@@ -101,3 +109,10 @@ def parse_kv_transfer_config(raw: str | dict | None) -> KVTransferSettings | Non
         extra=dict(extra),
         **timeouts,
     )
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
