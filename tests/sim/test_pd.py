@@ -81,3 +81,18 @@ def test_simulate_pd_refuses_flags_it_does_not_honour(capsys: pytest.CaptureFixt
 
     assert main(["simulate", "--pd", "1P1D", "--num-prompts", "4", "--max-concurrency", "2"]) == 2
     assert "--pd runs without --max-concurrency" in capsys.readouterr().err
+
+
+def test_a_prefill_instance_holds_the_blocks_until_the_transfer_ends(dep) -> None:
+    wl = synthetic_workload(1, 2000, 4)
+    slow = PDConfig(1, 1, link_bandwidth=1e9)
+    run = PDRun(dep, wl, slow)
+    run.run()
+    prefill = run.prefill[0]
+    dt = transfer_seconds(dep, slow, 2000)
+    # Its last step freed the blocks once the KV had crossed: the request's
+    # first token (on the decode instance) comes after that.
+    first_token = run.metrics.ttfts[0]
+    assert prefill.ex.now >= dt and prefill.ex.now <= first_token
+    kv = prefill.core.scheduler.kv
+    assert kv.num_free_blocks == kv.pool.num_blocks - 1 and not prefill.core.has_requests()

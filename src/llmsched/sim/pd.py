@@ -27,7 +27,7 @@ from llmsched.bench.metrics import DEFAULT_PERCENTILES, MetricsCollector
 from llmsched.core.connector import KVConnectorOutput, KVTransferConfig
 from llmsched.core.errors import ConfigError, RequestRejected
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput
-from llmsched.core.request import Request
+from llmsched.core.request import Request, RequestStatus
 from llmsched.core.sampling_params import SamplingParams
 from llmsched.engine.engine_core import EngineCore
 from llmsched.executor.sim.executor import SimExecutor
@@ -120,18 +120,67 @@ class _SimLoads:
         return False
 
 
-class _LoadingExecutor:
-    """A SimExecutor whose outputs report the loads started in the step as finished."""
+class _SimSends:
+    """The prefill side's connector: a finished request's blocks stay until its transfer ends."""
 
-    def __init__(self, ex: SimExecutor, loads: _SimLoads) -> None:
+    transfer_config = KVTransferConfig("kv_producer")
+
+    def __init__(self) -> None:
+        # Request id -> when its KV has crossed the link (None until the runner prices it).
+        self.ready: dict[str, float | None] = {}
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        return 0, False
+
+    def update_state_after_alloc(
+        self, request: Request, block_ids: list[int], num_external_tokens: int
+    ) -> None:
+        pass
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        if request.status is not RequestStatus.FINISHED_LENGTH_CAPPED or not block_ids:
+            return False, None
+        self.ready[request.request_id] = None
+        return True, None
+
+    def build_connector_meta(self, scheduler_output: object) -> None:
+        return None
+
+    def update_connector_output(self, output: KVConnectorOutput) -> None:
+        pass
+
+    def has_pending_block_frees(self) -> bool:
+        return False
+
+    def next_ready(self) -> float:
+        """When the earliest transfer under way ends (inf: none priced yet)."""
+        return min((t for t in self.ready.values() if t is not None), default=math.inf)
+
+
+class _ConnectorSimExecutor:
+    """A SimExecutor whose outputs carry the simulated transfers that ended by the step's end."""
+
+    def __init__(self, ex: SimExecutor, loads: _SimLoads | None, sends: _SimSends | None) -> None:
         self.ex = ex
         self.loads = loads
+        self.sends = sends
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         out = self.ex.execute(so)
-        if self.loads.started:
-            out.kv_connector_output = KVConnectorOutput(finished_recving=set(self.loads.started))
+        recv: set[str] = set()
+        sent: set[str] = set()
+        if self.loads is not None and self.loads.started:
+            recv = set(self.loads.started)
             self.loads.started = []
+        if self.sends is not None and self.sends.ready:
+            now = self.ex.now
+            sent = {rid for rid, t in self.sends.ready.items() if t is not None and t <= now}
+            for rid in sent:
+                del self.sends.ready[rid]
+        if recv or sent:
+            out.kv_connector_output = KVConnectorOutput(finished_recving=recv, finished_sending=sent)
         return out
 
     def close(self) -> None:
@@ -146,15 +195,30 @@ class _Instance:
         config = deployment.scheduler_config
         self.ex = SimExecutor(deployment.cost_model, async_scheduling=config.async_scheduling)
         self.loads = _SimLoads() if role == "decode" else None
-        executor: Any = self.ex if self.loads is None else _LoadingExecutor(self.ex, self.loads)
-        self.core = EngineCore(config, executor, connector=self.loads)
+        self.sends = _SimSends() if role == "prefill" else None
+        executor: Any = self.ex
+        if self.loads is not None or self.sends is not None:
+            executor = _ConnectorSimExecutor(self.ex, self.loads, self.sends)
+        self.core = EngineCore(config, executor, connector=self.loads or self.sends)
         self.live: dict[str, SimRequest] = {}
 
     def load(self) -> int:
         return len(self.live)
 
+    def next_time(self) -> float:
+        """When this instance's next step starts (inf: nothing to do)."""
+        core = self.core
+        if not core.has_requests():
+            return math.inf
+        if core.has_unfinished_requests() or self.sends is None:
+            return self.ex.now
+        # Only blocks held for transfers (and, async, empty steps in flight,
+        # which cost nothing): the next step is when a transfer ends.
+        ready = self.sends.next_ready()
+        return self.ex.now if ready == math.inf else max(self.ex.now, ready)
+
     def add(self, req: SimRequest, t: float) -> None:
-        if not self.core.has_requests():
+        if not self.core.has_unfinished_requests():
             self.ex.advance_to(t)
         if self.loads is not None:
             self.loads.remote.add(req.request_id)
@@ -218,9 +282,9 @@ class PDRun:
 
     ``run()`` then leaves the client-side figures in ``metrics`` (a
     MetricsCollector: one run gives SLO attainment for any SLO) and the
-    instances as they ended. A prefill instance frees a request's blocks
-    when it finishes (its hold during the sub-millisecond NVLink transfer
-    is not modelled).
+    instances as they ended. A prefill instance keeps a request's blocks
+    (and steps idle, if it has nothing else, at the transfer's end)
+    until its transfer ends, as the real connector's delayed free does).
     """
 
     def __init__(self, deployment: Deployment, workload: Workload, pd: PDConfig) -> None:
@@ -247,8 +311,8 @@ class PDRun:
         wl = self.workload
         nxt, n = 0, len(wl)
         while True:
-            busy = [i for i in self.instances if i.core.has_requests()]
-            t_step = min((i.ex.now for i in busy), default=math.inf)
+            inst = min(self.instances, key=_Instance.next_time)
+            t_step = inst.next_time()
             t_arr = wl.arrivals[nxt] if nxt < n else math.inf
             t_xfer = self.transfers[0][0] if self.transfers else math.inf
             if t_arr <= t_step and t_arr <= t_xfer:
@@ -260,7 +324,8 @@ class PDRun:
                 _, _, i, sent = heapq.heappop(self.transfers)
                 self._deliver(i, sent, t_xfer)
             else:
-                self._step(min(busy, key=lambda x: x.ex.now))
+                inst.ex.advance_to(t_step)
+                self._step(inst)
 
     def _arrive(self, i: int, t: float) -> None:
         wl = self.workload
@@ -305,15 +370,17 @@ class PDRun:
         for r in es.outputs.finished:
             inst.live.pop(r.request_id, None)
             if inst.role == "prefill":
-                self._send(r, end)
+                self._send(inst, r, end)
             else:
                 self.metrics.add_request(
                     r.sent_time, r.first_token_time, end, r.num_prompt_tokens, r.num_output_tokens
                 )
                 self.end_time = max(self.end_time, end)
 
-    def _send(self, r: SimRequest, end: float) -> None:
+    def _send(self, inst: _Instance, r: SimRequest, end: float) -> None:
         dt = transfer_seconds(self.deployment, self.pd, r.num_prompt_tokens)
+        if inst.sends is not None and r.request_id in inst.sends.ready:
+            inst.sends.ready[r.request_id] = end + dt
         self.transfer_total += dt
         self.num_transfers += 1
         heapq.heappush(
