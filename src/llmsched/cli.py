@@ -14,6 +14,7 @@ from llmsched.engine.chat_cli import add_chat_parser
 from llmsched.engine.cli import add_generate_parser
 from llmsched.engine.policy_args import add_policy_args
 from llmsched.server.cli import add_serve_parser
+from llmsched.server.proxy import add_proxy_parser
 from llmsched.sim.calibrate_cli import add_calibrate_parser
 from llmsched.sim.cli import add_simulate_parser
 
@@ -95,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_chat_parser(sub)
     add_bench_parser(sub)
     add_serve_parser(sub)
+    add_proxy_parser(sub)
     return p
 
 

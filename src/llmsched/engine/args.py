@@ -104,6 +104,8 @@ class EngineArgs:
     # Speculative decoding: a dict or its JSON text, as vLLM's speculative_config
     # ({"method": "ngram", "num_speculative_tokens": 4, ...} or {"model": DIR, ...}).
     speculative_config: SpeculativeConfig | dict | str | None = None
+    # Disaggregated prefill/decode: vLLM's KVTransferConfig as JSON (or a dict).
+    kv_transfer_config: str | dict | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -339,6 +341,15 @@ class EngineArgs:
             action="store_true",
             help="structured outputs: JSON without whitespace between tokens (a model that favours "
             "whitespace, such as the random-weight demo model, may otherwise never close an object)",
+        )
+        g.add_argument(
+            "--kv-transfer-config",
+            default=None,
+            metavar="JSON",
+            help='disaggregated prefill/decode, as vLLM spells it: \'{"kv_connector": "MooncakeConnector", '
+            '"kv_role": "kv_producer"|"kv_consumer"|"kv_both", "kv_ip": "127.0.0.1", "kv_port": 0}\' '
+            "(kv_port: the producer's side channel, 0 = any free port); requests then carry "
+            "kv_transfer_params (see llmsched proxy)",
         )
 
         g.add_argument(

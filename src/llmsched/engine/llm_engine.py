@@ -81,16 +81,24 @@ class LLMEngine:
         engine_args.batch_limits(self.platform)
         factory = executor_factory if executor_factory is not None else _torch_executor
         executor = factory(self.model_path, **self._executor_kwargs())
+        # Disaggregated prefill/decode: a KV connector over the executor's cache.
+        self.kv_connector: Any = None
         try:
             max_model_len = executor.max_model_len  # type: ignore[attr-defined]
             self.batch_limits = engine_args.batch_limits(self.platform, max_model_len)
+            if engine_args.kv_transfer_config is not None:
+                from llmsched.executor.torch.kv_transfer import attach, parse_kv_transfer_config
+
+                settings = parse_kv_transfer_config(engine_args.kv_transfer_config)
+                if settings is not None:
+                    self.kv_connector, executor = attach(settings, executor)
             config = engine_args.create_scheduler_config(
                 num_gpu_blocks=executor.num_gpu_blocks,  # type: ignore[attr-defined]
                 max_model_len=max_model_len,
                 block_size=getattr(executor, "block_size", None),
                 platform=self.platform,
             )
-            self.engine_core = EngineCore(config, executor)
+            self.engine_core = EngineCore(config, executor, connector=self.kv_connector)
         except BaseException:
             executor.close()
             raise
@@ -217,12 +225,14 @@ class LLMEngine:
         output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE,
         cache_salt: str | None = None,
         tenant: str | None = None,
+        kv_transfer_params: dict | None = None,
     ) -> None:
         """Queue one request, or raise RequestRejected (a ValueError) naming what is wrong with it.
 
         ``cache_salt`` keeps the request's prefix-cache entries apart from
         requests with another salt (or none), as vLLM's ``cache_salt`` does.
         ``tenant`` names who sent it, for the ``fair`` policy and per-tenant metrics.
+        ``kv_transfer_params`` go to the KV connector (ignored without one).
         """
         if not isinstance(request_id, str):
             raise RequestRejected(f"request id {request_id!r} must be a string")
@@ -260,7 +270,14 @@ class LLMEngine:
             grammar=grammar,
             tenant=tenant,
         )
-        self.engine_core.add_request(req)
+        if kv_transfer_params is not None and self.kv_connector is not None:
+            self.kv_connector.set_request_params(request_id, kv_transfer_params)
+        try:
+            self.engine_core.add_request(req)
+        except RequestRejected:
+            if self.kv_connector is not None:
+                self.kv_connector.drop_request_params(request_id)
+            raise
         if grammar is not None and not grammar.ready:
             self._grammar_pending[request_id] = req
         decode = self._decode if params.skip_special_tokens else self._decode_keep_special
@@ -343,6 +360,8 @@ class LLMEngine:
             st.request.status = status
             st.metrics.finished_time = now
             out = st.make_output(True)
+            if self.kv_connector is not None:
+                self.kv_connector.finished_params.pop(rid, None)
             if out is not None:
                 outs.append(out)
         return outs
@@ -410,6 +429,10 @@ class LLMEngine:
                 m.finished_time = now
                 del states[req.request_id]
             out = st.make_output(finished)
+            if finished and self.kv_connector is not None:
+                params = self.kv_connector.finished_params.pop(req.request_id, None)
+                if out is not None:
+                    out.kv_transfer_params = params
             if out is not None:
                 outputs.append(out)
         for req in es.outputs.finished:

@@ -106,6 +106,8 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
     error: str | None = None
+    # A prefill instance's answer for its decode instance (disaggregated prefill/decode).
+    kv_transfer_params: dict | None = None
     # Not computed by llmsched; present so code written for vLLM reads None.
     prompt_logprobs: list | None = None
 

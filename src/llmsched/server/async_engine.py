@@ -161,6 +161,7 @@ class AsyncEngine:
         priority: int = 0,
         cache_salt: str | None = None,
         tenant: str | None = None,
+        kv_transfer_params: dict | None = None,
     ) -> RequestStream:
         """Queue a request; raises Overloaded past a queue limit, EngineDead if the engine stopped.
 
@@ -182,7 +183,18 @@ class AsyncEngine:
         stream.max_tokens = params.max_tokens
         stream.tenant = tenant
         self._streams[request_id] = stream
-        self.backend.send(Add(request_id, list(prompt_token_ids), params, now, priority, cache_salt, tenant))
+        self.backend.send(
+            Add(
+                request_id,
+                list(prompt_token_ids),
+                params,
+                now,
+                priority,
+                cache_salt,
+                tenant,
+                kv_transfer_params,
+            )
+        )
         if self.request_timeout_s is not None:
             stream.timer = self._loop.call_later(self.request_timeout_s, self._time_out, request_id)
         return stream

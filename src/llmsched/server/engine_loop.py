@@ -195,6 +195,7 @@ class EngineLoop:
                 output_kind=RequestOutputKind.DELTA,
                 cache_salt=cmd.cache_salt,
                 tenant=cmd.tenant,
+                kv_transfer_params=cmd.kv_transfer_params,
             )
         except (RequestRejected, ValueError) as e:
             acks.items.append((cmd.request_id, (REJECTED, str(e))))
@@ -290,6 +291,7 @@ class EngineLoop:
         sched = self.engine.scheduler
         stats = sched.prefix_cache_stats
         kv = sched.kv
+        conn = self.engine.kv_connector
         last = self.engine.engine_core.last_scheduled
         step_tokens = 0
         # Each scheduled step's tokens are reported once, in the first snapshot after it.
@@ -310,4 +312,6 @@ class EngineLoop:
             waiting_by_reason=waiting_by_reason(self.engine, last.trace if last is not None else None),
             kv_evictions=drain_evictions(self.residency),
             spec_decode=None if self.engine.spec_stats is None else self.engine.spec_stats.as_tuple(),
+            external_prefix_cache_queries=getattr(conn, "external_queries", 0),
+            external_prefix_cache_hits=getattr(conn, "external_hits", 0),
         )

@@ -28,6 +28,7 @@ class Add:
     priority: int = 0
     cache_salt: str | None = None
     tenant: str | None = None
+    kv_transfer_params: dict | None = None
 
 
 @dataclass(slots=True)
@@ -69,6 +70,8 @@ class OutputDelta:
     stop_reason: int | str | None
     num_cached_tokens: int
     final: tuple[float, float, float, float, int, int] | None = None
+    # A prefill instance's answer for the decode instance (final output only).
+    kv_transfer_params: dict | None = None
 
     @classmethod
     def of(cls, out: RequestOutput) -> OutputDelta:
@@ -95,6 +98,7 @@ class OutputDelta:
             c.stop_reason,
             out.num_cached_tokens,
             final,
+            out.kv_transfer_params,
         )
 
 
@@ -120,6 +124,9 @@ class EngineSnapshot:
     # Speculative decoding, cumulative: (drafts, draft tokens, accepted tokens,
     # accepted per draft position); None when speculation is off.
     spec_decode: tuple[int, int, int, tuple[int, ...]] | None = None
+    # A KV connector's lookups: prompt tokens queried, tokens loaded from another instance.
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0
 
 
 @dataclass(slots=True)
@@ -190,7 +197,7 @@ def encode_batch(batch: StepBatch) -> tuple:
     """A StepBatch as nested plain tuples (for the pipe)."""
     outs = [
         (o.request_id, o.text, o.token_ids, o.logprobs, o.finished, o.finish_reason, o.stop_reason,
-         o.num_cached_tokens, o.final)
+         o.num_cached_tokens, o.final, o.kv_transfer_params)
         for o in batch.outputs
     ]  # fmt: skip
     snap = batch.snapshot
@@ -200,6 +207,7 @@ def encode_batch(batch: StepBatch) -> tuple:
             snap.num_running, snap.num_waiting, snap.kv_usage, snap.num_free_blocks, snap.num_usable_blocks,
             snap.num_preemptions, snap.prefix_cache_queries, snap.prefix_cache_hits, snap.num_steps,
             snap.step_tokens, snap.waiting_by_reason, snap.kv_evictions, snap.spec_decode,
+            snap.external_prefix_cache_queries, snap.external_prefix_cache_hits,
         )  # fmt: skip
     return (BATCH_TAG, outs, batch.token_time, snap_t)
 

@@ -53,6 +53,7 @@ async def generate(
             priority=body.priority,
             cache_salt=body.cache_salt,
             tenant=body.user,
+            kv_transfer_params=body.kv_transfer_params,
         )
     except Overloaded as e:
         raise APIError(503, str(e), headers=retry) from None

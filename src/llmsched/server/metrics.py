@@ -280,6 +280,18 @@ class ServerMetrics:
             snap.prefix_cache_hits,
         )
         yield self._counter(
+            "vllm:external_prefix_cache_queries",
+            "External prefix cache queries from KV connector cross-instance cache sharing, "
+            "in terms of number of queried tokens.",
+            snap.external_prefix_cache_queries,
+        )
+        yield self._counter(
+            "vllm:external_prefix_cache_hits",
+            "External prefix cache hits from KV connector cross-instance cache sharing, "
+            "in terms of number of cached tokens.",
+            snap.external_prefix_cache_hits,
+        )
+        yield self._counter(
             "vllm:num_preemptions", "Cumulative number of preemption from the engine.", snap.num_preemptions
         )
         info = GaugeMetricFamily(

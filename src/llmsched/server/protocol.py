@@ -55,6 +55,9 @@ class SamplingFields(_Body):
     stream_options: StreamOptions | None = None
     priority: int = Field(0, ge=INT64_MIN, le=INT64_MAX)
     cache_salt: str | None = None
+    # Disaggregated prefill/decode (vLLM's field): {"do_remote_decode": true} on a
+    # prefill instance, its answer's kv_transfer_params on a decode instance.
+    kv_transfer_params: dict[str, Any] | None = None
     # OpenAI's json_object / json_schema, and vLLM's structured_outputs
     # (json, regex, choice, grammar, json_object).
     response_format: dict[str, Any] | None = None

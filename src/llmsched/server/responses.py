@@ -34,6 +34,7 @@ class Delta:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
+    kv_transfer_params: dict | None = None
 
     def add(self, outs: Sequence[OutputDelta]) -> None:
         """Append these outputs' text, tokens and logprobs; keep the finish of the last."""
@@ -46,6 +47,8 @@ class Delta:
                 self.finish_reason = out.finish_reason
                 self.stop_reason = out.stop_reason
             self.num_cached_tokens = out.num_cached_tokens
+            if out.kv_transfer_params is not None:
+                self.kv_transfer_params = out.kv_transfer_params
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
@@ -193,6 +196,8 @@ class CompletionFormatter(Formatter):
         }
         out = self._envelope(self.object_final, [self._choice(choice, d)])
         out["usage"] = self.usage()
+        if d.kv_transfer_params is not None:
+            out["kv_transfer_params"] = d.kv_transfer_params
         return out
 
 
@@ -244,4 +249,6 @@ class ChatFormatter(Formatter):
         }
         out = self._envelope(self.object_final, [self._choice(choice, d)])
         out["usage"] = self.usage()
+        if d.kv_transfer_params is not None:
+            out["kv_transfer_params"] = d.kv_transfer_params
         return out

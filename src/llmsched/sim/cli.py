@@ -24,6 +24,7 @@ from llmsched.executor.sim.hardware import known_hardware
 from llmsched.executor.sim.model_shapes import known_models
 from llmsched.sim.deployment import KV_CACHE_DTYPES, DeploymentSpec, build_deployment
 from llmsched.sim.frontend import DEFAULT_TOKEN_S, Frontend
+from llmsched.sim.pd import add_pd_args, pd_from_args
 from llmsched.sim.runner import simulate
 from llmsched.sim.workload import Workload, load_trace_workload, synthetic_workload
 
@@ -231,6 +232,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
     sw.add_argument(
         "--sweep-workers", type=_positive_int, default=None, help="process-pool size (default: CPU count)"
     )
+    add_pd_args(p)
     p.set_defaults(func=run_simulate)
     return p
 
@@ -344,6 +346,9 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.dp_sync_ms < 0:
         raise ConfigError(f"--dp-sync-ms {args.dp_sync_ms} must be >= 0")
     workload = _workload(args)
+    pd = pd_from_args(args)
+    if pd is not None:
+        return _run_pd(args, deployment, workload, pd, slos, percentiles)
     frontend = None
     if args.api_server_count is not None:
         frontend = Frontend(args.api_server_count, args.api_server_us_per_token / 1e6)
@@ -393,4 +398,30 @@ def run_simulate(args: argparse.Namespace) -> int:
 
         for path in write_plots(result, args.plot):
             print(f"wrote {path}")
+    return 0
+
+
+def _run_pd(args: argparse.Namespace, deployment, workload: Workload, pd, slos: dict, percentiles) -> int:
+    """--pd: prefill and decode instances (see llmsched.sim.pd)."""
+    from llmsched.sim.pd import format_pd, simulate_pd
+
+    if deployment.data_parallel_size != 1:
+        raise ConfigError("--pd sets the instances: drop --data-parallel-size")
+    unsupported = {
+        "--trace": args.trace, "--plot": args.plot, "--explain": args.explain,
+        "--max-concurrency": args.max_concurrency, "--api-server-count": args.api_server_count,
+    }  # fmt: skip
+    given = [flag for flag, v in unsupported.items() if v]
+    if given:
+        raise ConfigError(f"--pd runs without {', '.join(given)}: drop them")
+    for line in deployment.describe():
+        print(line.replace("hardware  ", "instance  ", 1))
+    print(f"workload   {workload.describe()}\n")
+    result = simulate_pd(deployment, workload, pd, slos or None, percentiles)
+    print(format_pd(result))
+    if args.result_json:
+        Path(args.result_json).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.result_json, "w") as f:
+            json.dump({**result.to_dict(), "goodput_slos_ms": slos or None}, f, indent=2)
+        print(f"wrote {args.result_json}")
     return 0
