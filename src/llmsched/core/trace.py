@@ -37,6 +37,8 @@ class Reason(str, enum.Enum):
     KV_LOAD_FAILED = "kv_load_failed_recomputing"
     SENDING = "blocks_held_while_sending"
     GRAMMAR_COMPILING = "grammar_compiling"
+    MAMBA_ALIGNMENT = "mamba_block_alignment"
+    WAITING_FOR_INPUT = "session_waiting_for_input"
 
 
 _TEXT = {
@@ -60,6 +62,8 @@ _TEXT = {
     Reason.KV_LOAD_FAILED: "KV load failed, recomputing",
     Reason.SENDING: "finished, blocks held while its KV is sent",
     Reason.GRAMMAR_COMPILING: "output grammar still compiling",
+    Reason.MAMBA_ALIGNMENT: "no block-aligned prefill chunk fits the budget left (hybrid model)",
+    Reason.WAITING_FOR_INPUT: "session waiting for its next input",
 }
 
 
