@@ -671,9 +671,10 @@ class Scheduler:
         )
 
     def requeue_holding(self, req: Request) -> None:
-        """Put a request holding blocks back in its queue after its priority key changed."""
-        self.holding.remove({req})
-        self.holding.add(req)
+        """A request holding blocks had its priority key changed where it is queued."""
+        rekey = getattr(self.holding, "rekey", None)
+        if rekey is not None:
+            rekey(req)
 
     def _admission_chunk(
         self, req: Request, computed: int, budget: int, threshold: int, defer: bool
@@ -779,6 +780,9 @@ class Scheduler:
         req.spec_token_ids = []
         # Async mode: the output of its steps in flight still arrives and is
         # delivered, but as stale: it must not move the reset counters.
+        # A session's dropped share still undrained stays dropped (its
+        # positions were resampled); the rest is delivered.
+        req.drop_stale_output = req.drop_stale_output and req.num_stale_output_tokens > 0
         req.num_stale_output_tokens = req.num_in_flight_tokens
         req.num_output_placeholders = 0
         req.is_prefill_chunk = False
