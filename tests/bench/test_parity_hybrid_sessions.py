@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 from pathlib import Path
@@ -44,6 +45,16 @@ def test_decisions_and_bookkeeping_match_vllm(case: str) -> None:
         for key in ("step", "total_tokens", "num_running", "num_waiting", "kv_usage", "finished"):
             assert a[key] == b[key], (case, a["step"], key)
         assert sorted(map(tuple, a["admitted"])) == sorted(map(tuple, b["admitted"])), (case, a["step"])
+
+
+def test_fuzz_corpus_has_hybrid_and_session_cases() -> None:
+    """Random Mamba and session workloads recorded with vLLM, sync and async (replayed elsewhere)."""
+    with gzip.open(DATA / "parity_fuzz" / "corpus-hybrid.jsonl.gz", "rt") as f:
+        cases = [rec for rec in map(json.loads, f) if "header" not in rec]
+    cfgs = [c["workload"]["config"] for c in cases]
+    assert sum(1 for c in cfgs if c.get("mamba")) >= 12
+    assert sum(1 for c in cases if any(r.get("segments") for r in c["workload"]["requests"])) >= 12
+    assert {bool(c.get("async_scheduling")) for c in cfgs} == {False, True}
 
 
 def test_mamba_alignment_changes_decisions() -> None:

@@ -177,7 +177,8 @@ def replay(
     n = len(workload.requests)
     pending = arrival_events(workload)
     num_events = len(pending)
-    summary = ReplaySummary(num_requests=n)
+    # A session reports a finish for each input it answers: count inputs.
+    summary = ReplaySummary(num_requests=sum(1 + len(r.segments or ()) for r in workload.requests))
     # The loop's step counter at each schedule() call: with async scheduling
     # a step is recorded when its output is applied, one loop turn later.
     step_of_schedule: list[int] = []
