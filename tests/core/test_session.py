@@ -56,6 +56,17 @@ def test_input_during_a_turn_is_queued_then_the_end_finishes_the_session() -> No
     assert s.kv.num_free_blocks == s.config.num_gpu_blocks - 1
 
 
+def test_input_after_the_end_is_rejected() -> None:
+    s = make_sched()
+    s.add_request(make_req("S", 8, max_tokens=3, resumable=True))
+    run_step(s)
+    s.add_request(make_req("S", 1, max_tokens=1))
+    with pytest.raises(RequestRejected, match="already ended"):
+        s.add_request(make_req("S", 4, max_tokens=1, resumable=True))
+    finish_turn(s, "S")
+    assert "S" not in s.requests
+
+
 def test_end_of_input_aborts_a_waiting_session_and_frees_its_blocks() -> None:
     s = make_sched()
     s.add_request(make_req("S", 8, max_tokens=1, resumable=True))

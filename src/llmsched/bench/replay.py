@@ -20,6 +20,7 @@ import llmsched
 from llmsched.bench.scripted_connector import ScriptedConnector, events_record
 from llmsched.bench.stats import summarize_ns
 from llmsched.bench.workload import Workload, WorkloadRequest
+from llmsched.core.errors import RequestRejected
 from llmsched.core.request import Request
 from llmsched.core.sampling_params import SamplingParams
 from llmsched.engine.engine_core import EngineCore, EngineStep
@@ -191,7 +192,13 @@ def replay(
             connector.now = step
         while p < num_events and pending[p][0] <= step:
             _, _, seg, wr = pending[p]
-            engine.add_request(event_request(wr, seg, step, n))
+            try:
+                engine.add_request(event_request(wr, seg, step, n))
+            except RequestRejected:
+                # An input after its session's end of input: vLLM queues it
+                # behind the end and never applies it.
+                if seg == 0:
+                    raise
             p += 1
         if not engine.has_requests():
             if p >= num_events:

@@ -43,6 +43,9 @@ class Sessions:
             raise RequestRejected(
                 f"request id {session.request_id!r} is already in use by an unfinished request"
             )
+        if None in session.input_queue:
+            # vLLM queues it behind the end and never applies it: say so instead.
+            raise RequestRejected(f"session {session.request_id!r}: its input already ended")
         if update.resumable:
             self._check_fits(session, update)
         if session.status is not _WAITING_FOR_INPUT:
