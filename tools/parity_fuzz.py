@@ -288,19 +288,40 @@ def _install_probes() -> None:
 
     schedule, unschedule, preempt = Scheduler.schedule, Scheduler._unschedule, Scheduler._preempt
     remove_stopped = Scheduler._remove_stopped
+    aligned_chunk = Scheduler._aligned_chunk
+    from llmsched.core.request import RequestStatus
+    from llmsched.core.session import Sessions
+
+    resume, add_input = Sessions.resume, Sessions.add_input
     cache_block, uncache, touch = BlockPool.cache_block, BlockPool._uncache, BlockPool.touch
     allocate_slots, allocate_new = KVCacheManager.allocate_slots, KVCacheManager.allocate_new
 
     def p_schedule(self, *args, **kwargs):
         _PROBE.allocating = None  # victims are counted per request within one step
         # The threshold only applies while more than one request is in the engine.
-        _PROBE.threshold_on = len(self.running) + len(self.waiting) > 1
+        _PROBE.threshold_on = len(self.running) + len(self.waiting) + len(self.holding) > 1
         for r in self.running:
             p = r.num_output_placeholders
             if p and r.num_computed_tokens + 2 - p >= r.num_prompt_tokens + r.max_tokens:
                 _hit("path:async_max_tokens_in_flight")
                 break
         return schedule(self, *args, **kwargs)
+
+    def p_aligned_chunk(self, req, start, n):
+        out = aligned_chunk(self, req, start, n)
+        _hit("path:mamba_chunk_cut" if 0 < out < n else "path:mamba_skip" if out == 0 else "path:mamba_uncut")
+        return out
+
+    def p_resume(self, session, update):
+        _hit("path:session_resume")
+        return resume(self, session, update)
+
+    def p_add_input(self, session, update):
+        if session.status is not RequestStatus.WAITING_FOR_INPUT:
+            _hit("path:session_input_queued" if update.resumable else "path:session_close_queued")
+        elif not update.resumable:
+            _hit("path:session_close_aborts")
+        return add_input(self, session, update)
 
     def p_remove_stopped(self, finished, stopped_waiting):
         if stopped_waiting:
@@ -389,7 +410,8 @@ def _install_probes() -> None:
         return res
 
     Scheduler.schedule, Scheduler._unschedule, Scheduler._preempt = p_schedule, p_unschedule, p_preempt
-    Scheduler._remove_stopped = p_remove_stopped
+    Scheduler._remove_stopped, Scheduler._aligned_chunk = p_remove_stopped, p_aligned_chunk
+    Sessions.resume, Sessions.add_input = p_resume, p_add_input
     BlockPool.cache_block, BlockPool._uncache, BlockPool.touch = p_cache_block, p_uncache, p_touch
     KVCacheManager.allocate_slots, KVCacheManager.allocate_new = p_allocate_slots, p_allocate_new
 
@@ -485,27 +507,50 @@ def prompts_of(workload: dict) -> list[list[int]]:
     ]
 
 
+def total_len(r: dict, prompt: list[int]) -> int:
+    """The longest a request gets: prompt and outputs, plus a session's later inputs and theirs."""
+    segs = r.get("segments") or ()
+    return (
+        len(prompt)
+        + int(r["max_tokens"])
+        + sum(
+            len(sg["prompt_token_ids"]) if "prompt_token_ids" in sg else int(sg["prompt_len"]) for sg in segs
+        )
+        + sum(int(sg["max_tokens"]) for sg in segs)
+    )
+
+
+def num_answers(workload: dict) -> int:
+    """Finishes a complete run reports: one per request, a session one per input."""
+    return sum(1 + len(r.get("segments") or ()) for r in workload["requests"])
+
+
 def resolved_mml(workload: dict, prompts: list[list[int]]) -> int:
     """max_model_len as both sides resolve it."""
     mml = workload["config"].get("max_model_len")
     if mml is None:
-        mml = max(len(p) + int(r["max_tokens"]) for p, r in zip(prompts, workload["requests"]))
+        mml = max(total_len(r, p) for p, r in zip(prompts, workload["requests"]))
     return int(mml)
 
 
 def min_gpu_blocks(workload: dict, prompts: list[list[int]], mml: int) -> int:
     """Fewest num_gpu_blocks (null block included) with which every request can finish."""
-    bs = int(workload["config"].get("block_size", 16))
-    need = max(
-        _cdiv(min(len(p) + int(r["max_tokens"]), mml) - 1, bs) for p, r in zip(prompts, workload["requests"])
-    )
+    cfg = workload["config"]
+    bs = int(cfg.get("block_size", 16))
+    need = max(_cdiv(min(total_len(r, p), mml) - 1, bs) for p, r in zip(prompts, workload["requests"]))
+    if cfg.get("mamba"):
+        # Mamba states on the same pool: two at a time with prefix caching
+        # (the chunk's and the one it starts from), a token window without.
+        need = need + 2 if cfg.get("enable_prefix_caching", True) else 2 * need + 2
     return 1 + need
 
 
 def default_gpu_blocks(workload: dict, prompts: list[list[int]]) -> int:
     """num_gpu_blocks the format's null resolves to."""
-    bs = int(workload["config"].get("block_size", 16))
-    return 1 + sum(_cdiv(len(p) + int(r["max_tokens"]), bs) for p, r in zip(prompts, workload["requests"]))
+    cfg = workload["config"]
+    bs = int(cfg.get("block_size", 16))
+    n = sum(_cdiv(total_len(r, p), bs) for p, r in zip(prompts, workload["requests"]))
+    return 1 + n * (2 if cfg.get("mamba") else 1)
 
 
 def is_valid(workload: dict) -> bool:
@@ -546,14 +591,22 @@ class Gen:
 
     # A scripted KV connector: never (the corpora before it), always, or either.
     CONNECTOR = ("off", "on", "mixed")
+    # A hybrid (Mamba) model, streaming-input sessions, both, or any of them.
+    HYBRID = ("off", "mamba", "sessions", "both", "mixed")
 
     def __init__(
-        self, rng: random.Random, profile: str = "mixed", mode: str = "sync", connector: str = "off"
+        self,
+        rng: random.Random,
+        profile: str = "mixed",
+        mode: str = "sync",
+        connector: str = "off",
+        hybrid: str = "off",
     ) -> None:
         self.rng = rng
         self.profile = profile
         self.mode = mode
         self.connector = connector
+        self.hybrid = hybrid
         # A tiny alphabet makes unrelated prompts (and generated tokens) share
         # blocks, which stresses duplicate hashes and eviction order.
         self.alphabet: tuple[int, ...] | None = None
@@ -591,8 +644,52 @@ class Gen:
                 wl["config"]["async_scheduling"] = True
             if self.connector == "on" or (self.connector == "mixed" and self.rng.random() < 0.5):
                 self._add_connector(wl)
+            if self.hybrid != "off" and not wl["config"].get("kv_connector"):
+                kind = self.hybrid
+                if kind == "mixed":
+                    kind = self.rng.choice(("mamba", "sessions", "both"))
+                if kind in ("sessions", "both"):
+                    self._add_sessions(wl)
+                if kind in ("mamba", "both"):
+                    wl["config"]["mamba"] = True
+                self._fit_blocks(wl)
             if is_valid(wl):
                 return wl, feats
+
+    def _add_sessions(self, wl: dict) -> None:
+        """Make some requests streaming-input sessions with later inputs at random steps."""
+        rng = self.rng
+        bs = int(wl["config"].get("block_size", 16))
+        for r in wl["requests"]:
+            if rng.random() < 0.4:
+                continue
+            at = int(r.get("arrival_step", 0))
+            segs = []
+            for _ in range(rng.choice((1, 1, 2, 3))):
+                at += rng.choice((0, 1, rng.randint(1, 8), rng.randint(5, 40)))
+                mt = rng.choice((1, rng.randint(1, 8), rng.randint(4, 24)))
+                seg: dict = {"arrival_step": at, "max_tokens": mt}
+                n = rng.choice((1, rng.randint(1, bs), rng.randint(bs, 4 * bs)))
+                if rng.random() < 0.6:
+                    seg["prompt_token_ids"] = self.tokens(n)
+                else:
+                    seg["prompt_len"] = n
+                segs.append(seg)
+            r["segments"] = segs
+            if rng.random() < 0.3:
+                r["close_step"] = at + rng.randint(0, 30)
+        # A session may grow up to its whole length: let max_model_len resolve to it.
+        wl["config"].pop("max_model_len", None)
+
+    def _fit_blocks(self, wl: dict) -> None:
+        """Raise an explicit num_gpu_blocks to what every request (and its state blocks) needs."""
+        cfg = wl["config"]
+        if cfg.get("num_gpu_blocks") is None:
+            return
+        prompts = prompts_of(wl)
+        lo = min_gpu_blocks(wl, prompts, resolved_mml(wl, prompts))
+        if cfg["num_gpu_blocks"] < lo:
+            cfg["num_gpu_blocks"] = lo + self.rng.choice((0, 0, 1, 2, 4, 8))
 
     def _add_connector(self, wl: dict) -> None:
         """A scripted KV connector with a random role and policy, and random per-request scripts."""
@@ -879,6 +976,20 @@ def features(workload: dict, ref_steps: list[dict] | None = None) -> set[str]:
         f"sched:{'async' if cfg.get('async_scheduling') else 'sync'}",
     }
     f |= connector_features(workload, ref_steps)
+    if cfg.get("mamba"):
+        f.add("mamba:align" if cfg.get("enable_prefix_caching", True) else "mamba:none")
+    sessions = {str(r.get("id", i)) for i, r in enumerate(reqs) if r.get("segments")}
+    if sessions:
+        f.add("sessions")
+        if any(r.get("close_step") is not None for r in reqs):
+            f.add("sessions:close_step")
+    if sessions and ref_steps:
+        turns: Counter[str] = Counter()
+        for s in ref_steps:
+            for rid, hit, _ in s["admitted"]:
+                if rid in sessions and turns[rid] and hit:
+                    f.add("obs:session_resumed_with_kv")
+            turns.update(rid for rid in s["finished"] if rid in sessions)
     blocks = cfg.get("num_gpu_blocks")
     lo = min_gpu_blocks(workload, prompts, mml)
     if blocks is not None and blocks <= lo + 3:
@@ -1222,7 +1333,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
-    gen = Gen(rng, args.profile, args.mode, args.connector)
+    gen = Gen(rng, args.profile, args.mode, args.connector, args.hybrid)
     cases = [gen.workload() for _ in range(args.count)]
     pool = RefPool(args.jobs, args.ref_python, args.driver)
     mixes: Counter[str] = Counter()
@@ -1240,7 +1351,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                     feats[x] += 1
                 if err is not None:
                     ref_errors += 1
-                elif sum(len(st["finished"]) for st in ref[1]) != len(wl["requests"]):
+                elif sum(len(st["finished"]) for st in ref[1]) != num_answers(wl):
                     # Not a mismatch by itself, but a workload vLLM cannot finish is suspect.
                     unfinished += 1
                     print(f"[{k}] vLLM left requests unfinished ({mix_key(wl)})", flush=True)
@@ -1338,7 +1449,7 @@ def _record(name: str, wl: dict, ref: tuple[dict, list[dict]], feats: set[str], 
 def cmd_corpus(args: argparse.Namespace) -> int:
     """Fuzz workloads and keep a feature-covering subset (plus --include cases) as a corpus file."""
     rng = random.Random(args.seed)
-    gen = Gen(rng, args.profile, args.mode, args.connector)
+    gen = Gen(rng, args.profile, args.mode, args.connector, args.hybrid)
     generated = [gen.workload() for _ in range(args.count)]
     included: list[tuple[str, dict]] = []
     for inc in args.include or []:
@@ -1368,7 +1479,7 @@ def cmd_corpus(args: argparse.Namespace) -> int:
         for k, ((wl, gfeats), (ref, _, diffs, paths)) in enumerate(zip(generated, gen_res)):
             if ref is None:
                 continue
-            if args.connector != "off" and sum(len(st["finished"]) for st in ref[1]) != len(wl["requests"]):
+            if args.connector != "off" and sum(len(st["finished"]) for st in ref[1]) != num_answers(wl):
                 continue  # a script that never finishes (in vLLM too) cannot be replayed to its end
             if diffs:
                 # Every mismatch is kept, whatever its size.
@@ -1382,6 +1493,7 @@ def cmd_corpus(args: argparse.Namespace) -> int:
                 continue
             cands.append((wl, features(wl, ref[1]) | gfeats | paths, ref[1]))
             kind = "" if args.connector == "off" else "kv-"
+            kind += "" if args.hybrid == "off" else "hy-"
             names.append(f"{kind}{args.profile}-s{args.seed}-{k:05d}")
         picked = sorted(set(choose_corpus(cands, args.size, random.Random(args.seed), args.cover)) | failing)
         for i in picked:
@@ -1469,6 +1581,7 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--profile", choices=Gen.PROFILES, default="mixed", help="workload sizes")
     f.add_argument("--mode", choices=Gen.MODES, default="mixed", help="sync or async scheduling, or both")
     f.add_argument("--connector", choices=Gen.CONNECTOR, default="off", help="a scripted KV connector")
+    f.add_argument("--hybrid", choices=Gen.HYBRID, default="off", help="Mamba models, sessions, or both")
     c = sub.add_parser("check", parents=[ref], help="compare on given workload files")
     c.add_argument("workloads", nargs="+")
     k = sub.add_parser("corpus", parents=[ref], help="build a regression corpus file")
@@ -1477,6 +1590,7 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--profile", choices=Gen.PROFILES, default="small", help="workload sizes")
     k.add_argument("--mode", choices=Gen.MODES, default="sync", help="sync or async scheduling, or both")
     k.add_argument("--connector", choices=Gen.CONNECTOR, default="off", help="a scripted KV connector")
+    k.add_argument("--hybrid", choices=Gen.HYBRID, default="off", help="Mamba models, sessions, or both")
     k.add_argument("--cover", type=int, default=4, help="cases wanted per feature before random fill")
     k.add_argument("--size", type=int, default=300, help="generated cases to keep")
     k.add_argument("--max-steps", type=int, default=400, help="skip cases with longer traces")

@@ -126,6 +126,18 @@ REQUIRED_FEATURES = {
     "obs:kv_invalid",
     "obs:kv_sent",
     "obs:kv_load_after_preemption",
+    # Hybrid (Mamba) models and streaming-input sessions (corpus-hybrid).
+    "mamba:align",
+    "mamba:none",
+    "path:mamba_chunk_cut",
+    "path:mamba_skip",
+    "sessions",
+    "sessions:close_step",
+    "obs:session_resumed_with_kv",
+    "path:session_resume",
+    "path:session_input_queued",
+    "path:session_close_queued",
+    "path:session_close_aborts",
 }
 
 

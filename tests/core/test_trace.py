@@ -461,6 +461,26 @@ def test_grammar_compiling_reason() -> None:
     assert entries(out) == [("G", Reason.GRAMMAR_COMPILING), ("A", Reason.SCHEDULED)]
 
 
+def test_mamba_alignment_reason() -> None:
+    # Hybrid model, prefix caching on: chunks end on 4-token block boundaries.
+    s = make_sched(mamba=True, max_num_batched_tokens=10, max_num_seqs=2)
+    s.add_request(make_req("A", 40))
+    s.add_request(make_req("B", 40))
+    out, _ = run_step(s)
+    assert out.num_scheduled_tokens_by_id() == {"A": 8}
+    assert entries(out) == [("A", Reason.SCHEDULED), ("B", Reason.MAMBA_ALIGNMENT)]
+    assert entry(out, "B").detail == "2 tokens left"
+
+
+def test_session_waiting_for_input_reason() -> None:
+    s = make_sched()
+    s.add_request(make_req("S", 4, max_tokens=1, resumable=True))
+    run_step(s)
+    s.add_request(make_req("A", 4))
+    out, _ = run_step(s)
+    assert entries(out) == [("S", Reason.WAITING_FOR_INPUT), ("A", Reason.SCHEDULED)]
+
+
 def test_every_reason_has_a_scenario() -> None:
     # Guards this file: a new Reason needs a scenario above (the KV-connector
     # ones have theirs in test_remote_kv.py, the policies' in core/policies/).
@@ -490,6 +510,8 @@ def test_every_reason_has_a_scenario() -> None:
         "held_for_fair_share",
         "declined_for_deadline",
         "held_by_policy",
+        "mamba_block_alignment",
+        "session_waiting_for_input",
     }
 
 

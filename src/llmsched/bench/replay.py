@@ -19,7 +19,8 @@ from typing import IO
 import llmsched
 from llmsched.bench.scripted_connector import ScriptedConnector, events_record
 from llmsched.bench.stats import summarize_ns
-from llmsched.bench.workload import Workload
+from llmsched.bench.workload import Workload, WorkloadRequest
+from llmsched.core.errors import RequestRejected
 from llmsched.core.request import Request
 from llmsched.core.sampling_params import SamplingParams
 from llmsched.engine.engine_core import EngineCore, EngineStep
@@ -103,6 +104,47 @@ def step_record(step: int, es: EngineStep, explain: bool) -> dict:
     return rec
 
 
+def arrival_events(workload: Workload) -> list[tuple[int, int, int, WorkloadRequest]]:
+    """(step, file index, input, request) of every arrival, in the order they are added.
+
+    Input 0 is the request itself; 1.. a session's later inputs, -1 the end
+    of its input. Within a step: file order, a request's input before its end.
+    """
+    events = []
+    for wr in workload.requests:
+        events.append((wr.arrival_step, wr.index, 0, wr))
+        if wr.segments:
+            for k, (at, _, _) in enumerate(wr.segments, 1):
+                events.append((at, wr.index, k, wr))
+            close = wr.close_step if wr.close_step is not None else max(at for at, _, _ in wr.segments)
+            events.append((close, wr.index, -1, wr))
+    events.sort(key=lambda e: (e[0], e[1], e[2] if e[2] >= 0 else 1 << 30))
+    return events
+
+
+def event_request(wr: WorkloadRequest, seg: int, step: int, num_requests: int) -> Request:
+    """The Request an arrival event adds (see ``arrival_events``)."""
+    if seg > 0:
+        _, prompt, max_tokens = wr.segments[seg - 1]  # type: ignore[index]
+    elif seg < 0:
+        # The end of a session's input: a non-resumable add under its id.
+        prompt, max_tokens = wr.prompt_token_ids[:1], 1
+    else:
+        prompt, max_tokens = wr.prompt_token_ids, wr.max_tokens
+    return Request(
+        wr.request_id,
+        prompt,
+        SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0),
+        priority=wr.priority,
+        # Ties in priority break by arrival: step first, then file order.
+        arrival_time=step + 0.5 * (wr.index + 1) / (num_requests + 1),
+        lora_id=wr.lora_id,
+        cache_salt=wr.cache_salt,
+        tenant=wr.tenant,
+        resumable=bool(wr.segments) and seg >= 0,
+    )
+
+
 def replay(
     workload: Workload,
     trace_out: IO[str] | None = None,
@@ -135,11 +177,13 @@ def replay(
         trace_out.write(json.dumps({"header": header}) + "\n")
 
     n = len(workload.requests)
-    pending = sorted(workload.requests, key=lambda r: r.arrival_step)
+    pending = arrival_events(workload)
+    num_events = len(pending)
+    # A session reports a finish for each input it answers: count inputs.
+    summary = ReplaySummary(num_requests=sum(1 + len(r.segments or ()) for r in workload.requests))
     clock = [0.0]
     # Arrival times count steps here, so time-reading policies (slo) count steps too.
     sched.clock = lambda: clock[0]
-    summary = ReplaySummary(num_requests=n)
     # The loop's step counter at each schedule() call: with async scheduling
     # a step is recorded when its output is applied, one loop turn later.
     step_of_schedule: list[int] = []
@@ -151,26 +195,20 @@ def replay(
         if connector is not None:
             connector.now = step
         clock[0] = float(step)
-        while p < n and pending[p].arrival_step <= step:
-            wr = pending[p]
-            engine.add_request(
-                Request(
-                    wr.request_id,
-                    wr.prompt_token_ids,
-                    SamplingParams(max_tokens=wr.max_tokens, ignore_eos=True, temperature=0.0),
-                    priority=wr.priority,
-                    # Ties in priority break by arrival: step first, then file order.
-                    arrival_time=step + 0.5 * (wr.index + 1) / (n + 1),
-                    lora_id=wr.lora_id,
-                    cache_salt=wr.cache_salt,
-                    tenant=wr.tenant,
-                )
-            )
+        while p < num_events and pending[p][0] <= step:
+            _, _, seg, wr = pending[p]
+            try:
+                engine.add_request(event_request(wr, seg, step, n))
+            except RequestRejected:
+                # An input after its session's end of input: vLLM queues it
+                # behind the end and never applies it.
+                if seg == 0:
+                    raise
             p += 1
         if not engine.has_requests():
-            if p >= n:
+            if p >= num_events:
                 break
-            step = max(step + 1, pending[p].arrival_step)
+            step = max(step + 1, pending[p][0])
             continue
         es = engine.step()
         if engine.last_scheduled is not None:

@@ -48,6 +48,17 @@ class WorkloadRequest:
     tenant: str | None = None
     # What a scripted KV connector holds for it (workloads with a connector).
     kv: KVScript | None = None
+    # A streaming-input session: later inputs (arrival step, prompt ids,
+    # max_tokens) and the step its input ends (None: the last input's step).
+    segments: list[tuple[int, list[int], int]] | None = None
+    close_step: int | None = None
+
+    @property
+    def total_len(self) -> int:
+        """The longest the request gets: prompt, outputs and every later input with its outputs."""
+        return (
+            len(self.prompt_token_ids) + self.max_tokens + sum(len(p) + m for _, p, m in self.segments or ())
+        )
 
 
 @dataclass(slots=True)
@@ -64,10 +75,11 @@ class Workload:
         cfg = {**self.config, **overrides}
         bs = int(cfg["block_size"])
         if cfg["max_model_len"] is None:
-            cfg["max_model_len"] = max(len(r.prompt_token_ids) + r.max_tokens for r in self.requests)
+            cfg["max_model_len"] = max(r.total_len for r in self.requests)
         if cfg["num_gpu_blocks"] is None:
-            cfg["num_gpu_blocks"] = 1 + sum(
-                -(-(len(r.prompt_token_ids) + r.max_tokens) // bs) for r in self.requests
+            # A hybrid model's Mamba group draws on the same pool: twice as many.
+            cfg["num_gpu_blocks"] = 1 + sum(-(-r.total_len // bs) for r in self.requests) * (
+                2 if cfg.get("mamba") else 1
             )
         cfg.pop("sample_token_id", None)
         return SchedulerConfig(**cfg)
@@ -135,6 +147,7 @@ def parse_workload(data: dict) -> Workload:
             if kv_connector is None:
                 raise ConfigError(f"request {rid!r} has 'kv' but the workload config has no kv_connector")
             kv = KVScript.parse(rid, r["kv"])
+        segments = parse_segments(rid, r, i, len(data["requests"]))
         requests.append(
             WorkloadRequest(
                 request_id=rid,
@@ -148,6 +161,8 @@ def parse_workload(data: dict) -> Workload:
                 cache_salt=r.get("cache_salt"),
                 tenant=_tenant(r, rid),
                 kv=kv,
+                segments=segments,
+                close_step=None if r.get("close_step") is None else int(r["close_step"]),
             )
         )
     if not requests:
@@ -161,6 +176,32 @@ def _tenant(r: dict, rid: str) -> str | None:
     if t is not None and not isinstance(t, str):
         raise ConfigError(f"request {rid!r}: tenant must be a string, got {t!r}")
     return t
+
+
+def parse_segments(rid: str, r: dict, index: int, num_requests: int) -> list | None:
+    """A session's later inputs: (arrival step, prompt ids, max_tokens) each, or None."""
+    raw = r.get("segments")
+    if not raw:
+        if r.get("close_step") is not None:
+            raise ConfigError(f"request {rid!r} has close_step but no segments")
+        return None
+    if not isinstance(raw, list):
+        raise ConfigError(f"request {rid!r}: 'segments' must be a list of input objects")
+    out = []
+    for k, seg in enumerate(raw, 1):
+        if not isinstance(seg, dict) or "arrival_step" not in seg or "max_tokens" not in seg:
+            raise ConfigError(f"request {rid!r}: segment #{k} needs arrival_step and max_tokens")
+        if "prompt_token_ids" in seg:
+            prompt = [int(t) for t in seg["prompt_token_ids"]]
+        elif "prompt_len" in seg:
+            # The reference driver's index for a segment's synthetic prompt.
+            prompt = synth_prompt(seg, num_requests * (k + 1) + index)
+        else:
+            raise ConfigError(f"request {rid!r}: segment #{k} has neither prompt_token_ids nor prompt_len")
+        if not prompt:
+            raise ConfigError(f"request {rid!r}: segment #{k} has an empty prompt")
+        out.append((int(seg["arrival_step"]), prompt, int(seg["max_tokens"])))
+    return out
 
 
 def parse_kv_connector(raw: object) -> KVTransferConfig | None:

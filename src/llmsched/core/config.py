@@ -48,6 +48,10 @@ class SchedulerConfig:
     # Plan each step while the previous one still runs, counting its
     # not-yet-sampled tokens as output placeholders (vLLM's AsyncScheduler).
     async_scheduling: bool = False
+    # A hybrid model: a Mamba (state) group beside full attention on the same
+    # block pool. With prefix caching, states are cached at block boundaries
+    # and prefill chunks end on them (vLLM's "align" mode).
+    mamba: bool = False
     # Check the scheduling and KV invariants after every step (slow).
     debug: bool = False
 
@@ -100,6 +104,8 @@ class SchedulerConfig:
                 f"prefix_caching_hash_algo={self.prefix_caching_hash_algo!r} is unknown; "
                 f"choose one of {', '.join(HASH_ALGOS)}"
             )
+        if not isinstance(self.mamba, bool):
+            raise ConfigError(f"mamba={self.mamba!r} must be true or false")
         if not isinstance(self.async_scheduling, bool):
             raise ConfigError(f"async_scheduling={self.async_scheduling!r} must be true or false")
         if self.max_loras is not None and (not _is_int(self.max_loras) or self.max_loras < 1):

@@ -124,6 +124,19 @@ class PriorityQueue:
         self._heap = [e for e in self._heap if e[3] not in requests]
         heapq.heapify(self._heap)
 
+    def rekey(self, request: Request) -> None:
+        """The request's key changed while queued: update it where it sits, without sifting.
+
+        vLLM's heap holds live requests, so a key changed in place (a session's
+        arrival time when it resumes) takes effect at the next comparison but
+        moves nothing until then; this mirrors that exactly.
+        """
+        heap = self._heap
+        for i, e in enumerate(heap):
+            if e[3] is request:
+                heap[i] = (*_priority_key(request), request)
+                return
+
     def __len__(self) -> int:
         return len(self._heap)
 

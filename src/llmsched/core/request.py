@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
@@ -20,10 +21,13 @@ class RequestStatus(enum.IntEnum):
     WAITING_FOR_REMOTE_KVS = 3
     # Queued while its output grammar compiles; skipped by admission until ready.
     WAITING_FOR_GRAMMAR = 4
-    FINISHED_STOPPED = 5
-    FINISHED_LENGTH_CAPPED = 6
-    FINISHED_ABORTED = 7
-    FINISHED_ERROR = 8
+    # A resumable session whose turn finished: holds its blocks until its
+    # next input arrives (vLLM's WAITING_FOR_STREAMING_REQ).
+    WAITING_FOR_INPUT = 5
+    FINISHED_STOPPED = 6
+    FINISHED_LENGTH_CAPPED = 7
+    FINISHED_ABORTED = 8
+    FINISHED_ERROR = 9
 
     @property
     def finished(self) -> bool:
@@ -69,8 +73,10 @@ class Request:
         "arrival_time",
         "block_hashes",
         "cache_salt",
+        "drop_stale_output",
         "eos_token_ids",
         "grammar",
+        "input_queue",
         "is_prefill_chunk",
         "lora_id",
         "lora_name",
@@ -87,6 +93,7 @@ class Request:
         "priority",
         "prompt_token_ids",
         "request_id",
+        "resumable",
         "sampling_params",
         "skip_prefix_cache",
         "spec_token_ids",
@@ -114,6 +121,7 @@ class Request:
         skip_prefix_cache: bool = False,
         grammar: GrammarHandle | None = None,
         tenant: str | None = None,
+        resumable: bool = False,
     ) -> None:
         params = sampling_params if sampling_params is not None else SamplingParams()
         self.request_id = request_id
@@ -160,6 +168,14 @@ class Request:
         self.num_output_placeholders = 0
         self.num_in_flight_tokens = 0
         self.num_stale_output_tokens = 0
+        # In-flight output of a finished session turn: dropped, not delivered
+        # (its positions are resampled by the next turn).
+        self.drop_stale_output = False
+        # A resumable request is a session: later inputs under its id extend
+        # it (see core.session). Inputs that arrive while a turn runs queue
+        # here; None marks the end of input.
+        self.resumable = resumable
+        self.input_queue: deque[Request | None] | None = deque() if resumable else None
 
     @property
     def output_token_ids(self) -> list[int]:

@@ -18,11 +18,14 @@ from collections.abc import Callable, Iterable
 from llmsched.core.config import SchedulerConfig
 from llmsched.core.connector import KVConnector
 from llmsched.core.errors import RequestRejected
+from llmsched.core.kv.hybrid import HybridKVCacheManager
+from llmsched.core.kv.mamba import mamba_aligned_chunk
 from llmsched.core.kv.manager import KVCacheManager, PrefixCacheStats, cdiv
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput, StepOutputs
 from llmsched.core.policy import Policy, Verdict, WaitingQueue, make_policy
 from llmsched.core.remote_kv import RemoteKV
 from llmsched.core.request import Request, RequestStatus, check_stop
+from llmsched.core.session import Sessions
 from llmsched.core.trace import MAX_LISTED_WAITING, Reason, StepTrace
 
 _RUNNING = RequestStatus.RUNNING
@@ -30,8 +33,15 @@ _WAITING = RequestStatus.WAITING
 _PREEMPTED = RequestStatus.PREEMPTED
 _REMOTE = RequestStatus.WAITING_FOR_REMOTE_KVS
 _WAITING_FOR_GRAMMAR = RequestStatus.WAITING_FOR_GRAMMAR
+_WAITING_FOR_INPUT = RequestStatus.WAITING_FOR_INPUT
 _NO_BLOCKS: list = []
 _FINISHED = RequestStatus.FINISHED_STOPPED  # this and every later status are terminal
+
+
+def _holds_blocks(req: Request) -> bool:
+    """Whether a waiting request holds KV blocks (it then queues in ``holding``)."""
+    return req.num_computed_tokens > 0 or req.status is _REMOTE
+
 
 # An admission gate returns None to allow admissions this step, or a short
 # explanation of why none may happen. The trace files it under the gate's
@@ -47,7 +57,9 @@ class Scheduler:
     ) -> None:
         self.config = config
         self.policy = policy if policy is not None else make_policy(config.policy, config.policy_config)
-        self.kv = KVCacheManager(
+        if config.mamba and connector is not None:
+            raise ValueError("a KV connector with a hybrid (Mamba) model is not supported")
+        self.kv = (HybridKVCacheManager if config.mamba else KVCacheManager)(
             num_blocks=config.num_gpu_blocks,
             block_size=config.block_size,
             max_model_len=config.max_model_len,
@@ -56,6 +68,18 @@ class Scheduler:
         )
         self.requests: dict[str, Request] = {}
         self.waiting = self.policy.make_queue()
+        # Waiting requests that hold KV blocks (sessions between turns, remote
+        # loads): admitted before the others.
+        self.holding = self.policy.make_queue()
+        self.sessions = Sessions(self)
+        # Hybrid model with prefix caching: prefill chunks end on block boundaries.
+        self._mamba_align = config.mamba and config.enable_prefix_caching
+        self._hybrid = config.mamba
+        self._max_prefill_chunk = (
+            min(config.max_num_batched_tokens, config.long_prefill_token_threshold)
+            if config.long_prefill_token_threshold > 0
+            else config.max_num_batched_tokens
+        )
         self.running: list[Request] = []
         self.admission_gate: AdmissionGate | None = None
         # The clock that requests' arrival times read (the simulator sets its own).
@@ -101,7 +125,7 @@ class Scheduler:
             self._remote = RemoteKV(
                 connector,
                 self.kv,
-                self.policy.make_queue(),
+                self.holding,
                 config.async_scheduling,
                 config.num_speculative_tokens,
                 config.num_lookahead_tokens,
@@ -116,7 +140,12 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         """Queue a new request, or raise RequestRejected leaving all state untouched."""
         rid = request.request_id
-        if rid in self.requests or (self._remote is not None and rid in self._remote.sending):
+        existing = self.requests.get(rid)
+        if existing is not None and existing.resumable:
+            # The next input of a session (or the end of its input).
+            self.sessions.add_input(existing, request)
+            return
+        if existing is not None or (self._remote is not None and rid in self._remote.sending):
             raise RequestRejected(f"request id {rid!r} is already in use by an unfinished request")
         if (request.status is not _WAITING and request.status is not _WAITING_FOR_GRAMMAR) or (
             request.num_computed_tokens
@@ -172,17 +201,18 @@ class Scheduler:
         for req in found:
             # A load in progress still writes the blocks: they stay until it ends.
             delay_free = remote is not None and req.status is _REMOTE and remote.abort_load(req)
+            if req.status is _WAITING_FOR_INPUT:
+                self.sessions.forget(req)
             req.status = status
             self._release(req, delay_free)
         return found
 
     def _remove_waiting(self, reqs: set[Request]) -> None:
         """Take requests out of the waiting queues."""
-        remote = self._remote
-        if remote is not None and len(remote.holding):
-            held = {r for r in remote.holding if r in reqs}
+        if len(self.holding):
+            held = {r for r in self.holding if r in reqs}
             if held:
-                remote.holding.remove(held)
+                self.holding.remove(held)
                 reqs = reqs - held
         if reqs:
             self.waiting.remove(reqs)
@@ -198,20 +228,19 @@ class Scheduler:
 
     def has_requests(self) -> bool:
         """True while anything is waiting, running, finished but unreported, or holding blocks to send."""
-        if self.running or len(self.waiting) or self._finished_ids:
+        if self.running or self._finished_ids or self.num_waiting > self.sessions.num_waiting_for_input:
             return True
         remote = self._remote
-        return remote is not None and bool(len(remote.holding) or remote.sending)
+        return remote is not None and bool(remote.sending)
 
     def has_unfinished_requests(self) -> bool:
-        """True while anything is waiting or running."""
-        return bool(self.running) or self.num_waiting > 0
+        """True while anything is waiting or running (sessions waiting for input do not count)."""
+        return bool(self.running) or self.num_waiting > self.sessions.num_waiting_for_input
 
     @property
     def num_waiting(self) -> int:
-        """Waiting requests, those waiting for remote KV included."""
-        remote = self._remote
-        return len(self.waiting) + (len(remote.holding) if remote is not None else 0)
+        """Waiting requests, those holding blocks (remote KV, sessions between turns) included."""
+        return len(self.waiting) + len(self.holding)
 
     def get_request_counts(self) -> tuple[int, int]:
         """(running, waiting)."""
@@ -260,7 +289,9 @@ class Scheduler:
         # The threshold exists so a long prefill cannot starve others; a lone
         # request has nobody to starve, so it gets the whole budget.
         remote = self._remote
-        num_waiting = len(self.waiting) if remote is None else self.num_waiting
+        num_waiting = len(self.waiting) + len(self.holding)
+        if self._hybrid:
+            kv.new_step()
         threshold = self._threshold if len(running) + num_waiting > 1 else 0
         defer = False
         if (throttle_prefills or self._prefill_interval > 1) and not self._prefill_capacity_bound:
@@ -305,6 +336,13 @@ class Scheduler:
             # Positions must stay below max_model_len (matters with drafts).
             if n > max_len - 1 - computed:
                 n = max_len - 1 - computed
+            if self._mamba_align and n > 0:
+                n = self._aligned_chunk(req, computed, n)
+                if n == 0:
+                    if trace is not None:
+                        trace.add(req.request_id, Reason.MAMBA_ALIGNMENT, detail=f"{budget} tokens left")
+                    i += 1
+                    continue
             if n <= 0:
                 if trace is not None:
                     trace.add(req.request_id, Reason.NOTHING_TO_COMPUTE)
@@ -385,9 +423,7 @@ class Scheduler:
                     # An admitting step that left requests queued for lack of
                     # room stops the cadence from throttling: holding back a
                     # backed-up queue would only grow it.
-                    self._prefill_capacity_bound = (
-                        len(self.waiting) if remote is None else self.num_waiting
-                    ) > len(self._set_aside)
+                    self._prefill_capacity_bound = self.num_waiting > len(self._set_aside)
 
         out.total_num_scheduled_tokens = total = self._max_tokens_budget - budget
         if remote is not None:
@@ -432,6 +468,8 @@ class Scheduler:
             or self._trace_enabled
             or self._finished_ids
             or len(self.waiting)
+            or len(self.holding)
+            or self._hybrid
             or not running
             or len(running) > self._max_tokens_budget
         ):
@@ -502,6 +540,8 @@ class Scheduler:
         """Admit waiting requests in policy order; returns the budget left and
         whether an admission carried prefill work."""
         waiting = self.waiting
+        holding = self.holding
+        sessions = self.sessions
         running = self.running
         kv = self.kv
         remote = self._remote
@@ -518,9 +558,13 @@ class Scheduler:
         policy = self.policy
         decides = policy.decides_admission
         while budget > 0:
-            # Requests holding blocks (connector) go first: their loads are done or under way.
-            queue = remote.holding if remote is not None and len(remote.holding) else waiting
+            # Requests holding blocks (sessions, connector loads) go first.
+            queue = holding if len(holding) else waiting
             if not len(queue):
+                break
+            # Sessions waiting for input keep their sequence slot.
+            if len(running) + sessions.num_waiting_for_input >= self._max_num_seqs:
+                stop, detail = Reason.MAX_NUM_SEQS, f"{len(running)} running"
                 break
             req = queue.peek()
             if len(running) >= self._max_num_seqs:
@@ -535,6 +579,7 @@ class Scheduler:
                 or req.num_stale_output_tokens
                 or loras is not None
                 or req.status is _WAITING_FOR_GRAMMAR
+                or req.status is _WAITING_FOR_INPUT
                 else None
             )
             if decides and why is None:
@@ -559,7 +604,7 @@ class Scheduler:
             if why is not None:
                 queue.pop()
                 self._set_aside.add(req)
-                (held_aside if remote is not None and remote.holds_blocks(req) else set_aside).append(req)
+                (held_aside if _holds_blocks(req) else set_aside).append(req)
                 if trace is not None:
                     trace.add(req.request_id, *why)
                 continue
@@ -575,10 +620,19 @@ class Scheduler:
                         if stop is None:
                             continue
                     break
+                if self._mamba_align:
+                    n = self._aligned_chunk(req, computed, n)
+                    if n == 0:
+                        stop, detail = Reason.MAMBA_ALIGNMENT, f"{budget} tokens left"
+                        break
             while True:
                 reserved = self._watermark_blocks if running else 0
                 if remote is None:
-                    blocks = kv.allocate_new(req, n, hit_blocks, lookahead, self._reserve_full, reserved)
+                    if hit < 0:
+                        # A session resuming: its blocks hold the KV computed so far.
+                        blocks = kv.allocate_held(req, n, lookahead, self._reserve_full, reserved)
+                    else:
+                        blocks = kv.allocate_new(req, n, hit_blocks, lookahead, self._reserve_full, reserved)
                 else:
                     blocks = remote.allocate(
                         req, n, hit_blocks, ext, load_async, lookahead, self._reserve_full, reserved
@@ -624,7 +678,7 @@ class Scheduler:
         if set_aside:
             waiting.requeue(set_aside)
         if held_aside:
-            remote.holding.requeue(held_aside)
+            holding.requeue(held_aside)
         if trace is not None and len(waiting):
             if stop is None:
                 stop, detail = Reason.BUDGET, f"all {self._max_tokens_budget} tokens of the step are used"
@@ -708,6 +762,24 @@ class Scheduler:
         self._release(req)
         self._declined.append(req)
 
+    def _aligned_chunk(self, req: Request, start: int, n: int) -> int:
+        """``n`` cut to end on a block boundary where a Mamba state is cached (0: not this step)."""
+        return mamba_aligned_chunk(
+            req.num_prompt_tokens,
+            req.num_tokens,
+            start,
+            n,
+            self.config.block_size,
+            self._max_prefill_chunk,
+            self.kv.junction(req),  # type: ignore[attr-defined]
+        )
+
+    def requeue_holding(self, req: Request) -> None:
+        """A request holding blocks had its priority key changed where it is queued."""
+        rekey = getattr(self.holding, "rekey", None)
+        if rekey is not None:
+            rekey(req)
+
     def _admission_chunk(
         self, req: Request, computed: int, budget: int, threshold: int, defer: bool
     ) -> tuple[int, Reason | None, str]:
@@ -725,6 +797,8 @@ class Scheduler:
         self, req: Request, loras: set[int] | None, max_loras: int | None
     ) -> tuple[Reason, int, str] | None:
         """Why the head of the queue must wait while those behind it may go, or None."""
+        if req.status is _WAITING_FOR_INPUT:
+            return Reason.WAITING_FOR_INPUT, 0, "its turn ended; it holds its KV until the next input"
         if req.status is _REMOTE and not self._remote.ready(req):
             return Reason.REMOTE_KV, 0, "load in progress"
         if req.status is _WAITING_FOR_GRAMMAR:
@@ -732,7 +806,7 @@ class Scheduler:
                 # Skipped, not blocking: those behind it may run (as vLLM).
                 return Reason.GRAMMAR_COMPILING, 0, ""
             req.status = _WAITING
-        if req.num_stale_output_tokens and not self._drop_stale_output:
+        if req.num_stale_output_tokens and not (self._drop_stale_output or req.drop_stale_output):
             # Preempted while a step of its was in flight (async mode):
             # resumed now, it could sample a position that output still
             # fills. Within the pipeline depth it drains.
@@ -810,6 +884,9 @@ class Scheduler:
         req.spec_token_ids = []
         # Async mode: the output of its steps in flight still arrives and is
         # delivered, but as stale: it must not move the reset counters.
+        # A session's dropped share still undrained stays dropped (its
+        # positions were resampled); the rest is delivered.
+        req.drop_stale_output = req.drop_stale_output and req.num_stale_output_tokens > 0
         req.num_stale_output_tokens = req.num_in_flight_tokens
         req.num_output_placeholders = 0
         req.is_prefill_chunk = False
@@ -854,7 +931,7 @@ class Scheduler:
                 if req.num_stale_output_tokens:
                     stale = True
                     req.num_stale_output_tokens -= n
-                    if self._drop_stale_output:
+                    if self._drop_stale_output or req.drop_stale_output:
                         continue
             if failed and req.request_id in failed:
                 continue
@@ -933,7 +1010,11 @@ class Scheduler:
             else:
                 self.running = [r for r in running if r.status is _RUNNING]
         for req in finished:
-            self._release(req)
+            if req.resumable and not self.sessions.on_stopped(req):
+                # A session's turn ended: it keeps its KV for the next input.
+                (self.holding if _holds_blocks(req) else self.waiting).add(req)
+            else:
+                self._release(req)
 
     # ---- decision trace --------------------------------------------------------
 

@@ -43,6 +43,8 @@ class Reason(str, enum.Enum):
     FAIR_SHARE_HOLD = "held_for_fair_share"
     DEADLINE_DECLINED = "declined_for_deadline"
     POLICY_HOLD = "held_by_policy"
+    MAMBA_ALIGNMENT = "mamba_block_alignment"
+    WAITING_FOR_INPUT = "session_waiting_for_input"
 
 
 _TEXT = {
@@ -71,6 +73,8 @@ _TEXT = {
     Reason.FAIR_SHARE_HOLD: "held for fair share",
     Reason.DEADLINE_DECLINED: "declined: its TTFT deadline cannot be met",
     Reason.POLICY_HOLD: "held by the scheduling policy",
+    Reason.MAMBA_ALIGNMENT: "no block-aligned prefill chunk fits the budget left (hybrid model)",
+    Reason.WAITING_FOR_INPUT: "session waiting for its next input",
 }
 
 
