@@ -562,12 +562,9 @@ class Scheduler:
             queue = holding if len(holding) else waiting
             if not len(queue):
                 break
+            req = queue.peek()
             # Sessions waiting for input keep their sequence slot.
             if len(running) + sessions.num_waiting_for_input >= self._max_num_seqs:
-                stop, detail = Reason.MAX_NUM_SEQS, f"{len(running)} running"
-                break
-            req = queue.peek()
-            if len(running) >= self._max_num_seqs:
                 freed = self._preempt_for(out, req, trace) if decides else None
                 if freed is None:
                     stop, detail = Reason.MAX_NUM_SEQS, f"{len(running)} running"
