@@ -82,7 +82,20 @@ def parse_pd(text: str) -> PDConfig:
     return PDConfig(int(p), int(rest[:-1]))
 
 
-class _SimLoads:
+class _SimConnectorBase:
+    """What both simulated connectors leave out: no worker metadata, no worker reports, no pending frees."""
+
+    def build_connector_meta(self, scheduler_output: object) -> None:
+        return None
+
+    def update_connector_output(self, output: KVConnectorOutput) -> None:
+        pass
+
+    def has_pending_block_frees(self) -> bool:
+        return False
+
+
+class _SimLoads(_SimConnectorBase):
     """The decode side's connector: a delivered request's whole prompt loads at once."""
 
     transfer_config = KVTransferConfig("kv_consumer")
@@ -110,17 +123,8 @@ class _SimLoads:
         self.remote.discard(request.request_id)
         return False, None
 
-    def build_connector_meta(self, scheduler_output: object) -> None:
-        return None
 
-    def update_connector_output(self, output: KVConnectorOutput) -> None:
-        pass
-
-    def has_pending_block_frees(self) -> bool:
-        return False
-
-
-class _SimSends:
+class _SimSends(_SimConnectorBase):
     """The prefill side's connector: a finished request's blocks stay until its transfer ends."""
 
     transfer_config = KVTransferConfig("kv_producer")
@@ -144,15 +148,6 @@ class _SimSends:
             return False, None
         self.ready[request.request_id] = None
         return True, None
-
-    def build_connector_meta(self, scheduler_output: object) -> None:
-        return None
-
-    def update_connector_output(self, output: KVConnectorOutput) -> None:
-        pass
-
-    def has_pending_block_frees(self) -> bool:
-        return False
 
     def next_ready(self) -> float:
         """When the earliest transfer under way ends (inf: none priced yet)."""
