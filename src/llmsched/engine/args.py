@@ -81,6 +81,11 @@ class EngineArgs:
     debug: bool = False
     # Load no tokenizer: prompts are token ids, outputs token ids (vLLM's skip_tokenizer_init).
     skip_tokenizer_init: bool = False
+    # Serve LoRA adapters: at most max_loras of them in one step (the
+    # scheduler's slot rule), each of rank at most max_lora_rank (vLLM's defaults).
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs"):
@@ -91,6 +96,12 @@ class EngineArgs:
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or v < 1):
                 raise ConfigError(f"{name}={v!r} must be a positive integer or None")
+        for name in ("max_loras", "max_lora_rank"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 1:
+                raise ConfigError(f"{name}={v!r} must be a positive integer")
+        if not isinstance(self.enable_lora, bool):
+            raise ConfigError(f"enable_lora={self.enable_lora!r} must be true or false")
         if self.kv_cache_memory is not None:
             try:
                 self.kv_cache_memory = parse_size(self.kv_cache_memory)
@@ -132,8 +143,12 @@ class EngineArgs:
             )
 
     def executor_kwargs(self) -> dict:
-        """Keyword arguments of TorchExecutor (everything but the model path)."""
+        """Keyword arguments of TorchExecutor (everything but the model path; LoRA's only when enabled)."""
+        lora = {}
+        if self.enable_lora:
+            lora = {"enable_lora": True, "max_loras": self.max_loras, "max_lora_rank": self.max_lora_rank}
         return {
+            **lora,
             "dtype": self.dtype,
             "device": self.device,
             "block_size": self.block_size,
@@ -167,6 +182,7 @@ class EngineArgs:
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             policy=self.scheduling_policy,
             async_scheduling=self.resolved_async_scheduling,
+            max_loras=self.max_loras if self.enable_lora else None,
             debug=self.debug,
         )
 
@@ -244,6 +260,25 @@ class EngineArgs:
             action="store_true",
             help="structured outputs: JSON without whitespace between tokens (a model that favours "
             "whitespace, such as the random-weight demo model, may otherwise never close an object)",
+        )
+
+        g = parser.add_argument_group("LoRA adapters")
+        g.add_argument(
+            "--enable-lora",
+            action="store_true",
+            help="serve PEFT LoRA adapters on the base model, chosen per request",
+        )
+        g.add_argument(
+            "--max-loras",
+            type=_positive_int,
+            default=1,
+            help="most distinct adapters in one step; requests of others wait (default 1, as vLLM)",
+        )
+        g.add_argument(
+            "--max-lora-rank",
+            type=_positive_int,
+            default=16,
+            help="largest adapter rank accepted (default 16, as vLLM)",
         )
 
     @classmethod

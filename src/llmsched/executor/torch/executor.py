@@ -25,6 +25,7 @@ from llmsched.executor.torch.gguf import model_folder
 from llmsched.executor.torch.input_batch import InputBatch, RequestState, StepInputs, plan_step
 from llmsched.executor.torch.kv_cache import KVCache, KVCachePlan, cdiv, plan_kv_cache
 from llmsched.executor.torch.layers import can_prepack_linears
+from llmsched.executor.torch.lora import LoRAManager
 from llmsched.executor.torch.model import DecoderModel
 from llmsched.executor.torch.rope import RotaryEmbedding
 from llmsched.executor.torch.sampler import Sampler
@@ -77,6 +78,9 @@ class TorchExecutor:
         gpu_memory_utilization: float = 0.9,
         seed: int = 0,
         num_threads: int | None = None,
+        enable_lora: bool = False,
+        max_loras: int = 1,
+        max_lora_rank: int = 16,
     ) -> None:
         for name, v in (
             ("block_size", 1 if block_size is None else block_size),
@@ -90,6 +94,9 @@ class TorchExecutor:
         self.dtype = resolve_dtype(dtype, cfg, self.device)
         self.max_model_len = self._resolve_max_model_len(cfg, max_model_len)
         self.block_size = default_block_size(self.device) if block_size is None else block_size
+        self.lora: LoRAManager | None = None
+        if enable_lora:
+            self.lora = LoRAManager(cfg, max_loras, max_lora_rank, self.device, self.dtype)
         self._thread: StepThread | None = StepThread(self._run, self.device)
         try:
             self._thread.call(
@@ -164,6 +171,7 @@ class TorchExecutor:
             keys_transposed=keys_transposed,
             dtype=self.dtype,
         )
+        self.batch.lora_enabled = self.lora is not None
         self.sampler = Sampler(self.device, seed)
         self._max_num_seqs = max_num_seqs
         self._bitmask = None
@@ -224,7 +232,11 @@ class TorchExecutor:
         """A prepared step's forward pass and sampling (on the executor's thread)."""
         num_sched = step.num_scheduled
         with torch.inference_mode():
-            logits = self.model.forward(input_ids, step.positions, step.attn, step.logits_indices)
+            lora = None
+            if step.lora_spans:
+                assert self.lora is not None, "a LoRA step reached an executor without enable_lora"
+                lora = self.lora.prepare_step(step.lora_spans, input_ids.shape[0])
+            logits = self.model.forward(input_ids, step.positions, step.attn, step.logits_indices, lora)
             if not step.sample_states:
                 return ModelRunnerOutput(sampled_token_ids=[[] for _ in range(num_sched)])
             if self._has_grammars:
@@ -274,6 +286,23 @@ class TorchExecutor:
             m = st.matcher
             if m is not None and not m.is_terminated():
                 m.accept_token(t)
+
+    # ---- LoRA adapters ----------------------------------------------------------
+
+    def add_lora(self, lora_request: object) -> bool:
+        """Register a LoRARequest's adapter (read and checked now); False when already registered."""
+        if self.lora is None:
+            raise ConfigError("LoRA is not enabled on this executor; build it with enable_lora=True")
+        lr = lora_request
+        return self.lora.add(lr.lora_name, lr.lora_int_id, lr.lora_path)  # type: ignore[attr-defined]
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Forget an adapter; False when it was not registered."""
+        return self.lora is not None and self.lora.remove(lora_int_id)
+
+    def list_loras(self) -> list[int]:
+        """Ids of the registered adapters."""
+        return [] if self.lora is None else [a.int_id for a in self.lora.registered()]
 
     def close(self) -> None:
         """Finish any step still running, then drop the weights, cache and request state."""
