@@ -107,8 +107,7 @@ def test_loads_fused_pairs_with_scaling_folded_into_b(cfg: ModelConfig, tmp_path
         ),
         (
             lambda f, c: (
-                (write_adapter(f / "nofile", c)
-                and (f / "nofile" / "adapter_model.safetensors").unlink())
+                (write_adapter(f / "nofile", c) and (f / "nofile" / "adapter_model.safetensors").unlink())
                 or f / "nofile"
             ),
             "no weights file",
