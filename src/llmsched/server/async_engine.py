@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from llmsched.core.sampling_params import SamplingParams
+from llmsched.engine.lora_request import LoRARequest
 from llmsched.server.admission import AdmissionControl, Overloaded
 from llmsched.server.engine_loop import Command
 from llmsched.server.engine_messages import (
@@ -32,6 +33,8 @@ from llmsched.server.engine_messages import (
     EngineInfo,
     EngineSnapshot,
     Failed,
+    LoRAOp,
+    LoRAReply,
     OutputDelta,
     Query,
     Reply,
@@ -46,6 +49,8 @@ from llmsched.server.request_stream import (
 )
 
 QUERY_TIMEOUT_S = 30.0
+# Loading an adapter reads its folder in the engine loop.
+LORA_TIMEOUT_S = 120.0
 
 
 class Backend(Protocol):
@@ -160,6 +165,7 @@ class AsyncEngine:
         *,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> RequestStream:
         """Queue a request; raises Overloaded past a queue limit, EngineDead if the engine stopped.
 
@@ -180,7 +186,9 @@ class AsyncEngine:
         stream = RequestStream(request_id, prompt_len, now, self._loop.create_future())
         stream.max_tokens = params.max_tokens
         self._streams[request_id] = stream
-        self.backend.send(Add(request_id, list(prompt_token_ids), params, now, priority, cache_salt))
+        self.backend.send(
+            Add(request_id, list(prompt_token_ids), params, now, priority, cache_salt, lora_request)
+        )
         if self.request_timeout_s is not None:
             stream.timer = self._loop.call_later(self.request_timeout_s, self._time_out, request_id)
         return stream
@@ -225,6 +233,20 @@ class AsyncEngine:
         finally:
             self._queries.pop(token, None)
 
+    async def lora_op(self, *, load: LoRARequest | None = None, unload: int | None = None) -> str | None:
+        """Load or unload an adapter in the engine (between two steps); the error message, or None."""
+        if not self.is_running:
+            raise EngineDead(self._dead or "the engine is not running")
+        assert self._loop is not None
+        token = next(self._tokens)
+        fut = self._loop.create_future()
+        self._queries[token] = fut
+        self.backend.send(LoRAOp(token, load, unload))
+        try:
+            return await asyncio.wait_for(fut, LORA_TIMEOUT_S)
+        finally:
+            self._queries.pop(token, None)
+
     # ---- messages from the engine loop (event loop) -----------------------------
 
     def _handle(self, msg: object) -> None:
@@ -234,10 +256,10 @@ class AsyncEngine:
             self._deliver_acks(msg)
         elif isinstance(msg, Failed):
             self._fail_streams(msg.request_ids, msg.message)
-        elif isinstance(msg, Reply):
+        elif isinstance(msg, (Reply, LoRAReply)):
             fut = self._queries.get(msg.token)
             if fut is not None and not fut.done():
-                fut.set_result(msg.steps)
+                fut.set_result(msg.steps if isinstance(msg, Reply) else msg.error)
         elif isinstance(msg, Dead):
             if self._dead is None:
                 self._dead = msg.message

@@ -87,6 +87,7 @@ def _submit_all(
                 child_params(params, i),
                 priority=body.priority,
                 cache_salt=body.cache_salt,
+                lora_request=state.lora_for(body.model),
             )
             st.group = group
             streams.append(st)

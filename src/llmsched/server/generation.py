@@ -47,7 +47,12 @@ async def generate(
     retry = {"Retry-After": str(state.args.retry_after_s)}
     try:
         stream = engine.submit(
-            request_id, prompt_token_ids, params, priority=body.priority, cache_salt=body.cache_salt
+            request_id,
+            prompt_token_ids,
+            params,
+            priority=body.priority,
+            cache_salt=body.cache_salt,
+            lora_request=state.lora_for(body.model),
         )
     except Overloaded as e:
         raise APIError(503, str(e), headers=retry) from None
