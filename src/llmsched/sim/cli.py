@@ -101,6 +101,22 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         "(default: on, as vLLM 0.33); the simulator then overlaps each step's host path with the "
         "other step's model time. With --data-parallel-size > 1 only sync is simulated (the default there)",
     )
+    lo = p.add_argument_group("LoRA")
+    lo.add_argument(
+        "--max-loras",
+        type=int,
+        default=None,
+        metavar="N",
+        help="serve the workload's lora_id adapters, at most N per step (the scheduler's slot rule); "
+        "their products are priced. Default: LoRA off, lora_id ignored",
+    )
+    lo.add_argument(
+        "--max-lora-rank",
+        type=int,
+        default=16,
+        metavar="R",
+        help="rank the adapter products are priced at (default 16, as vLLM)",
+    )
     c = p.add_argument_group("cost model")
     c.add_argument(
         "--efficiency",
@@ -329,6 +345,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         cuda_graph_max_tokens=args.cuda_graph_max_tokens,
         launch_latency_us=args.launch_latency_us,
         kernels_per_layer=args.kernels_per_layer,
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
         async_scheduling=async_scheduling,
         recalibrate=args.recalibrate,
     )
