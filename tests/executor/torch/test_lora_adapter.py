@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 from llmsched.executor.torch.config import ModelConfig
 from llmsched.executor.torch.lora import LoRALoadError, LoRAManager, load_adapter, row_spans
 from llmsched.executor.torch.lora.adapter import DOWN, GATE_UP, O_PROJ, QKV
-from llmsched.executor.torch.lora.step import LoRAStep
+from llmsched.executor.torch.lora.step import LoRAStep, StackedLoRAStep
 
 from .conftest import TinyModel
 
@@ -69,15 +69,15 @@ def test_loads_fused_pairs_with_scaling_folded_into_b(cfg: ModelConfig, tmp_path
     assert layer[O_PROJ] is None and layer[GATE_UP] is None
     qkv, down = layer[QKV], layer[DOWN]
     assert qkv.a.shape == (4, cfg.hidden_size)
-    assert qkv.b.shape == (cfg.q_size + 2 * cfg.kv_size, 4)
+    assert qkv.bt.shape == (4, cfg.q_size + 2 * cfg.kv_size)
     # Only q's slice of the fused output is touched.
-    assert qkv.b[cfg.q_size :].abs().sum() == 0
+    assert qkv.bt[:, cfg.q_size :].abs().sum() == 0
     from safetensors.torch import load_file
 
     raw = load_file(str(folder / "adapter_model.safetensors"))
     b = raw[f"{PREFIX}.0.self_attn.q_proj.lora_B.weight"]
-    torch.testing.assert_close(qkv.b[: cfg.q_size], b * 2.0)  # alpha / r = 8 / 4
-    assert down.b.shape == (cfg.hidden_size, 4)
+    torch.testing.assert_close(qkv.bt[:, : cfg.q_size], b.T * 2.0)  # alpha / r = 8 / 4
+    assert down.bt.shape == (4, cfg.hidden_size)
 
 
 @pytest.mark.parametrize(
@@ -145,7 +145,35 @@ def test_slots_load_on_demand_and_evict_the_least_recently_used(cfg: ModelConfig
     y = torch.zeros(4, cfg.q_size + 2 * cfg.kv_size)
     step.apply(0, QKV, x, y)
     a3, a1 = mgr.slots[3].layers[0][QKV], mgr.slots[1].layers[0][QKV]
-    torch.testing.assert_close(y[:3], x[:3] @ a3.a.T @ a3.b.T)
-    torch.testing.assert_close(y[3:], x[3:] @ a1.a.T @ a1.b.T)
-    assert isinstance(step, LoRAStep)
+    torch.testing.assert_close(y[:3], x[:3] @ a3.a.T @ a3.bt)
+    torch.testing.assert_close(y[3:], x[3:] @ a1.a.T @ a1.bt)
+    assert isinstance(step, StackedLoRAStep)
     assert mgr.remove(2) and not mgr.remove(2)
+
+
+def test_stacked_and_gathered_products_agree(
+    cfg: ModelConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows of two adapters interleaved with base rows: both ways add the same products, base rows nothing."""
+    from llmsched.executor.torch.lora import manager
+
+    mgr = LoRAManager(cfg, max_loras=2, max_rank=8, device=torch.device("cpu"), dtype=torch.float32)
+    mods = {"k_proj": (cfg.hidden_size, cfg.kv_size)}
+    mgr.add("a1", 1, str(write_adapter(tmp_path / "a1", cfg, rank=8)))
+    mgr.add("a2", 2, str(write_adapter(tmp_path / "a2", cfg, rank=2, modules=mods)))
+    spans = row_spans([1, 0, 2, 1, 2], [(3, 0), (4, 2)])
+    x = torch.randn(12, cfg.hidden_size)
+    out = {}
+    for limit in (0, manager.STACKED_MAX_ROWS):
+        monkeypatch.setattr(manager, "STACKED_MAX_ROWS", limit)
+        step = mgr.prepare_step(spans, 12)
+        assert isinstance(step, StackedLoRAStep if limit else LoRAStep)
+        y = torch.zeros(12, cfg.q_size + 2 * cfg.kv_size)
+        step.apply(1, QKV, x, y)
+        out[limit] = y
+    torch.testing.assert_close(out[0], out[manager.STACKED_MAX_ROWS])
+    y = out[0]
+    assert y[[1, 5, 6, 7]].abs().sum() == 0  # the base model's rows
+    a2 = mgr.slots[2].layers[1][QKV]
+    torch.testing.assert_close(y[8:], x[8:] @ a2.a.T @ a2.bt)
+    assert y[8:, : cfg.q_size].abs().sum() == 0  # a2 targets k_proj only

@@ -134,10 +134,19 @@ def run(setup: Setup, prompts: list[list[int]], adapters: list[int], async_sched
     return stats
 
 
+@pytest.mark.parametrize("products", ["stacked", "gathered"])
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_mixed_adapters_equal_merged_peft(
-    setups: dict[str, Setup], family: str, async_scheduling: bool
+    setups: dict[str, Setup],
+    family: str,
+    products: str,
+    async_scheduling: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    if products == "gathered":
+        from llmsched.executor.torch.lora import manager
+
+        monkeypatch.setattr(manager, "STACKED_MAX_ROWS", 0)
     setup = setups[family]
     prompts, adapters = workload()
     got = run(setup, prompts, adapters, async_scheduling)

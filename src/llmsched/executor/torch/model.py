@@ -16,7 +16,7 @@ from llmsched.executor.torch.config import ModelConfig
 from llmsched.executor.torch.kv_cache import KVCache
 from llmsched.executor.torch.layers import packed_linear, rms_norm, swiglu
 from llmsched.executor.torch.lora.adapter import DOWN, GATE_UP, O_PROJ, QKV
-from llmsched.executor.torch.lora.step import LoRAStep
+from llmsched.executor.torch.lora.step import LoRAStep, StackedLoRAStep
 from llmsched.executor.torch.rope import RotaryEmbedding
 from llmsched.executor.torch.weights import ModelWeights
 
@@ -55,7 +55,7 @@ class DecoderModel:
         positions: torch.Tensor,
         meta: AttentionMetadata,
         logits_indices: torch.Tensor,
-        lora: LoRAStep | None = None,
+        lora: LoRAStep | StackedLoRAStep | None = None,
     ) -> torch.Tensor:
         """Logits [len(logits_indices), vocab] in the model dtype; ``lora`` adds the step's adapters."""
         ntok = input_ids.shape[0]
@@ -102,7 +102,7 @@ class DecoderModel:
         logits_indices: torch.Tensor,
         linear: Callable[..., torch.Tensor],
         attend: Callable[..., torch.Tensor],
-        lora: LoRAStep | None = None,
+        lora: LoRAStep | StackedLoRAStep | None = None,
     ) -> torch.Tensor:
         cfg = self.config
         w = self.weights

@@ -4,7 +4,8 @@ Each decoder layer gets up to four pairs, one per fused base matmul: q/k/v,
 o, gate/up and down. A fused pair concatenates its modules' A matrices
 (the shrink reads the layer input once) and lays their B matrices out
 block-diagonally (the expand writes each module's slice of the fused
-output), with the alpha scaling folded into B. Only local folders are read.
+output), with the alpha scaling folded into B. B is kept transposed, [rank,
+out], the layout the expand's matmul reads fastest. Only local folders are read.
 """
 
 from __future__ import annotations
@@ -38,10 +39,10 @@ _KEY = re.compile(
 
 @dataclass(slots=True)
 class LoRAPair:
-    """One fused low-rank update: ``y += (x @ a.T) @ b.T``."""
+    """One fused low-rank update: ``y += (x @ a.T) @ bt``."""
 
     a: torch.Tensor  # [rank total, in]
-    b: torch.Tensor  # [out, rank total], scaled
+    bt: torch.Tensor  # [rank total, out]: B transposed, scaled
 
 
 @dataclass(slots=True)
@@ -57,7 +58,7 @@ class LoRAAdapter:
     def to(self, device: torch.device, dtype: torch.dtype) -> LoRAAdapter:
         """A copy with every tensor on ``device`` in ``dtype``."""
         layers = [
-            [None if p is None else LoRAPair(p.a.to(device, dtype), p.b.to(device, dtype)) for p in layer]
+            [None if p is None else LoRAPair(p.a.to(device, dtype), p.bt.to(device, dtype)) for p in layer]
             for layer in self.layers
         ]
         return LoRAAdapter(self.name, self.int_id, self.path, self.rank, layers)
@@ -69,7 +70,7 @@ class LoRAAdapter:
             for layer in self.layers
             for p in layer
             if p is not None
-            for t in (p.a, p.b)
+            for t in (p.a, p.bt)
         )
 
 
@@ -140,7 +141,7 @@ def _fuse(
         o = offsets[m]
         b[o : o + pb.shape[0], col : col + r] = pb
         col += r
-    return LoRAPair(a.contiguous(), b)
+    return LoRAPair(a.contiguous(), b.t().contiguous())
 
 
 def _read_config(folder: Path, where: str) -> dict:

@@ -19,7 +19,21 @@ import torch
 from llmsched.executor.torch.config import ModelConfig
 from llmsched.executor.torch.lora.adapter import LoRAAdapter, load_adapter
 from llmsched.executor.torch.lora.errors import LoRALoadError
-from llmsched.executor.torch.lora.step import LoRAStep, Span, group_rows, rows_tensor
+from llmsched.executor.torch.lora.step import (
+    LoRAStep,
+    Span,
+    StackedLoRAStep,
+    StackedPair,
+    group_rows,
+    rows_tensor,
+    stack_adapters,
+)
+
+# Steps of at most this many rows that mix adapters (or the base model) run
+# the stacked products; larger ones the gathered ones (see step.py).
+STACKED_MAX_ROWS = 512
+# Stacked weights kept for this many sets of adapters.
+_STACK_CACHE = 4
 
 
 class LoRAManager:
@@ -45,6 +59,8 @@ class LoRAManager:
         self.num_evictions = 0
         # Set by remove(): the next step drops slots of adapters no longer registered.
         self._purge = False
+        # Sorted adapter ids -> their stacked weights, least recently used first.
+        self._stacks: OrderedDict[tuple[int, ...], list[list[StackedPair | None]]] = OrderedDict()
 
     def add(self, name: str, int_id: int, path: str) -> bool:
         """Register an adapter (read and checked now); False when this id is already registered as given."""
@@ -74,23 +90,45 @@ class LoRAManager:
         with self._lock:
             return list(self._registered.values())
 
-    def prepare_step(self, spans: Sequence[Span], num_rows: int) -> LoRAStep:
-        """Slot the step's adapters and gather each one's rows (on the executor's thread)."""
+    def prepare_step(self, spans: Sequence[Span], num_rows: int) -> LoRAStep | StackedLoRAStep:
+        """Slot the step's adapters and index each one's rows (on the executor's thread)."""
         if self._purge:
             with self._lock:
                 self._purge = False
                 for lid in [k for k in self.slots if k not in self._registered]:
                     del self.slots[lid]
-        by_id = group_rows(spans, num_rows)
+                    self._stacks.clear()
+        by_id = group_rows(spans)
         if len(by_id) > self.max_loras:
             raise RuntimeError(
                 f"a step runs {len(by_id)} adapters, more than max_loras={self.max_loras}; "
                 "the scheduler and executor disagree on max_loras"
             )
-        groups = []
-        for lid, ranges in by_id.items():
-            groups.append((self._slot(lid, by_id), rows_tensor(ranges, num_rows, self.device)))
-        return LoRAStep(groups)
+        adapters = {lid: self._slot(lid, by_id) for lid in by_id}
+        one_covers_all = len(by_id) == 1 and next(iter(by_id.values())) == [(0, num_rows)]
+        if num_rows <= STACKED_MAX_ROWS and not one_covers_all:
+            return self._stacked(by_id, adapters, num_rows)
+        return LoRAStep(
+            [(adapters[lid], rows_tensor(ranges, num_rows, self.device)) for lid, ranges in by_id.items()]
+        )
+
+    def _stacked(
+        self, by_id: dict[int, list[tuple[int, int]]], adapters: dict[int, LoRAAdapter], num_rows: int
+    ) -> StackedLoRAStep:
+        key = tuple(sorted(by_id))
+        stacked = self._stacks.get(key)
+        if stacked is None:
+            if len(self._stacks) >= _STACK_CACHE:
+                self._stacks.popitem(last=False)
+            stacked = self._stacks[key] = stack_adapters([adapters[lid] for lid in key])
+        else:
+            self._stacks.move_to_end(key)
+        slot_of = {lid: k for k, lid in enumerate(key)}
+        row_slot = [-1] * num_rows
+        for start, end, lid in ((s, e, lid) for lid, ranges in by_id.items() for s, e in ranges):
+            row_slot[start:end] = [slot_of[lid]] * (end - start)
+        rows = torch.tensor(row_slot, dtype=torch.int64).to(self.device)
+        return StackedLoRAStep(stacked, rows, self.dtype)
 
     def _slot(self, lid: int, needed: dict[int, object]) -> LoRAAdapter:
         slots = self.slots
@@ -106,6 +144,9 @@ class LoRAManager:
             victim = next(k for k in slots if k not in needed)
             del slots[victim]
             self.num_evictions += 1
+            # Stacks holding the evicted adapter must not outlive its slot.
+            for k in [k for k in self._stacks if victim in k]:
+                del self._stacks[k]
         adapter = slots[lid] = host.to(self.device, self.dtype)
         self.num_loads += 1
         return adapter

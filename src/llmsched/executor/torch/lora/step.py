@@ -1,10 +1,19 @@
 """One step's adapter assignment: which rows of the flattened batch run which adapter, and the products.
 
-Rows of the base model get nothing added. For each adapter present in the
-step, its rows are gathered, shrunk to the adapter's rank and expanded back
-(``(x[rows] @ A.T) @ B.T``), then added into those rows of the base
-matmul's output: no weights are ever merged, so any mix of adapters and
-the base model shares one batch.
+Rows of the base model get nothing added; no weights are ever merged, so
+any mix of adapters and the base model shares one batch. Two ways to run
+the products, both driven by the per-row adapter index:
+
+- gathered (``LoRAStep``): per adapter, its rows are gathered, shrunk to its
+  rank and expanded back (``(x[rows] @ A.T) @ B.T``), and added into those
+  rows. Four small ops per adapter and matmul: right for large steps,
+  where only the adapter's own rows should pay FLOPs.
+- stacked (``StackedLoRAStep``): the step's adapters' A and B are stacked
+  along the rank, every row is shrunk by all of them at once, a mask built
+  from the per-row index keeps each row's own adapter's rank slice, and
+  one matmul expands. Three ops per matmul whatever the adapter count: on
+  decode-sized steps, launching small ops costs more than the extra FLOPs
+  (measured on a 2-core Zen4, see ``benchmarks/lora_overhead.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from llmsched.executor.torch.lora.adapter import LoRAAdapter
+from llmsched.executor.torch.lora.adapter import LoRAAdapter, LoRAPair
 
 # (first row, end row, adapter id): consecutive rows of one adapter.
 Span = tuple[int, int, int]
@@ -43,25 +52,7 @@ def _extend(spans: list[Span], start: int, end: int, lid: int) -> None:
         spans.append((start, end, lid))
 
 
-@dataclass(slots=True)
-class LoRAStep:
-    """The adapters of one step with their rows (None: every row of the step)."""
-
-    groups: list[tuple[LoRAAdapter, torch.Tensor | None]]
-
-    def apply(self, layer: int, group: int, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Add each adapter's low-rank product of ``x`` into its rows of ``y`` (in place)."""
-        for adapter, rows in self.groups:
-            pair = adapter.layers[layer][group]
-            if pair is None:
-                continue
-            if rows is None:
-                y.addmm_(F.linear(x, pair.a), pair.b.t())
-            else:
-                y.index_add_(0, rows, F.linear(F.linear(x.index_select(0, rows), pair.a), pair.b))
-
-
-def group_rows(spans: Sequence[Span], num_rows: int) -> dict[int, list[tuple[int, int]]]:
+def group_rows(spans: Sequence[Span]) -> dict[int, list[tuple[int, int]]]:
     """Adapter id -> its row ranges, in first-seen order."""
     by_id: dict[int, list[tuple[int, int]]] = {}
     for start, end, lid in spans:
@@ -78,3 +69,78 @@ def rows_tensor(ranges: list[tuple[int, int]], num_rows: int, device: torch.devi
         return torch.arange(s, e, device=device)
     idx = [r for s, e in ranges for r in range(s, e)]
     return torch.tensor(idx, dtype=torch.int64).to(device)
+
+
+@dataclass(slots=True)
+class LoRAStep:
+    """Gathered products: the step's adapters with their rows (None: every row of the step)."""
+
+    groups: list[tuple[LoRAAdapter, torch.Tensor | None]]
+
+    def apply(self, layer: int, group: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Add each adapter's low-rank product of ``x`` into its rows of ``y`` (in place)."""
+        for adapter, rows in self.groups:
+            pair = adapter.layers[layer][group]
+            if pair is None:
+                continue
+            if rows is None:
+                y.addmm_(F.linear(x, pair.a), pair.bt)
+            else:
+                y.index_add_(0, rows, F.linear(x.index_select(0, rows), pair.a) @ pair.bt)
+
+
+@dataclass(slots=True)
+class StackedPair:
+    """Several adapters' pairs of one matmul stacked along the rank; ``owner``: each rank column's slot."""
+
+    a: torch.Tensor  # [sum of ranks, in]
+    bt: torch.Tensor  # [sum of ranks, out]
+    owner: tuple[int, ...]
+
+
+def stack_adapters(adapters: Sequence[LoRAAdapter]) -> list[list[StackedPair | None]]:
+    """Per layer and matmul, the adapters' pairs stacked in the given (slot) order."""
+    num_layers = len(adapters[0].layers)
+    out: list[list[StackedPair | None]] = []
+    for layer in range(num_layers):
+        row: list[StackedPair | None] = []
+        for g in range(len(adapters[0].layers[layer])):
+            parts: list[tuple[int, LoRAPair]] = [
+                (slot, p) for slot, ad in enumerate(adapters) if (p := ad.layers[layer][g]) is not None
+            ]
+            if not parts:
+                row.append(None)
+                continue
+            owner = tuple(slot for slot, p in parts for _ in range(p.a.shape[0]))
+            a = torch.cat([p.a for _, p in parts])
+            bt = torch.cat([p.bt for _, p in parts])
+            row.append(StackedPair(a, bt, owner))
+        out.append(row)
+    return out
+
+
+class StackedLoRAStep:
+    """Stacked products: see the module docstring; ``row_slot`` is each row's slot (-1: base model)."""
+
+    __slots__ = ("_masks", "device", "dtype", "row_slot", "stacked")
+
+    def __init__(
+        self, stacked: list[list[StackedPair | None]], row_slot: torch.Tensor, dtype: torch.dtype
+    ) -> None:
+        self.stacked = stacked
+        self.row_slot = row_slot
+        self.dtype = dtype
+        self.device = row_slot.device
+        # Rank-column layout -> [rows, columns] mask; most matmuls of a step share one layout.
+        self._masks: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def apply(self, layer: int, group: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Add every row's own adapter's low-rank product of ``x`` into ``y`` (in place)."""
+        pair = self.stacked[layer][group]
+        if pair is None:
+            return
+        mask = self._masks.get(pair.owner)
+        if mask is None:
+            owner = torch.tensor(pair.owner, dtype=torch.int64, device=self.device)
+            mask = self._masks[pair.owner] = (self.row_slot[:, None] == owner[None, :]).to(self.dtype)
+        y.addmm_(F.linear(x, pair.a).mul_(mask), pair.bt)
