@@ -178,6 +178,13 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
     w.add_argument("--num-prefix-groups", type=_positive_int, default=1)
     w.add_argument("--num-priority-levels", type=_positive_int, default=1, help="random priorities 0..N-1")
     w.add_argument(
+        "--num-loras",
+        type=int,
+        default=0,
+        metavar="K",
+        help="request i runs LoRA adapter i %% K + 1 (default 0: none); with --max-loras",
+    )
+    w.add_argument(
         "--request-rate",
         type=float,
         default=math.inf,
@@ -298,6 +305,7 @@ def _workload(args: argparse.Namespace) -> Workload:
         prefix_len=args.prefix_len,
         num_prefix_groups=args.num_prefix_groups,
         num_priority_levels=args.num_priority_levels,
+        num_loras=args.num_loras,
         seed=args.seed,
     )
 
