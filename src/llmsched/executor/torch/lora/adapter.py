@@ -43,6 +43,8 @@ class LoRAPair:
 
     a: torch.Tensor  # [rank total, in]
     bt: torch.Tensor  # [rank total, out]: B transposed, scaled
+    # Per module present, in column order: (rank, first output feature, end output feature).
+    modules: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(slots=True)
@@ -58,7 +60,10 @@ class LoRAAdapter:
     def to(self, device: torch.device, dtype: torch.dtype) -> LoRAAdapter:
         """A copy with every tensor on ``device`` in ``dtype``."""
         layers = [
-            [None if p is None else LoRAPair(p.a.to(device, dtype), p.bt.to(device, dtype)) for p in layer]
+            [
+                None if p is None else LoRAPair(p.a.to(device, dtype), p.bt.to(device, dtype), p.modules)
+                for p in layer
+            ]
             for layer in self.layers
         ]
         return LoRAAdapter(self.name, self.int_id, self.path, self.rank, layers)
@@ -136,12 +141,14 @@ def _fuse(
     a = torch.cat([p[1] for p in pieces])
     b = torch.zeros(out, a.shape[0])
     col = 0
+    modules = []
     for m, pa, pb in pieces:
         r = pa.shape[0]
         o = offsets[m]
         b[o : o + pb.shape[0], col : col + r] = pb
+        modules.append((r, o, o + pb.shape[0]))
         col += r
-    return LoRAPair(a.contiguous(), b.t().contiguous())
+    return LoRAPair(a.contiguous(), b.t().contiguous(), tuple(modules))
 
 
 def _read_config(folder: Path, where: str) -> dict:
