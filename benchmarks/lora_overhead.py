@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     run_once(config, ex, prompts[:8], [8] * 8, [])
     run_once(config, ex, prompts[:8], [8] * 8, loras)
     runs: dict[str, list[dict]] = {"b": [], "l": []}
+    round_ratios: list[float] = []
     for k in range(args.rounds):
         order = ("b", "l", "l", "b") if k % 2 == 0 else ("l", "b", "b", "l")
         for arm in order:
@@ -167,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             runs[arm].append(res)
             name = "4 adapters" if arm == "l" else "base      "
             print(f"round {k} {name}: {res['tokens_per_s']:.1f} tok/s ({res['elapsed_s']:.1f} s)")
+        b, lo = runs["b"][-2:], runs["l"][-2:]
+        round_ratios.append(sum(r["elapsed_s"] for r in b) / sum(r["elapsed_s"] for r in lo))
     ex.close()
     b_time = sum(r["elapsed_s"] for r in runs["b"])
     l_time = sum(r["elapsed_s"] for r in runs["l"])
@@ -182,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         "base_tokens_per_s": tokens / b_time,
         "lora_tokens_per_s": tokens / l_time,
         "throughput_ratio": ratio,
+        "round_ratios": round_ratios,
         "target": 0.75,
         "torch_threads": torch.get_num_threads(),
         "note": "shared 2-core machine; both arms in the same run, ABBA order",
