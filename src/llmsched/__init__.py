@@ -10,6 +10,7 @@ _LAZY = {
     "EngineArgs": "llmsched.engine.args",
     "RequestOutput": "llmsched.engine.outputs",
     "CompletionOutput": "llmsched.engine.outputs",
+    "LoRARequest": "llmsched.engine.lora_request",
     "SamplingParams": "llmsched.core.sampling_params",
     "StructuredOutputsParams": "llmsched.core.structured_params",
 }

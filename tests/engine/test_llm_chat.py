@@ -247,9 +247,13 @@ def test_a_template_that_raises_names_the_conversation(llm: LLM) -> None:
         llm.chat(ok, FEW, use_tqdm=False, chat_template="{{ messages[0].content + 1 }}")
 
 
-def test_lora_request_is_refused(llm: LLM) -> None:
-    with pytest.raises(ValueError, match="lora_request"):
+def test_a_lora_request_is_refused_when_lora_is_off_or_malformed(llm: LLM) -> None:
+    from llmsched import LoRARequest
+
+    with pytest.raises(ValueError, match="lora_request must be a LoRARequest"):
         llm.chat(CHAT, FEW, use_tqdm=False, lora_request=object())
+    with pytest.raises(ValueError, match="enable_lora=True"):
+        llm.chat(CHAT, FEW, use_tqdm=False, lora_request=LoRARequest("a", 1, "/nowhere"))
 
 
 def test_an_over_long_conversation_fails_alone_keeping_its_prompt(byte_model_dir: Path, fake_factory) -> None:

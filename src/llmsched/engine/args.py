@@ -106,6 +106,11 @@ class EngineArgs:
     speculative_config: SpeculativeConfig | dict | str | None = None
     # Disaggregated prefill/decode: vLLM's KVTransferConfig as JSON (or a dict).
     kv_transfer_config: str | dict | None = None
+    # Serve LoRA adapters: at most max_loras of them in one step (the
+    # scheduler's slot rule), each of rank at most max_lora_rank (vLLM's defaults).
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
 
     def __post_init__(self) -> None:
         for name in (
@@ -119,6 +124,12 @@ class EngineArgs:
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or v < 1):
                 raise ConfigError(f"{name}={v!r} must be a positive integer or None")
+        for name in ("max_loras", "max_lora_rank"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 1:
+                raise ConfigError(f"{name}={v!r} must be a positive integer")
+        if not isinstance(self.enable_lora, bool):
+            raise ConfigError(f"enable_lora={self.enable_lora!r} must be true or false")
         if self.kv_cache_memory is not None:
             try:
                 self.kv_cache_memory = parse_size(self.kv_cache_memory)
@@ -190,9 +201,13 @@ class EngineArgs:
         )
 
     def executor_kwargs(self, platform: Platform | None = None) -> dict:
-        """Keyword arguments of TorchExecutor (everything but the model path)."""
+        """Keyword arguments of TorchExecutor (everything but the model path; LoRA's only when enabled)."""
         limits = self.batch_limits(platform)
+        lora = {}
+        if self.enable_lora:
+            lora = {"enable_lora": True, "max_loras": self.max_loras, "max_lora_rank": self.max_lora_rank}
         return {
+            **lora,
             "dtype": self.dtype,
             "device": self.device,
             "block_size": self.block_size,
@@ -233,6 +248,7 @@ class EngineArgs:
             policy=self.scheduling_policy,
             policy_config=self.policy_config,
             async_scheduling=self.resolved_async_scheduling,
+            max_loras=self.max_loras if self.enable_lora else None,
             debug=self.debug,
             **self._spec_scheduler_fields(),
         )
@@ -361,6 +377,25 @@ class EngineArgs:
             help='speculative decoding, as vLLM: \'{"method": "ngram", "num_speculative_tokens": 4, '
             '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\' (prompt lookup) or '
             '\'{"model": DIR, "num_speculative_tokens": 4}\' (a draft model sharing the tokenizer)',
+        )
+
+        g = parser.add_argument_group("LoRA adapters")
+        g.add_argument(
+            "--enable-lora",
+            action="store_true",
+            help="serve PEFT LoRA adapters on the base model, chosen per request",
+        )
+        g.add_argument(
+            "--max-loras",
+            type=_positive_int,
+            default=1,
+            help="most distinct adapters in one step; requests of others wait (default 1, as vLLM)",
+        )
+        g.add_argument(
+            "--max-lora-rank",
+            type=_positive_int,
+            default=16,
+            help="largest adapter rank accepted (default 16, as vLLM)",
         )
 
     @classmethod

@@ -21,6 +21,7 @@ from llmsched.core.sampling_params import SamplingParams
 from llmsched.engine.args import EngineArgs
 from llmsched.engine.chat_template import ContentFormat, render_chat_prompt
 from llmsched.engine.llm_engine import ExecutorFactory, LLMEngine, PromptType
+from llmsched.engine.lora_request import LoRARequest
 from llmsched.engine.outputs import RequestOutput, RequestOutputKind
 from llmsched.engine.request_state import error_output
 from llmsched.engine.tokenizer import Tokenizer
@@ -56,12 +57,15 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
         priority: Sequence[int] | None = None,
         tenant: Sequence[str | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; one finished RequestOutput per prompt, in input order.
 
         ``tenant`` names each prompt's sender, for the ``fair`` scheduling policy.
+        ``lora_request``: one adapter for every prompt, or one (or None for
+        the base model) per prompt.
         """
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
@@ -72,6 +76,9 @@ class LLM:
             raise ValueError(f"priority has {len(priority)} entries for {n} prompts")
         if tenant is not None and (isinstance(tenant, str) or len(tenant) != n):
             raise ValueError(f"tenant must be a list with one entry per prompt ({n})")
+        loras = _lora_list(lora_request, n)
+        if not self.llm_engine.engine_args.enable_lora and any(lr is not None for lr in loras):
+            raise ValueError("lora_request needs LoRA enabled: build the LLM with enable_lora=True")
         engine = self.llm_engine
         results: list[RequestOutput | None] = [None] * n
         index: dict[str, int] = {}
@@ -87,6 +94,7 @@ class LLM:
                     priority=priority[i] if priority is not None else 0,
                     output_kind=RequestOutputKind.FINAL_ONLY,
                     tenant=tenant[i] if tenant is not None else None,
+                    lora_request=loras[i],
                 )
             except (RequestRejected, ValueError) as e:
                 results[i] = _failed(engine, rid, prompt, str(e), now)
@@ -126,7 +134,7 @@ class LLM:
         messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
-        lora_request: object | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
         chat_template: str | None = None,
         chat_template_content_format: ContentFormat = "auto",
         add_generation_prompt: bool = True,
@@ -155,11 +163,9 @@ class LLM:
         template that raises) raises ValueError naming the conversation and
         message before anything runs; a rendered prompt the engine rejects
         (too long for max_model_len) fails that conversation alone, as in
-        ``generate``. ``lora_request`` must be None (no LoRA here);
+        ``generate``. ``lora_request`` is as in ``generate``;
         ``mm_processor_kwargs`` is accepted and unused, as only text is taken.
         """
-        if lora_request is not None:
-            raise ValueError("lora_request is not supported: llmsched runs the base model only")
         conversations, batched = _conversations(messages)
         tokenizer = self.get_tokenizer()
         if tokenizer is None:
@@ -185,7 +191,7 @@ class LLM:
             )
             texts.append(text)
             prompts.append({"prompt_token_ids": _encode_chat(tokenizer, text, where)})
-        outputs = self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        outputs = self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
         for out, text in zip(outputs, texts):
             # Token-id prompts come back without text; the rendered chat is the prompt's text.
             out.prompt = text
@@ -206,6 +212,25 @@ class LLM:
     def close(self) -> None:
         """Release the executor."""
         self.llm_engine.close()
+
+
+def _lora_list(
+    lora_request: LoRARequest | Sequence[LoRARequest | None] | None, n: int
+) -> list[LoRARequest | None]:
+    """One LoRARequest (or None) per prompt, every item checked."""
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * n
+    if not isinstance(lora_request, Sequence) or isinstance(lora_request, str):
+        raise ValueError(
+            f"lora_request must be a LoRARequest or a list of them, not {type(lora_request).__name__}"
+        )
+    loras = list(lora_request)
+    if len(loras) != n:
+        raise ValueError(f"{len(loras)} LoRA requests for {n} prompts; give one, or one per prompt")
+    for i, lr in enumerate(loras):
+        if lr is not None and not isinstance(lr, LoRARequest):
+            raise ValueError(f"lora_request[{i}] must be a LoRARequest or None, not {type(lr).__name__}")
+    return loras
 
 
 def _failed(engine: LLMEngine, request_id: str, prompt: object, message: str, now: float) -> RequestOutput:

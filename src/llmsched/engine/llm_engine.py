@@ -30,6 +30,7 @@ from llmsched.engine.batch_defaults import detect_platform
 from llmsched.engine.detokenizer import IncrementalDetokenizer
 from llmsched.engine.engine_core import EngineCore, EngineStep
 from llmsched.engine.executor import Executor
+from llmsched.engine.lora_request import LoRARequest
 from llmsched.engine.model_files import load_model_files
 from llmsched.engine.outputs import RequestMetrics, RequestOutput, RequestOutputKind
 from llmsched.engine.request_state import RequestState
@@ -226,6 +227,7 @@ class LLMEngine:
         cache_salt: str | None = None,
         tenant: str | None = None,
         kv_transfer_params: dict | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Queue one request, or raise RequestRejected (a ValueError) naming what is wrong with it.
 
@@ -233,6 +235,7 @@ class LLMEngine:
         requests with another salt (or none), as vLLM's ``cache_salt`` does.
         ``tenant`` names who sent it, for the ``fair`` policy and per-tenant metrics.
         ``kv_transfer_params`` go to the KV connector (ignored without one).
+        ``lora_request`` runs it with that adapter (read on first use).
         """
         if not isinstance(request_id, str):
             raise RequestRejected(f"request id {request_id!r} must be a string")
@@ -255,6 +258,8 @@ class LLMEngine:
                 "skip_tokenizer_init; use stop_token_ids"
             )
         text, ids = self.process_prompt(request_id, prompt)
+        if lora_request is not None:
+            self._check_lora(request_id, lora_request)
         grammar = None
         if params.structured_outputs is not None:
             grammar = self._grammar_for(request_id, params)
@@ -269,6 +274,8 @@ class LLMEngine:
             cache_salt=cache_salt,
             grammar=grammar,
             tenant=tenant,
+            lora_id=lora_request.lora_int_id if lora_request is not None else 0,
+            lora_name=lora_request.lora_name if lora_request is not None else None,
         )
         if kv_transfer_params is not None and self.kv_connector is not None:
             self.kv_connector.set_request_params(request_id, kv_transfer_params)
@@ -293,6 +300,46 @@ class LLMEngine:
             logprobs=[] if params.logprobs is not None else None,
             cumulative_logprob=0.0 if params.logprobs is not None else None,
         )
+
+    def _check_lora(self, request_id: str, lora_request: LoRARequest) -> None:
+        """Register the request's adapter with the executor, or reject the request saying why."""
+        if not isinstance(lora_request, LoRARequest):
+            raise RequestRejected(
+                f"request {request_id!r}: lora_request must be llmsched.LoRARequest, "
+                f"not {type(lora_request).__name__}"
+            )
+        if not self.engine_args.enable_lora:
+            raise RequestRejected(
+                f"request {request_id!r} asks for LoRA adapter {lora_request.lora_name!r}, but LoRA is not "
+                "enabled; start the engine with enable_lora=True (--enable-lora)"
+            )
+        try:
+            self.add_lora(lora_request)
+        except ConfigError as e:
+            raise RequestRejected(f"request {request_id!r}: {e}") from None
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter into the executor ahead of its requests; False when it was already there."""
+        add = getattr(self.executor, "add_lora", None)
+        if add is None:
+            raise ConfigError(f"the {type(self.executor).__name__} executor cannot serve LoRA adapters")
+        return bool(add(lora_request))
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Unload an adapter no unfinished request uses; False when it was not loaded."""
+        users = [rid for rid, st in self._states.items() if st.request.lora_id == lora_int_id]
+        if users:
+            raise ConfigError(
+                f"LoRA adapter id {lora_int_id} is in use by {len(users)} unfinished request(s) "
+                f"(e.g. {users[0]!r}); unload it once they finish"
+            )
+        remove = getattr(self.executor, "remove_lora", None)
+        return bool(remove(lora_int_id)) if remove is not None else False
+
+    def list_loras(self) -> list[int]:
+        """Ids of the adapters the executor holds."""
+        ls = getattr(self.executor, "list_loras", None)
+        return list(ls()) if ls is not None else []
 
     @property
     def structured_output_manager(self) -> StructuredOutputManager:

@@ -8,9 +8,11 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 import llmsched
+from llmsched.core.errors import ConfigError
 from llmsched.server.auth import APIKeyMiddleware
 from llmsched.server.body_limit import BodyLimitMiddleware
-from llmsched.server.errors import install_error_handlers
+from llmsched.server.errors import APIError, install_error_handlers
+from llmsched.server.lora_routes import load_adapter, lora_router
 from llmsched.server.openai_routes import openai_router
 from llmsched.server.ops_routes import ops_router
 from llmsched.server.state import ServerState
@@ -24,6 +26,12 @@ def build_app(state: ServerState) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         state.engine.start()
         try:
+            # --lora-modules: a bad adapter stops the server from starting, naming it.
+            for m in state.args.lora_modules:
+                try:
+                    await load_adapter(state, m.name, m.path)
+                except APIError as e:
+                    raise ConfigError(f"--lora-modules {m.name}={m.path}: {e.message}") from None
             yield
         finally:
             await state.engine.stop()
@@ -38,6 +46,8 @@ def build_app(state: ServerState) -> FastAPI:
     app.include_router(openai_router(state))
     app.include_router(ops_router(state))
     app.include_router(tokenize_router(state))
+    if state.loras is not None:
+        app.include_router(lora_router(state))
     if state.args.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=state.args.api_key)
     # Added last, so it runs first: an oversized body is refused before anything reads it.

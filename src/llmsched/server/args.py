@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field, fields
 
 from llmsched.core.errors import ConfigError
+from llmsched.server.lora_modules import LoRAModule, parse_lora_module
 
 # With no --max-num-queued-requests the queue is still bounded: this many
 # in-flight requests per sequence slot, and never fewer than the floor.
@@ -39,6 +40,8 @@ class ServerArgs:
     port: int = 8000
     api_key: str | None = None
     served_model_name: list[str] = field(default_factory=list)
+    # Adapters offered from the start (they need --enable-lora).
+    lora_modules: list[LoRAModule] = field(default_factory=list)
     admission_window_ms: float = 0.0
     max_num_queued_requests: int | None = None
     max_num_queued_tokens: int | None = None
@@ -120,6 +123,15 @@ class ServerArgs:
             "model's folder name)",
         )
         g.add_argument(
+            "--lora-modules",
+            nargs="+",
+            default=[],
+            type=_lora_module,
+            metavar="NAME=PATH",
+            help="LoRA adapters (local PEFT folders) served from the start; a request picks one by naming "
+            "it in 'model'. Also JSON: '{\"name\": ..., \"path\": ...}'. Needs --enable-lora",
+        )
+        g.add_argument(
             "--admission-window-ms",
             type=float,
             default=0.0,
@@ -181,6 +193,13 @@ class ServerArgs:
         if kwargs.get("api_key") is None:
             kwargs["api_key"] = os.environ.get(API_KEY_ENV) or None
         return cls(**kwargs)
+
+
+def _lora_module(text: str) -> LoRAModule:
+    try:
+        return parse_lora_module(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _add_observability_args(g: argparse._ArgumentGroup) -> None:

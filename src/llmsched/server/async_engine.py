@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from llmsched.core.sampling_params import SamplingParams
+from llmsched.engine.lora_request import LoRARequest
 from llmsched.server.admission import AdmissionControl, Overloaded
 from llmsched.server.engine_loop import Command
 from llmsched.server.engine_messages import (
@@ -32,6 +33,8 @@ from llmsched.server.engine_messages import (
     EngineInfo,
     EngineSnapshot,
     Failed,
+    LoRAOp,
+    LoRAReply,
     OutputDelta,
     Query,
     Reply,
@@ -46,6 +49,8 @@ from llmsched.server.request_stream import (
 )
 
 QUERY_TIMEOUT_S = 30.0
+# Loading an adapter reads its folder in the engine loop.
+LORA_TIMEOUT_S = 120.0
 
 
 class Backend(Protocol):
@@ -162,6 +167,7 @@ class AsyncEngine:
         cache_salt: str | None = None,
         tenant: str | None = None,
         kv_transfer_params: dict | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> RequestStream:
         """Queue a request; raises Overloaded past a queue limit, EngineDead if the engine stopped.
 
@@ -193,6 +199,7 @@ class AsyncEngine:
                 cache_salt,
                 tenant,
                 kv_transfer_params,
+                lora_request,
             )
         )
         if self.request_timeout_s is not None:
@@ -239,6 +246,20 @@ class AsyncEngine:
         finally:
             self._queries.pop(token, None)
 
+    async def lora_op(self, *, load: LoRARequest | None = None, unload: int | None = None) -> str | None:
+        """Load or unload an adapter in the engine (between two steps); the error message, or None."""
+        if not self.is_running:
+            raise EngineDead(self._dead or "the engine is not running")
+        assert self._loop is not None
+        token = next(self._tokens)
+        fut = self._loop.create_future()
+        self._queries[token] = fut
+        self.backend.send(LoRAOp(token, load, unload))
+        try:
+            return await asyncio.wait_for(fut, LORA_TIMEOUT_S)
+        finally:
+            self._queries.pop(token, None)
+
     # ---- messages from the engine loop (event loop) -----------------------------
 
     def _handle(self, msg: object) -> None:
@@ -248,10 +269,10 @@ class AsyncEngine:
             self._deliver_acks(msg)
         elif isinstance(msg, Failed):
             self._fail_streams(msg.request_ids, msg.message)
-        elif isinstance(msg, Reply):
+        elif isinstance(msg, (Reply, LoRAReply)):
             fut = self._queries.get(msg.token)
             if fut is not None and not fut.done():
-                fut.set_result(msg.steps)
+                fut.set_result(msg.steps if isinstance(msg, Reply) else msg.error)
         elif isinstance(msg, Dead):
             if self._dead is None:
                 self._dead = msg.message

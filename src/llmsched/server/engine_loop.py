@@ -35,6 +35,8 @@ from llmsched.server.engine_messages import (
     EngineInfo,
     EngineSnapshot,
     Failed,
+    LoRAOp,
+    LoRAReply,
     OutputDelta,
     Query,
     Reply,
@@ -53,7 +55,7 @@ log = logging.getLogger("llmsched.server")
 # How often an otherwise idle loop looks whether a grammar finished compiling.
 GRAMMAR_POLL_S = 0.002
 
-Command = Add | Abort | Query | Stop
+Command = Add | Abort | Query | LoRAOp | Stop
 Emit = Callable[[object], None]
 
 
@@ -169,6 +171,8 @@ class EngineLoop:
             elif isinstance(cmd, Query):
                 steps = [r.to_json(cmd.explain) for r in self.step_log.last(cmd.last)]
                 self.emit(Reply(cmd.token, steps))
+            elif isinstance(cmd, LoRAOp):
+                self.emit(LoRAReply(cmd.token, self._lora_op(cmd)))
             else:
                 self._stopping = True
         if aborts:
@@ -176,6 +180,17 @@ class EngineLoop:
                 self._live.discard(out.request_id)
                 self._aborted.append(out.request_id)
                 outputs.append(OutputDelta.of(out))
+
+    def _lora_op(self, cmd: LoRAOp) -> str | None:
+        """Load or unload an adapter in the engine; the error message, or None."""
+        try:
+            if cmd.load is not None:
+                self.engine.add_lora(cmd.load)
+            elif cmd.unload is not None:
+                self.engine.remove_lora(cmd.unload)
+        except ValueError as e:
+            return str(e)
+        return None
 
     def _release_held(self, acks: Acks) -> None:
         held = self._held
@@ -196,6 +211,7 @@ class EngineLoop:
                 cache_salt=cmd.cache_salt,
                 tenant=cmd.tenant,
                 kv_transfer_params=cmd.kv_transfer_params,
+                lora_request=cmd.lora_request,
             )
         except (RequestRejected, ValueError) as e:
             acks.items.append((cmd.request_id, (REJECTED, str(e))))

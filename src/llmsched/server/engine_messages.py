@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from llmsched.core.sampling_params import SamplingParams
+from llmsched.engine.lora_request import LoRARequest
 from llmsched.engine.outputs import Logprob, RequestOutput
 
 # Why an add was refused: the scheduler refused the request (a 400), or the engine failed.
@@ -29,6 +30,24 @@ class Add:
     cache_salt: str | None = None
     tenant: str | None = None
     kv_transfer_params: dict | None = None
+    lora_request: LoRARequest | None = None
+
+
+@dataclass(slots=True)
+class LoRAOp:
+    """Load (a LoRARequest) or unload (an adapter id) an adapter; answered with a LoRAReply."""
+
+    token: int
+    load: LoRARequest | None = None
+    unload: int | None = None
+
+
+@dataclass(slots=True)
+class LoRAReply:
+    """The answer to a LoRAOp: None, or why it failed."""
+
+    token: int
+    error: str | None
 
 
 @dataclass(slots=True)

@@ -88,6 +88,7 @@ def _submit_all(
                 priority=body.priority,
                 cache_salt=body.cache_salt,
                 tenant=body.user,
+                lora_request=state.lora_for(body.model),
             )
             st.group = group
             streams.append(st)

@@ -54,6 +54,7 @@ async def generate(
             cache_salt=body.cache_salt,
             tenant=body.user,
             kv_transfer_params=body.kv_transfer_params,
+            lora_request=state.lora_for(body.model),
         )
     except Overloaded as e:
         raise APIError(503, str(e), headers=retry) from None

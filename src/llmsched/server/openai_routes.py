@@ -36,7 +36,10 @@ def openai_router(state: ServerState) -> APIRouter:
 
     @router.get("/v1/models")
     async def list_models() -> dict:
-        """The served model, under each of its names."""
+        """The served model, under each of its names, then each loaded LoRA adapter."""
+        entries = [(name, state.model_root, None) for name in state.served_model_names]
+        if state.loras is not None:
+            entries += [(lr.lora_name, lr.lora_path, state.model_name) for lr in state.loras.all()]
         return {
             "object": "list",
             "data": [
@@ -45,11 +48,11 @@ def openai_router(state: ServerState) -> APIRouter:
                     "object": "model",
                     "created": state.created,
                     "owned_by": "llmsched",
-                    "root": state.model_root,
-                    "parent": None,
+                    "root": root,
+                    "parent": parent,
                     "max_model_len": state.limits.max_model_len,
                 }
-                for name in state.served_model_names
+                for name, root, parent in entries
             ],
         }
 
@@ -69,7 +72,7 @@ def openai_router(state: ServerState) -> APIRouter:
             structured_outputs=structured_outputs_for(body),
         )
         rid = state.engine.new_request_id("cmpl")
-        fmt = CompletionFormatter(rid, state.model_name, len(ids), body.logprobs)
+        fmt = CompletionFormatter(rid, state.response_model(body.model), len(ids), body.logprobs)
         return await generate(state, rid, ids, params, body, fmt, "prompt")
 
     @router.post("/v1/chat/completions", responses=_ERRORS)  # type: ignore[arg-type]
@@ -99,10 +102,11 @@ def openai_router(state: ServerState) -> APIRouter:
             body, max_tokens=max_tokens, logprobs=num_top, limits=state.limits, structured_outputs=constraint
         )
         rid = state.engine.new_request_id("chatcmpl")
+        name = state.response_model(body.model)
         if plan is None:
-            fmt = ChatFormatter(rid, state.model_name, len(ids), num_top)
+            fmt = ChatFormatter(rid, name, len(ids), num_top)
         else:
-            fmt = ToolChatFormatter(rid, state.model_name, len(ids), num_top, plan)
+            fmt = ToolChatFormatter(rid, name, len(ids), num_top, plan)
         return await generate(state, rid, ids, params, body, fmt, "messages")
 
     return router

@@ -7,13 +7,16 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from llmsched.core.errors import ConfigError
 from llmsched.engine.args import EngineArgs
 from llmsched.engine.llm_engine import ExecutorFactory
+from llmsched.engine.lora_request import LoRARequest
 from llmsched.engine.model_files import load_model_files
 from llmsched.engine.tokenizer import Tokenizer, load_tokenizer
 from llmsched.server.args import ServerArgs
 from llmsched.server.async_engine import AsyncEngine, Backend
 from llmsched.server.errors import APIError
+from llmsched.server.lora_modules import LoRAModules
 from llmsched.server.metrics import ServerMetrics
 from llmsched.server.prefault import prefault_kv_cache
 from llmsched.server.sampling import ModelLimits
@@ -35,6 +38,8 @@ class ServerState:
     model_notice: str | None = None
     startup_log: list[str] = field(default_factory=list)
     created: int = field(default_factory=lambda: int(time.time()))
+    # The adapters offered by name (None: LoRA is off).
+    loras: LoRAModules | None = None
 
     @property
     def model_name(self) -> str:
@@ -42,9 +47,17 @@ class ServerState:
         return self.served_model_names[0]
 
     def check_model(self, name: str | None) -> None:
-        """404 unless ``name`` is empty or one of the served names."""
-        if name and name not in self.served_model_names:
+        """404 unless ``name`` is empty, one of the served names or a loaded adapter's."""
+        if name and name not in self.served_model_names and self.lora_for(name) is None:
             raise APIError(404, f"The model `{name}` does not exist.", "model")
+
+    def lora_for(self, name: str | None) -> LoRARequest | None:
+        """The adapter a request's ``model`` field names, or None for the base model."""
+        return self.loras.get(name) if self.loras is not None else None
+
+    def response_model(self, name: str | None) -> str:
+        """The model name a response reports: the adapter's when one was asked for."""
+        return name if name and self.lora_for(name) is not None else self.model_name
 
 
 def serving_threads() -> int:
@@ -87,6 +100,8 @@ def create_state(
     engine_args: EngineArgs, server_args: ServerArgs, *, executor_factory: ExecutorFactory | None = None
 ) -> ServerState:
     """Start the engine (loads the model) and build everything the routes share."""
+    if server_args.lora_modules and not engine_args.enable_lora:
+        raise ConfigError("--lora-modules needs --enable-lora")
     backend = make_backend(engine_args, server_args, executor_factory)
     info = backend.info()
     # The HTTP side tokenizes, so it loads the tokenizer too (never the weights).
@@ -129,4 +144,5 @@ def create_state(
         args=server_args,
         model_notice=info.model_notice,
         startup_log=list(info.startup_log),
+        loras=LoRAModules(names) if engine_args.enable_lora else None,
     )

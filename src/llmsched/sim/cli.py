@@ -102,6 +102,22 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         "(default: on, as vLLM 0.33); the simulator then overlaps each step's host path with the "
         "other step's model time. With --data-parallel-size > 1 only sync is simulated (the default there)",
     )
+    lo = p.add_argument_group("LoRA")
+    lo.add_argument(
+        "--max-loras",
+        type=int,
+        default=None,
+        metavar="N",
+        help="serve the workload's lora_id adapters, at most N per step (the scheduler's slot rule); "
+        "their products are priced. Default: LoRA off, lora_id ignored",
+    )
+    lo.add_argument(
+        "--max-lora-rank",
+        type=int,
+        default=16,
+        metavar="R",
+        help="rank the adapter products are priced at (default 16, as vLLM)",
+    )
     c = p.add_argument_group("cost model")
     c.add_argument(
         "--efficiency",
@@ -162,6 +178,13 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
     )
     w.add_argument("--num-prefix-groups", type=_positive_int, default=1)
     w.add_argument("--num-priority-levels", type=_positive_int, default=1, help="random priorities 0..N-1")
+    w.add_argument(
+        "--num-loras",
+        type=int,
+        default=0,
+        metavar="K",
+        help="request i runs LoRA adapter i %% K + 1 (default 0: none); with --max-loras",
+    )
     w.add_argument(
         "--request-rate",
         type=float,
@@ -284,6 +307,7 @@ def _workload(args: argparse.Namespace) -> Workload:
         prefix_len=args.prefix_len,
         num_prefix_groups=args.num_prefix_groups,
         num_priority_levels=args.num_priority_levels,
+        num_loras=args.num_loras,
         seed=args.seed,
     )
 
@@ -332,6 +356,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         cuda_graph_max_tokens=args.cuda_graph_max_tokens,
         launch_latency_us=args.launch_latency_us,
         kernels_per_layer=args.kernels_per_layer,
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
         async_scheduling=async_scheduling,
         recalibrate=args.recalibrate,
     )

@@ -73,6 +73,10 @@ class DeploymentSpec:
     launch_latency_us: float | None = None
     # Eager kernel launches per decoder layer; None: counted from the model.
     kernels_per_layer: float | None = None
+    # LoRA: at most this many adapters per step (None: LoRA off, adapters
+    # ignored), each priced at max_lora_rank (vLLM's padded kernels).
+    max_loras: int | None = None
+    max_lora_rank: int = 16
     # Plan each step while the previous one runs (vLLM's AsyncScheduler and
     # batch queue): a step's host path then overlaps the other step's model
     # time. vLLM 0.33 turns it on by default and `llmsched simulate` does
@@ -299,6 +303,7 @@ def _build(spec: DeploymentSpec, model: ModelShape, hw: HardwareProfile, tp: int
         policy=spec.scheduling_policy,
         policy_config=spec.policy_config,
         async_scheduling=spec.async_scheduling,
+        max_loras=spec.max_loras,
     )
     if spec.step_overhead_ms is not None and spec.step_overhead_ms < 0:
         raise ConfigError(f"step_overhead_ms={spec.step_overhead_ms} must be >= 0")
@@ -319,5 +324,6 @@ def _build(spec: DeploymentSpec, model: ModelShape, hw: HardwareProfile, tp: int
         cuda_graph_max_tokens=graph_max,
         launch_latency_s=None if spec.launch_latency_us is None else spec.launch_latency_us / 1e6,
         kernels_per_layer=spec.kernels_per_layer,
+        lora_rank=spec.max_lora_rank if spec.max_loras else 0,
     )
     return Deployment(spec, model, hw, memory, config, cost)

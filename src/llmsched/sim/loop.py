@@ -51,6 +51,7 @@ class Arrivals:
         "due_at",
         "frontend",
         "last_arrival",
+        "loras",
         "n",
         "nxt",
         "out_lens",
@@ -76,6 +77,7 @@ class Arrivals:
             self.due_at = frontend.delivery_times(workload.arrivals, workload.input_lens)
         self.out_lens = workload.output_lens
         self.prios = workload.priorities
+        self.loras = workload.loras
         self.nxt = 0
         self.last_arrival = -math.inf
         # Closed loop: when each client slot frees up.
@@ -145,6 +147,7 @@ class Arrivals:
             sp,
             priority=self.prios[i] if self.prios is not None else 0,
             tenant=wl.tenants[i] if wl.tenants is not None else None,
+            lora_id=self.loras[i] if self.loras is not None else 0,
             arrival_time=order_t,
             sent_time=sent,
         )

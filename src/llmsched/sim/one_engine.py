@@ -202,6 +202,8 @@ class OneEngine:
         prev_end = self.prev_end
         if not k or any(r.last_token_time != prev_end for r in running):
             return 0
+        if ex.prices_lora and any(r.lora_id for r in running):
+            return 0  # run_decodes prices no adapter products: each step goes through execute()
         d = len(running)
         ctx = 0
         for r in running:

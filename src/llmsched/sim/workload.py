@@ -45,6 +45,8 @@ class Workload:
     input_lens: array
     output_lens: array
     priorities: array | None = None
+    # LoRA adapter id of each request (0: the base model); None: no adapters.
+    loras: array | None = None
     # Shared-prefix group of each request (-1: none) and the prefix length.
     groups: array | None = None
     prefix_len: int = 0
@@ -64,7 +66,7 @@ class Workload:
         n = len(self.arrivals)
         if n == 0:
             raise ConfigError("the workload has no requests")
-        for name in ("input_lens", "output_lens", "priorities", "groups", "tenants"):
+        for name in ("input_lens", "output_lens", "priorities", "groups", "tenants", "loras"):
             col = getattr(self, name)
             if col is not None and len(col) != n:
                 raise ConfigError(f"workload column {name} has {len(col)} entries for {n} requests")
@@ -191,9 +193,14 @@ def synthetic_workload(
     prefix_len: int = 0,
     num_prefix_groups: int = 1,
     num_priority_levels: int = 1,
+    num_loras: int = 0,
     seed: int = 0,
 ) -> Workload:
-    """vLLM-random-dataset-like requests: total prompt = shared prefix + sampled input length."""
+    """vLLM-random-dataset-like requests: total prompt = shared prefix + sampled input length.
+
+    ``num_loras`` > 0 gives request i LoRA adapter ``i % num_loras + 1`` (no
+    random draw, so the other columns stay those of the same seed).
+    """
     if num_prompts < 1:
         raise ConfigError(f"num_prompts={num_prompts} must be >= 1")
     if input_len < 1 or output_len < 1:
@@ -212,11 +219,15 @@ def synthetic_workload(
     prios = None
     if num_priority_levels > 1:
         prios = array("l", [rng.randrange(num_priority_levels) for _ in range(num_prompts)])
+    if num_loras < 0:
+        raise ConfigError(f"num_loras={num_loras} must be >= 0")
+    loras = array("l", [i % num_loras + 1 for i in range(num_prompts)]) if num_loras else None
     return Workload(
         arrivals,
         ins,
         outs,
         priorities=prios,
+        loras=loras,
         groups=groups,
         prefix_len=prefix_len,
         request_rate=request_rate,
@@ -246,7 +257,7 @@ def load_trace_workload(
 
     Keys: ``arrival_time`` (seconds; alias ``timestamp``), ``prompt_len``
     (alias ``input_len``) or ``prompt_token_ids``, ``output_len`` (alias
-    ``max_tokens``), and optional ``priority``, ``tenant``, ``id``, ``prefix_group`` with
+    ``max_tokens``), and optional ``priority``, ``tenant``, ``lora_id``, ``id``, ``prefix_group`` with
     ``shared_prefix_len``. Without arrival times the requests arrive as
     ``request_rate`` and ``burstiness`` say. Lines are sorted by arrival
     (stably); ``num_prompts`` keeps the first so many.
@@ -258,6 +269,7 @@ def load_trace_workload(
     ins: list[int] = []
     outs: list[int] = []
     prios: list[int] = []
+    loras: list[int] = []
     groups: list[int] = []
     tokens: list[list[int] | None] = []
     ids: list[str] = []
@@ -303,6 +315,10 @@ def load_trace_workload(
             if tenant is not None and not isinstance(tenant, str):
                 raise ConfigError(f"{p}:{lineno}: tenant={tenant!r} must be a string")
             tenants.append(sys.intern(tenant) if tenant is not None else None)
+            lora = _int_field(rec, ("lora_id",), lineno, str(p)) or 0
+            if lora < 0:
+                raise ConfigError(f"{p}:{lineno}: lora_id={lora} must be >= 0 (0: the base model)")
+            loras.append(lora)
             g = rec.get("prefix_group")
             if g is not None and toks is None:
                 groups.append(group_ids.setdefault(str(g), len(group_ids)))
@@ -334,6 +350,7 @@ def load_trace_workload(
         array("l", [ins[i] for i in order]),
         array("l", [outs[i] for i in order]),
         priorities=array("l", [prios[i] for i in order]) if any(prios) else None,
+        loras=array("l", [loras[i] for i in order]) if any(loras) else None,
         groups=array("l", [groups[i] for i in order]) if has_groups else None,
         prefix_len=prefix_len,
         token_ids=[tokens[i] for i in order] if has_tokens else None,

@@ -217,6 +217,9 @@ class BatchShape:
     # Prefill chunks (requests scheduled more than one token): with the
     # decodes, the requests whose per-request host work the step pays.
     num_prefills: int = 0
+    # Tokens that run a LoRA adapter, and how many distinct adapters the step runs.
+    lora_tokens: int = 0
+    num_loras: int = 0
 
     @classmethod
     def from_chunks(cls, chunks: Iterable[tuple[int, int]], num_sampled: int) -> BatchShape:
@@ -342,8 +345,13 @@ class CostModel:
         cuda_graph_max_tokens: int = 512,
         launch_latency_s: float | None = None,
         kernels_per_layer: float | None = None,
+        lora_rank: int = 0,
     ) -> None:
         self.model = model
+        # The rank every adapter is priced at (vLLM pads to max_lora_rank); 0: LoRA is not priced.
+        if isinstance(lora_rank, bool) or not isinstance(lora_rank, int) or lora_rank < 0:
+            raise ConfigError(f"lora_rank={lora_rank!r} must be an integer >= 0")
+        self.lora_rank = lora_rank
         self.hardware = hardware
         self.parallel = parallel or Parallelism()
         self.efficiency = efficiency or Efficiency(**(hardware.efficiency or {}))
@@ -560,7 +568,30 @@ class CostModel:
             ops.append(("eager_launches", 0.0, 0.0, 0.0, self.eager_launch_s, "overhead"))
         elif mode == LAUNCH_PIECEWISE and self.piecewise_launch_s:
             ops.append(("piecewise_launches", 0.0, 0.0, 0.0, self.piecewise_launch_s, "overhead"))
+        if b.lora_tokens and self.lora_rank:
+            roof("lora", *self._lora_products(b), gemm)
         return ops
+
+    def _lora_products(self, b: BatchShape) -> tuple[float, float]:
+        """(FLOPs, bytes) of the shrink and expand products on q/k/v/o/gate/up/down for the adapter tokens.
+
+        Each adapter's A and B are read once per step; every adapter token
+        runs ``2 * rank * (in + out)`` FLOPs per targeted matmul and writes
+        its rank-wide intermediate.
+        """
+        m, tp, r = self.model, self.tp, self.lora_rank
+        h, q, kv, inter = (
+            m.hidden_size,
+            m.q_dim / tp,
+            m.num_kv_heads * m.head_dim / tp,
+            m.intermediate_size / tp,
+        )
+        # in + out features of q, k, v, o, gate, up and down on one GPU, over all layers.
+        widths = m.num_layers * ((h + q) + 2 * (h + kv) + (q + h) + 2 * (h + inter) + (inter + h))
+        flops = 2.0 * b.lora_tokens * r * widths
+        act = 2.0 * b.lora_tokens * r * 7 * m.num_layers * self.act_bytes
+        nbytes = b.num_loras * r * widths * m.dtype_bytes + act
+        return flops, nbytes
 
     def _prefill_attention(self, b: BatchShape) -> tuple[float, float]:
         """(FLOPs, bytes) of the step's prefill attention core."""
@@ -689,6 +720,11 @@ class CostModel:
                 host += s
             else:
                 model += s
+        if batch.lora_tokens and self.lora_rank:
+            flops, nbytes = self._lora_products(batch)
+            s = _roof_seconds(flops, nbytes, self.gemm_rate, self.mem_rate)
+            t += s
+            model += s
         return t, host, model
 
     def decode_step_parts(self, num_decodes: int) -> Callable[[int], StepParts]:
@@ -742,7 +778,7 @@ class CostModel:
         after: list[tuple[float, bool]] = []
         for op in self._ops(batch, None, mode):
             name = op[0]
-            if name in _ATTENTION_CORES:
+            if name in _ATTENTION_CORES or name == "lora":
                 continue
             if after or name not in _BEFORE_ATTENTION:
                 after.append((op[4], name in HOST_OPS))

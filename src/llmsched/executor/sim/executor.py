@@ -87,6 +87,8 @@ class SimExecutor:
     ) -> None:
         self.cost_model = cost_model
         self._parts = step_parts_of(cost_model)
+        # Only a cost model with a LoRA rank prices adapter tokens (a second pass over the batch).
+        self.prices_lora = bool(getattr(cost_model, "lora_rank", 0))
         self.now = start_time
         self.async_scheduling = async_scheduling
         self.sample_token_id = sample_token_id
@@ -153,6 +155,8 @@ class SimExecutor:
             decode_context,
             num_prefills,
         )
+        if self.prices_lora:
+            _count_lora(batch, scheduler_output)
         self._run(scheduler_output.step, batch)
         self.last_sampled = samplers
         return ModelRunnerOutput(sampled_token_ids=sampled)
@@ -257,3 +261,15 @@ class SimExecutor:
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+def _count_lora(batch: BatchShape, so: SchedulerOutput) -> None:
+    """Fill the batch's adapter-token and distinct-adapter counts."""
+    ids = set()
+    tokens = 0
+    for req, n in zip(so.scheduled, so.num_scheduled_tokens):
+        if req.lora_id:
+            tokens += n
+            ids.add(req.lora_id)
+    batch.lora_tokens = tokens
+    batch.num_loras = len(ids)

@@ -26,6 +26,7 @@ from llmsched.executor.torch.gguf import model_folder
 from llmsched.executor.torch.input_batch import InputBatch, RequestState, StepInputs, plan_step
 from llmsched.executor.torch.kv_cache import KVCache, KVCachePlan, cdiv, plan_kv_cache
 from llmsched.executor.torch.layers import can_prepack_linears
+from llmsched.executor.torch.lora import LoRAManager
 from llmsched.executor.torch.model import DecoderModel
 from llmsched.executor.torch.rope import RotaryEmbedding
 from llmsched.executor.torch.sampler import Sampler
@@ -82,6 +83,9 @@ class TorchExecutor:
         seed: int = 0,
         num_threads: int | None = None,
         speculative_config: SpeculativeConfig | dict | str | None = None,
+        enable_lora: bool = False,
+        max_loras: int = 1,
+        max_lora_rank: int = 16,
     ) -> None:
         for name, v in (
             ("block_size", 1 if block_size is None else block_size),
@@ -98,6 +102,9 @@ class TorchExecutor:
         self.speculative_config = SpeculativeConfig.parse(speculative_config)
         # The last step submitted: speculative steps are prepared only once it ran.
         self._last_future: Future[ModelRunnerOutput] | None = None
+        self.lora: LoRAManager | None = None
+        if enable_lora:
+            self.lora = LoRAManager(cfg, max_loras, max_lora_rank, self.device, self.dtype)
         self._thread: StepThread | None = StepThread(self._run, self.device)
         try:
             self._thread.call(
@@ -172,6 +179,7 @@ class TorchExecutor:
             keys_transposed=keys_transposed,
             dtype=self.dtype,
         )
+        self.batch.lora_enabled = self.lora is not None
         self.sampler = Sampler(self.device, seed)
         self.spec: SpecDecoder | None = None
         sc = self.speculative_config
@@ -262,7 +270,11 @@ class TorchExecutor:
         """A prepared step's forward pass and sampling (on the executor's thread)."""
         num_sched = step.num_scheduled
         with torch.inference_mode():
-            logits = self.model.forward(input_ids, step.positions, step.attn, step.logits_indices)
+            lora = None
+            if step.lora_spans:
+                assert self.lora is not None, "a LoRA step reached an executor without enable_lora"
+                lora = self.lora.prepare_step(step.lora_spans, input_ids.shape[0])
+            logits = self.model.forward(input_ids, step.positions, step.attn, step.logits_indices, lora)
             if self.spec is not None:
                 self.spec.observe(input_ids, step)
             if not step.sample_states:
@@ -401,6 +413,23 @@ class TorchExecutor:
                 block.zero_()
                 total += block.numel() * block.element_size()
         return total
+
+    # ---- LoRA adapters ----------------------------------------------------------
+
+    def add_lora(self, lora_request: object) -> bool:
+        """Register a LoRARequest's adapter (read and checked now); False when already registered."""
+        if self.lora is None:
+            raise ConfigError("LoRA is not enabled on this executor; build it with enable_lora=True")
+        lr = lora_request
+        return self.lora.add(lr.lora_name, lr.lora_int_id, lr.lora_path)  # type: ignore[attr-defined]
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Forget an adapter; False when it was not registered."""
+        return self.lora is not None and self.lora.remove(lora_int_id)
+
+    def list_loras(self) -> list[int]:
+        """Ids of the registered adapters."""
+        return [] if self.lora is None else [a.int_id for a in self.lora.registered()]
 
     def close(self) -> None:
         """Finish any step still running, then drop the weights, cache and request state."""

@@ -27,6 +27,7 @@ from llmsched.core.output import SchedulerOutput
 from llmsched.core.request import Request
 from llmsched.executor.torch.attention import AttentionMetadata, DecodeGroup, PrefillChunk
 from llmsched.executor.torch.kv_cache import cdiv
+from llmsched.executor.torch.lora.step import Span, row_spans
 
 
 @dataclass(slots=True)
@@ -141,6 +142,8 @@ class StepInputs:
     # its 1 + len(drafts) rows of the logits (None: one row each, in order).
     sample_drafts: list[list[int]] | None = None
     sample_logit_rows: list[list[int]] | None = None
+    # Rows that run a LoRA adapter (empty: the base model alone).
+    lora_spans: list[Span] = field(default_factory=list)
 
     def input_ids(self, device: torch.device) -> torch.Tensor:
         """The input tokens, holes filled from the executor's own samples (call once the step before ran)."""
@@ -182,6 +185,8 @@ class InputBatch:
         # dtype and writes K by (block, offset); SDPA takes a bool mask.
         self.keys_transposed = keys_transposed
         self.dtype = dtype
+        # Set when the executor serves LoRA adapters: each step records its adapters' rows.
+        self.lora_enabled = False
 
     # ---- state ------------------------------------------------------------------
 
@@ -332,6 +337,12 @@ class InputBatch:
         if self.keys_transposed:
             attn.slot_blocks = (slots // bs).to(dev)
             attn.slot_offsets = (slots % bs).to(dev)
+        lora_spans: list[Span] = []
+        if self.lora_enabled:
+            lora_spans = row_spans(
+                [st.request.lora_id for _, _, st in decodes],
+                [(n, st.request.lora_id) for _, n, _, st in prefills],
+            )
         return StepInputs(
             num_scheduled=len(so.scheduled),
             token_ids=ids,
@@ -340,6 +351,7 @@ class InputBatch:
             attn=attn,
             logits_indices=torch.tensor([r for r, _, _ in sample_rows], dtype=torch.int64).to(dev),
             **_samplers(sample_rows, plan),
+            lora_spans=lora_spans,
         )
 
     def decode_metadata(self, entries: list[tuple[int, RequestState]]) -> AttentionMetadata:

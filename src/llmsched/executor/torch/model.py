@@ -15,6 +15,8 @@ from llmsched.executor.torch.attention import AttentionMetadata, PagedAttention
 from llmsched.executor.torch.config import ModelConfig
 from llmsched.executor.torch.kv_cache import KVCache
 from llmsched.executor.torch.layers import packed_linear, rms_norm, swiglu
+from llmsched.executor.torch.lora.adapter import DOWN, GATE_UP, O_PROJ, QKV
+from llmsched.executor.torch.lora.step import LoRAStep, StackedLoRAStep
 from llmsched.executor.torch.rope import RotaryEmbedding
 from llmsched.executor.torch.weights import ModelWeights
 
@@ -53,13 +55,14 @@ class DecoderModel:
         positions: torch.Tensor,
         meta: AttentionMetadata,
         logits_indices: torch.Tensor,
+        lora: LoRAStep | StackedLoRAStep | None = None,
     ) -> torch.Tensor:
-        """Logits [len(logits_indices), vocab] in the model dtype."""
+        """Logits [len(logits_indices), vocab] in the model dtype; ``lora`` adds the step's adapters."""
         ntok = input_ids.shape[0]
         n = self.threads
         if n == 1 or ntok > NARROW_STEP_TOKENS:
             return self._forward(
-                input_ids, positions, meta, logits_indices, self.linear, self.attention.forward
+                input_ids, positions, meta, logits_indices, self.linear, self.attention.forward, lora
             )
         # A small (decode-heavy) step: the matmuls and attention (KV gathers
         # and batched matmuls over the whole batch) run on every thread, the
@@ -80,7 +83,13 @@ class DecoderModel:
         set_threads(1)
         try:
             return self._forward(
-                input_ids, positions, meta, logits_indices, wide(self.linear), wide(self.attention.forward)
+                input_ids,
+                positions,
+                meta,
+                logits_indices,
+                wide(self.linear),
+                wide(self.attention.forward),
+                lora,
             )
         finally:
             set_threads(n)
@@ -93,6 +102,7 @@ class DecoderModel:
         logits_indices: torch.Tensor,
         linear: Callable[..., torch.Tensor],
         attend: Callable[..., torch.Tensor],
+        lora: LoRAStep | StackedLoRAStep | None = None,
     ) -> torch.Tensor:
         cfg = self.config
         w = self.weights
@@ -105,15 +115,30 @@ class DecoderModel:
         x = F.embedding(input_ids, w.embed)
         for i, lw in enumerate(w.layers):
             h = rms_norm(x, lw.input_norm, eps)
-            qkv = linear(h, lw.qkv, lw.qkv_bias).view(ntok, nh + 2 * nkv, d)
+            qkv = linear(h, lw.qkv, lw.qkv_bias)
+            if lora is not None:
+                lora.apply(i, QKV, h, qkv)
+            qkv = qkv.view(ntok, nh + 2 * nkv, d)
             qk = qkv[:, : nh + nkv]
             if lw.qk_norm is not None:
                 qk = rms_norm(qk, lw.qk_norm, eps)
             qk = rope.apply(qk, cos, sin)
             attn = attend(qk[:, :nh], qk[:, nh:], qkv[:, nh + nkv :], caches[i], meta)
-            x.add_(linear(attn, lw.o_proj, lw.o_bias))
+            if lora is None:
+                x.add_(linear(attn, lw.o_proj, lw.o_bias))
+                h = rms_norm(x, lw.post_norm, eps)
+                x.add_(linear(swiglu(linear(h, lw.gate_up, lw.gate_up_bias)), lw.down, lw.down_bias))
+                continue
+            o = linear(attn, lw.o_proj, lw.o_bias)
+            lora.apply(i, O_PROJ, attn, o)
+            x.add_(o)
             h = rms_norm(x, lw.post_norm, eps)
-            x.add_(linear(swiglu(linear(h, lw.gate_up, lw.gate_up_bias)), lw.down, lw.down_bias))
+            gate_up = linear(h, lw.gate_up, lw.gate_up_bias)
+            lora.apply(i, GATE_UP, h, gate_up)
+            act = swiglu(gate_up)
+            down = linear(act, lw.down, lw.down_bias)
+            lora.apply(i, DOWN, act, down)
+            x.add_(down)
         if logits_indices.shape[0] != ntok:
             x = x.index_select(0, logits_indices)
         return linear(rms_norm(x, w.norm, eps), w.lm_head)
