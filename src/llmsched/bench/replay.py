@@ -95,6 +95,9 @@ def step_record(step: int, es: EngineStep, explain: bool) -> dict:
         "schedule_ns": es.schedule_ns,
         "update_ns": es.update_ns,
     }
+    if so.encoder_inputs is not None:
+        rec["enc"] = {rid: sorted(ids) for rid, ids in so.encoder_inputs.items()}
+        rec["enc_freed"] = list(so.freed_encoder_ids or ())
     if so.kv_connector_metadata is not None:
         rec["kv_loads"] = so.kv_connector_metadata
         rec["kv_out"] = events_record(es.model_output.kv_connector_output)
@@ -159,6 +162,7 @@ def replay(
                     arrival_time=step + 0.5 * (wr.index + 1) / (n + 1),
                     lora_id=wr.lora_id,
                     cache_salt=wr.cache_salt,
+                    mm_items=wr.mm,
                 )
             )
             p += 1

@@ -10,6 +10,7 @@ from pathlib import Path
 from llmsched.bench.scripted_connector import KVScript
 from llmsched.core.config import SchedulerConfig
 from llmsched.core.connector import KVTransferConfig
+from llmsched.core.encoder_inputs import MMItem
 from llmsched.core.errors import ConfigError
 
 # Defaults of the workload format, as vLLM's reference driver applies them.
@@ -47,6 +48,8 @@ class WorkloadRequest:
     cache_salt: str | None = None
     # What a scripted KV connector holds for it (workloads with a connector).
     kv: KVScript | None = None
+    # Encoder inputs (images): their placeholder positions and content hashes.
+    mm: tuple[MMItem, ...] = ()
 
 
 @dataclass(slots=True)
@@ -57,6 +60,11 @@ class Workload:
     requests: list[WorkloadRequest]
     # A scripted KV connector's role and failure policy, when the workload has one.
     kv_connector: KVTransferConfig | None = None
+
+    @property
+    def has_mm(self) -> bool:
+        """True if any request carries encoder inputs."""
+        return any(r.mm for r in self.requests)
 
     def scheduler_config(self, **overrides: object) -> SchedulerConfig:
         """The SchedulerConfig the workload asks for, with its nulls resolved."""
@@ -146,11 +154,32 @@ def parse_workload(data: dict) -> Workload:
                 lora_id=int(r.get("lora_id", 0)),
                 cache_salt=r.get("cache_salt"),
                 kv=kv,
+                mm=parse_mm(rid, r.get("mm")),
             )
         )
     if not requests:
         raise ConfigError("the workload has no requests")
     return Workload(config, requests, kv_connector)
+
+
+def parse_mm(rid: str, raw: object) -> tuple[MMItem, ...]:
+    """A request's ``mm`` list of encoder inputs.
+
+    One id with two lengths is allowed, as vLLM allows it: the request that
+    meets the other length in the encoder cache fails with an error.
+    """
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ConfigError(f"request {rid!r}: 'mm' must be a list of {{offset, length, id}} objects")
+    items = []
+    for k, m in enumerate(raw):
+        if not isinstance(m, dict) or not {"offset", "length", "id"} <= set(m):
+            raise ConfigError(f"request {rid!r}: mm item #{k} needs 'offset', 'length' and 'id', got {m!r}")
+        items.append(
+            MMItem(int(m["offset"]), int(m["length"]), str(m["id"]), str(m.get("modality", "image")))
+        )
+    return tuple(items)
 
 
 def parse_kv_connector(raw: object) -> KVTransferConfig | None:

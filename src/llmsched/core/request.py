@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+from llmsched.core.encoder_inputs import MMItem
 from llmsched.core.sampling_params import SamplingParams
 
 
@@ -76,6 +77,7 @@ class Request:
         "lora_name",
         "max_tokens",
         "min_tokens",
+        "mm_items",
         "num_cached_tokens",
         "num_computed_tokens",
         "num_in_flight_tokens",
@@ -112,6 +114,7 @@ class Request:
         cache_salt: str | None = None,
         skip_prefix_cache: bool = False,
         grammar: GrammarHandle | None = None,
+        mm_items: Sequence[MMItem] = (),
     ) -> None:
         params = sampling_params if sampling_params is not None else SamplingParams()
         self.request_id = request_id
@@ -137,6 +140,9 @@ class Request:
         self.lora_name = lora_name if lora_name is not None else (str(lora_id) if lora_id else None)
         self.cache_salt = cache_salt
         self.skip_prefix_cache = skip_prefix_cache
+        # Encoder inputs (images), sorted by offset; their embeddings fill
+        # placeholder positions of the prompt.
+        self.mm_items: tuple[MMItem, ...] = tuple(mm_items)
         # A constrained request waits for its grammar (ready or not: the
         # scheduler checks when it reaches the head of the queue).
         self.grammar = grammar

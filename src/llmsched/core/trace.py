@@ -37,6 +37,7 @@ class Reason(str, enum.Enum):
     KV_LOAD_FAILED = "kv_load_failed_recomputing"
     SENDING = "blocks_held_while_sending"
     GRAMMAR_COMPILING = "grammar_compiling"
+    ENCODER_HELD = "encoder_input_held"
 
 
 _TEXT = {
@@ -60,6 +61,7 @@ _TEXT = {
     Reason.KV_LOAD_FAILED: "KV load failed, recomputing",
     Reason.SENDING: "finished, blocks held while its KV is sent",
     Reason.GRAMMAR_COMPILING: "output grammar still compiling",
+    Reason.ENCODER_HELD: "an encoder input does not fit the encoder budget or cache",
 }
 
 
