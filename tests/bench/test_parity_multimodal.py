@@ -14,12 +14,11 @@ from llmsched.bench.replay import replay
 from llmsched.bench.workload import load_workload, parse_workload
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-# parity_seed001/: the reference workloads; parity_mm/: random ones recorded
-# with vLLM 0.33 (encoder budget and cache pressure, shared images,
-# preemption, priority, sync and async).
+# parity_seed001/: the reference workloads (random ones recorded with vLLM
+# 0.33 are in the fuzz corpus, tests/data/parity_fuzz/corpus-multimodal).
 CASES = sorted(
     str(p.relative_to(DATA)).removesuffix(".workload.json")
-    for d in ("parity_seed001", "parity_mm")
+    for d in ("parity_seed001",)
     for p in (DATA / d).glob("*.workload.json")
     if load_workload(p).has_mm
 )
