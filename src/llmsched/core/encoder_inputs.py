@@ -12,7 +12,7 @@ reference to the output is dropped (the output stays cached, evictable).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from llmsched.core.encoder_cache import EncoderCache
@@ -30,6 +30,8 @@ class MMItem:
     length: int
     identifier: str
     modality: str = "image"
+    # The executor's input for the encoder (preprocessed pixels); opaque here.
+    data: object = field(default=None, compare=False, repr=False)
 
     @property
     def end(self) -> int:

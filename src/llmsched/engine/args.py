@@ -81,8 +81,14 @@ class EngineArgs:
     debug: bool = False
     # Load no tokenizer: prompts are token ids, outputs token ids (vLLM's skip_tokenizer_init).
     skip_tokenizer_init: bool = False
+    # Vision-language models: most items per prompt by modality, e.g.
+    # {"image": 2} (a JSON string is accepted, as on the command line).
+    limit_mm_per_prompt: dict[str, int] | str | None = None
 
     def __post_init__(self) -> None:
+        from llmsched.engine.multimodal import parse_limit_mm_per_prompt
+
+        self.limit_mm_per_prompt = parse_limit_mm_per_prompt(self.limit_mm_per_prompt)
         for name in ("max_num_batched_tokens", "max_num_seqs"):
             v = getattr(self, name)
             if not _is_int(v) or v < 1:
@@ -148,13 +154,23 @@ class EngineArgs:
         }
 
     def create_scheduler_config(
-        self, num_gpu_blocks: int, max_model_len: int, block_size: int | None = None
+        self,
+        num_gpu_blocks: int,
+        max_model_len: int,
+        block_size: int | None = None,
+        max_tokens_per_mm_item: int = 0,
     ) -> SchedulerConfig:
         """The scheduler's settings, once the executor has sized the KV cache and context.
 
         ``block_size`` is the one the executor chose when ``self.block_size`` is None.
+        A vision-language model's encoder budget and cache hold at least one
+        item of ``max_tokens_per_mm_item`` embeddings, as vLLM sizes them.
         """
         bs = self.block_size or block_size
+        mm = {}
+        if max_tokens_per_mm_item:
+            n = max(self.max_num_batched_tokens, max_tokens_per_mm_item)
+            mm = {"max_num_encoder_input_tokens": n, "encoder_cache_size": n}
         return SchedulerConfig(
             num_gpu_blocks=num_gpu_blocks,
             max_model_len=max_model_len,
@@ -168,6 +184,7 @@ class EngineArgs:
             policy=self.scheduling_policy,
             async_scheduling=self.resolved_async_scheduling,
             debug=self.debug,
+            **mm,
         )
 
     @property
@@ -244,6 +261,12 @@ class EngineArgs:
             action="store_true",
             help="structured outputs: JSON without whitespace between tokens (a model that favours "
             "whitespace, such as the random-weight demo model, may otherwise never close an object)",
+        )
+        g.add_argument(
+            "--limit-mm-per-prompt",
+            default=None,
+            metavar="JSON",
+            help="vision-language models: most images per prompt, e.g. '{\"image\": 2}' (default: no limit)",
         )
 
     @classmethod

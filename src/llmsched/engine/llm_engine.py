@@ -77,16 +77,19 @@ class LLMEngine:
         factory = executor_factory if executor_factory is not None else _torch_executor
         executor = factory(self.model_path, **self._executor_kwargs())
         try:
+            spec = getattr(executor, "mm_spec", None)
             config = engine_args.create_scheduler_config(
                 num_gpu_blocks=executor.num_gpu_blocks,  # type: ignore[attr-defined]
                 max_model_len=executor.max_model_len,  # type: ignore[attr-defined]
                 block_size=getattr(executor, "block_size", None),
+                max_tokens_per_mm_item=spec.vision.num_image_tokens if spec is not None else 0,
             )
             self.engine_core = EngineCore(config, executor)
         except BaseException:
             executor.close()
             raise
         self.executor = executor
+        self.mm_processor = _mm_processor(self.model_path, executor, engine_args)
         self.scheduler_config = config
         self.max_model_len: int = config.max_model_len
         self._states: dict[str, RequestState] = {}
@@ -218,6 +221,7 @@ class LLMEngine:
                 "skip_tokenizer_init; use stop_token_ids"
             )
         text, ids = self.process_prompt(request_id, prompt)
+        ids, mm_items = self._mm_inputs(request_id, prompt, ids)
         grammar = None
         if params.structured_outputs is not None:
             grammar = self._grammar_for(request_id, params)
@@ -231,6 +235,7 @@ class LLMEngine:
             arrival_time=arrival,
             cache_salt=cache_salt,
             grammar=grammar,
+            mm_items=mm_items,
         )
         self.engine_core.add_request(req)
         if grammar is not None and not grammar.ready:
@@ -248,6 +253,18 @@ class LLMEngine:
             logprobs=[] if params.logprobs is not None else None,
             cumulative_logprob=0.0 if params.logprobs is not None else None,
         )
+
+    def _mm_inputs(self, request_id: str, prompt: object, ids: list[int]) -> tuple[list[int], tuple]:
+        """The prompt ids with image placeholders expanded, and its encoder inputs (images)."""
+        data = prompt.get("multi_modal_data") if isinstance(prompt, Mapping) else None
+        mm = self.mm_processor
+        if mm is None:
+            if data is not None:
+                raise RequestRejected(
+                    f"request {request_id!r}: multi_modal_data given, but {self.model_path} is text-only"
+                )
+            return ids, ()
+        return mm.process(request_id, ids, data)
 
     @property
     def structured_output_manager(self) -> StructuredOutputManager:
@@ -415,6 +432,22 @@ class LLMEngine:
 
 def _no_text(_: Sequence[int]) -> str:
     return ""
+
+
+def _mm_processor(model_path: Path, executor: object, engine_args: EngineArgs) -> Any:
+    """The image processor of a vision-language model (None for a text model)."""
+    spec = getattr(executor, "mm_spec", None)
+    if spec is None:
+        return None
+    from llmsched.engine.multimodal import MultiModalProcessor
+
+    limits = engine_args.limit_mm_per_prompt
+    return MultiModalProcessor(
+        model_path,
+        spec.image_token_id,
+        spec.vision.num_image_tokens,
+        limits if isinstance(limits, dict) else None,
+    )
 
 
 def _vocab_size(config: dict, tokenizer: Tokenizer | None) -> int:
