@@ -26,7 +26,9 @@ class EncoderCache:
         "_refs",
         "_sizes",
         "_unreferenced",
+        "num_allocated",
         "num_free",
+        "num_hits",
         "num_reclaimable",
         "size",
     )
@@ -45,6 +47,9 @@ class EncoderCache:
         # Unreferenced entries, oldest first (the eviction order).
         self._unreferenced: OrderedDict[str, int] = OrderedDict()
         self._evicted: list[str] = []
+        # Cumulative, for metrics: lookups that found the output cached, outputs reserved.
+        self.num_hits = 0
+        self.num_allocated = 0
 
     def __contains__(self, mm_hash: str) -> bool:
         return mm_hash in self._refs
@@ -79,6 +84,7 @@ class EncoderCache:
             self.num_reclaimable -= self._unreferenced.pop(mm_hash)
         users.add(request.request_id)
         self._note_item(request.request_id, index, mm_hash)
+        self.num_hits += 1
         return True
 
     def can_allocate(self, request: Request, index: int, compute_budget: int, num_pending: int) -> bool:
@@ -112,6 +118,7 @@ class EncoderCache:
         self._note_item(request.request_id, index, mm_hash)
         self.num_free -= item.length
         self.num_reclaimable -= item.length
+        self.num_allocated += 1
 
     def _note_item(self, request_id: str, index: int, mm_hash: str) -> None:
         self._item_refs.setdefault(request_id, {}).setdefault(index, mm_hash)

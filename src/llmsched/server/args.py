@@ -54,6 +54,8 @@ class ServerArgs:
     max_stop_string_len: int = DEFAULT_MAX_STOP_STRING_LEN
     request_timeout_s: float | None = None
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
+    # Hosts whose http(s) image URLs the server may fetch (none: data: URLs only).
+    allowed_media_domains: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -106,6 +108,14 @@ class ServerArgs:
             "--api-key",
             default=None,
             help=f"require 'Authorization: Bearer KEY' on /v1 and /debug (default: ${API_KEY_ENV}, if set)",
+        )
+        g.add_argument(
+            "--allowed-media-domains",
+            nargs="+",
+            default=[],
+            metavar="HOST",
+            help="hosts whose http(s) image URLs chat requests may name (default: none; images come "
+            "as data: URLs)",
         )
         g.add_argument(
             "--served-model-name",

@@ -160,6 +160,7 @@ class AsyncEngine:
         *,
         priority: int = 0,
         cache_salt: str | None = None,
+        images: list | None = None,
     ) -> RequestStream:
         """Queue a request; raises Overloaded past a queue limit, EngineDead if the engine stopped.
 
@@ -180,7 +181,7 @@ class AsyncEngine:
         stream = RequestStream(request_id, prompt_len, now, self._loop.create_future())
         stream.max_tokens = params.max_tokens
         self._streams[request_id] = stream
-        self.backend.send(Add(request_id, list(prompt_token_ids), params, now, priority, cache_salt))
+        self.backend.send(Add(request_id, list(prompt_token_ids), params, now, priority, cache_salt, images))
         if self.request_timeout_s is not None:
             stream.timer = self._loop.call_later(self.request_timeout_s, self._time_out, request_id)
         return stream

@@ -45,6 +45,7 @@ from llmsched.server.engine_stats import (
     attach_residency,
     cache_config_labels,
     drain_evictions,
+    encoder_cache_figures,
     waiting_by_reason,
 )
 from llmsched.server.step_log import StepLog, StepRecord
@@ -185,9 +186,12 @@ class EngineLoop:
 
     def _add(self, cmd: Add, acks: Acks) -> None:
         try:
+            prompt: dict = {"prompt_token_ids": cmd.prompt_token_ids}
+            if cmd.images:
+                prompt["multi_modal_data"] = {"image": cmd.images}
             self.engine.add_request(
                 cmd.request_id,
-                {"prompt_token_ids": cmd.prompt_token_ids},
+                prompt,
                 cmd.params,
                 arrival_time=cmd.arrival_time,
                 priority=cmd.priority,
@@ -307,4 +311,5 @@ class EngineLoop:
             step_tokens=step_tokens,
             waiting_by_reason=waiting_by_reason(self.engine, last.trace if last is not None else None),
             kv_evictions=drain_evictions(self.residency),
+            encoder_cache=encoder_cache_figures(sched),
         )

@@ -27,6 +27,8 @@ class Add:
     arrival_time: float
     priority: int = 0
     cache_salt: str | None = None
+    # Decoded images (PIL), one per image placeholder of the prompt.
+    images: list | None = None
 
 
 @dataclass(slots=True)
@@ -116,6 +118,8 @@ class EngineSnapshot:
     waiting_by_reason: tuple[tuple[str, int], ...] = ()
     # Sampled KV block lives that ended since the previous snapshot: (lifetime, idle, reuse gaps).
     kv_evictions: tuple[tuple[float, float, tuple[float, ...]], ...] = ()
+    # Vision-language models: (usage fraction, entries, items found cached, items encoded).
+    encoder_cache: tuple[float, int, int, int] | None = None
 
 
 @dataclass(slots=True)

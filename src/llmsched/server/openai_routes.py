@@ -7,6 +7,7 @@ from starlette.responses import Response
 
 from llmsched.server.errors import APIError
 from llmsched.server.generation import generate
+from llmsched.server.media import extract_images
 from llmsched.server.prompts import chat_prompt_ids, completion_prompt_ids
 from llmsched.server.protocol import ChatCompletionRequest, CompletionRequest
 from llmsched.server.responses import ChatFormatter, CompletionFormatter
@@ -81,8 +82,11 @@ def openai_router(state: ServerState) -> APIRouter:
             raise APIError(400, "continue_final_message is not supported", "continue_final_message")
         plan = plan_tools(body.tools, body.tool_choice)
         constraint = structured_outputs_for(body, plan.schema if plan is not None else None)
+        messages, images = extract_images(
+            body.messages, state.image_placeholder, state.args.allowed_media_domains
+        )
         ids = chat_prompt_ids(
-            body.messages,
+            messages,
             state.tokenizer,
             add_generation_prompt=body.add_generation_prompt,
             template_kwargs=body.chat_template_kwargs,
@@ -103,6 +107,6 @@ def openai_router(state: ServerState) -> APIRouter:
             fmt = ChatFormatter(rid, state.model_name, len(ids), num_top)
         else:
             fmt = ToolChatFormatter(rid, state.model_name, len(ids), num_top, plan)
-        return await generate(state, rid, ids, params, body, fmt, "messages")
+        return await generate(state, rid, ids, params, body, fmt, "messages", images or None)
 
     return router

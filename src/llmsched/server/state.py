@@ -32,6 +32,8 @@ class ServerState:
     vocab_size: int
     args: ServerArgs
     model_notice: str | None = None
+    # Vision-language models: the text standing for one image in a rendered chat.
+    image_placeholder: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -85,8 +87,11 @@ def create_state(
     info = backend.info()
     # The HTTP side tokenizes, so it loads the tokenizer too (never the weights).
     tokenizer = None
+    placeholder = None
     if not engine_args.skip_tokenizer_init:
-        tokenizer = load_tokenizer(load_model_files(info.model_path), engine_args.tokenizer)
+        files = load_model_files(info.model_path)
+        tokenizer = load_tokenizer(files, engine_args.tokenizer)
+        placeholder = image_placeholder(files.config, tokenizer)
     names = list(server_args.served_model_name) or [engine_args.model or Path(info.model_path).name]
     engine = AsyncEngine(
         backend,
@@ -122,4 +127,17 @@ def create_state(
         vocab_size=info.vocab_size,
         args=server_args,
         model_notice=info.model_notice,
+        image_placeholder=placeholder,
     )
+
+
+def image_placeholder(config: dict, tokenizer: Tokenizer) -> str | None:
+    """The image token's text for a LLaVA-style model (None for a text model)."""
+    if config.get("model_type") != "llava" and "LlavaForConditionalGeneration" not in (
+        config.get("architectures") or []
+    ):
+        return None
+    token = config.get("image_token_id", config.get("image_token_index"))
+    if not isinstance(token, int):
+        return None
+    return tokenizer.decode([token], skip_special_tokens=False)

@@ -2,98 +2,24 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
-from PIL import Image
-from transformers import (
-    CLIPImageProcessor,
-    CLIPVisionConfig,
-    LlamaConfig,
-    LlavaConfig,
-    LlavaForConditionalGeneration,
-)
+from transformers import LlavaForConditionalGeneration
 
 from llmsched import LLM
 from llmsched.core import Request, SamplingParams, SchedulerConfig
 from llmsched.engine import EngineCore
 from llmsched.engine.multimodal import MultiModalProcessor
 from llmsched.executor.torch import TorchExecutor
-from llmsched.executor.torch.embedded import tokenizer_json
-
-from .conftest import randomize
-
-IMAGE = 264  # the image token id: the byte-level tokenizer's next added token
-N = 16  # image tokens per image: (28 / 7)^2 patches, class token dropped
+from support.tiny_llava import IMAGE, N, build_tiny_llava, hf_greedy, image
 
 
 @pytest.fixture(scope="module")
 def llava(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, LlavaForConditionalGeneration]:
-    """A saved random-weight LLaVA with a byte-level tokenizer that knows <image>, and its HF twin."""
+    """A saved random-weight LLaVA and its transformers twin."""
     folder = tmp_path_factory.mktemp("tiny_llava")
-    vision = CLIPVisionConfig(
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        image_size=28,
-        patch_size=7,
-    )
-    text = LlamaConfig(
-        vocab_size=320,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    torch.manual_seed(0)
-    model = LlavaForConditionalGeneration(
-        LlavaConfig(vision_config=vision, text_config=text, image_token_index=IMAGE)
-    )
-    model = model.eval()
-    randomize(model, 7)
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
-    model.save_pretrained(folder)
-    CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}).save_pretrained(
-        folder
-    )
-    tok = tokenizer_json()
-    tok["added_tokens"].append(
-        {
-            "id": IMAGE,
-            "content": "<image>",
-            "single_word": False,
-            "lstrip": False,
-            "rstrip": False,
-            "normalized": False,
-            "special": True,
-        }
-    )
-    (folder / "tokenizer.json").write_text(json.dumps(tok))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
-    return folder, model
-
-
-def image(seed: int, h: int = 40, w: int = 50) -> Image.Image:
-    return Image.fromarray((np.random.RandomState(seed).rand(h, w, 3) * 255).astype("uint8"))
-
-
-def hf_greedy(
-    model: LlavaForConditionalGeneration, ids: list[int], pixels: list[torch.Tensor], n: int
-) -> list[int]:
-    kw = {"pixel_values": torch.stack(pixels)} if pixels else {}
-    with torch.no_grad():
-        out = model.generate(input_ids=torch.tensor([ids]), max_new_tokens=n, do_sample=False, **kw)
-    return out[0, len(ids) :].tolist()
+    return folder, build_tiny_llava(folder)
 
 
 # (prompt with one image token per image, images): one image, two, none, the
