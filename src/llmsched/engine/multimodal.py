@@ -77,19 +77,26 @@ class MultiModalProcessor:
     ) -> tuple[list[int], tuple[MMItem, ...]]:
         """Expand the prompt's image placeholders and preprocess its images; RequestRejected on bad input."""
         images = self._images(request_id, mm_data)
+        return self.encoder_inputs(
+            request_id, ids, [self._pixels(request_id, k, im) for k, im in enumerate(images)]
+        )
+
+    def encoder_inputs(
+        self, request_id: str, ids: list[int], pixels: list[Any]
+    ) -> tuple[list[int], tuple[MMItem, ...]]:
+        """The expanded ids and one encoder input per preprocessed image (identified by its content hash)."""
         from llmsched.executor.torch.llava import expand_image_tokens
 
         expanded, offsets = expand_image_tokens(ids, self.image_token_id, self.num_image_tokens)
-        if len(offsets) != len(images):
+        if len(offsets) != len(pixels):
             raise RequestRejected(
                 f"request {request_id!r}: the prompt has {len(offsets)} image placeholder(s) but "
-                f"{len(images)} image(s) were given; put one image token per image in the prompt"
+                f"{len(pixels)} image(s) were given; put one image token per image in the prompt"
             )
         items = []
-        for k, (offset, image) in enumerate(zip(offsets, images)):
-            pixels = self._pixels(request_id, k, image)
-            digest = hashlib.sha256(pixels.numpy().tobytes()).hexdigest()[:32]
-            items.append(MMItem(offset, self.num_image_tokens, digest, "image", data=pixels))
+        for offset, px in zip(offsets, pixels):
+            digest = hashlib.sha256(px.numpy().tobytes()).hexdigest()[:32]
+            items.append(MMItem(offset, self.num_image_tokens, digest, "image", data=px))
         return expanded, tuple(items)
 
     def _images(self, request_id: str, mm_data: object) -> list[Any]:

@@ -146,6 +146,7 @@ class Arrivals:
             priority=self.prios[i] if self.prios is not None else 0,
             arrival_time=order_t,
             sent_time=sent,
+            mm_items=wl.mm_items(i) if wl.images is not None else (),
         )
 
 
