@@ -117,6 +117,18 @@ def test_item_larger_than_the_budget_is_rejected():
     assert not s.has_requests()
 
 
+def test_unsplittable_item_larger_than_the_token_budget_is_rejected():
+    """vLLM refuses such a config at startup; a request that could never run must not hang."""
+    s = make(
+        max_num_batched_tokens=64,
+        disable_chunked_mm_input=True,
+        max_num_encoder_input_tokens=200,
+        encoder_cache_size=200,
+    )
+    with pytest.raises(RequestRejected, match="disable_chunked_mm_input"):
+        s.add_request(mm_req("a", "img", n_img=100))
+
+
 def test_text_only_scheduler_has_no_encoder_side():
     s = make()
     s.add_request(Request("t", [1, 2, 3], SamplingParams(max_tokens=2)))

@@ -72,10 +72,22 @@ class EncoderPlan:
 class EncoderScheduler:
     """The scheduler's encoder side: the per-step compute budget and the encoder cache."""
 
-    __slots__ = ("budget", "budget_per_step", "cache", "chunked_items", "mismatched", "scheduled")
+    __slots__ = (
+        "budget",
+        "budget_per_step",
+        "cache",
+        "chunked_items",
+        "max_chunk",
+        "mismatched",
+        "scheduled",
+    )
 
-    def __init__(self, budget_per_step: int, cache_size: int, chunked_items: bool = True) -> None:
+    def __init__(
+        self, budget_per_step: int, cache_size: int, chunked_items: bool = True, max_chunk: int | None = None
+    ) -> None:
         self.budget_per_step = budget_per_step
+        # The token budget: with chunked_items off, an item must fit in one chunk.
+        self.max_chunk = max_chunk
         self.budget = budget_per_step
         self.cache = EncoderCache(cache_size)
         # False: a chunk may not cover only part of an item.
@@ -95,6 +107,12 @@ class EncoderScheduler:
                 raise RequestRejected(
                     f"request {request.request_id!r}: encoder input #{k} has {it.length} embeddings, more "
                     f"than the encoder budget ({self.budget_per_step}) or cache ({self.cache.size}) holds"
+                )
+            if not self.chunked_items and self.max_chunk is not None and it.length > self.max_chunk:
+                raise RequestRejected(
+                    f"request {request.request_id!r}: encoder input #{k} has {it.length} placeholder tokens, "
+                    f"more than max_num_batched_tokens ({self.max_chunk}), and disable_chunked_mm_input "
+                    "forbids splitting it: it could never be scheduled"
                 )
 
     def begin_step(self) -> None:

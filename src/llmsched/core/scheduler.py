@@ -150,7 +150,10 @@ class Scheduler:
         if self._enc is None:
             cfg = self.config
             self._enc = EncoderScheduler(
-                cfg.encoder_budget, cfg.encoder_cache_embeddings, not cfg.disable_chunked_mm_input
+                cfg.encoder_budget,
+                cfg.encoder_cache_embeddings,
+                not cfg.disable_chunked_mm_input,
+                cfg.max_num_batched_tokens,
             )
         return self._enc
 
