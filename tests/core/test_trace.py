@@ -463,7 +463,8 @@ def test_grammar_compiling_reason() -> None:
 
 def test_every_reason_has_a_scenario() -> None:
     # Guards this file: a new Reason needs a scenario above (the KV-connector
-    # ones have theirs in test_remote_kv.py).
+    # ones have theirs in test_remote_kv.py, encoder_input_held in
+    # test_scheduler_multimodal.py).
     assert {r.value for r in Reason} == {
         "scheduled",
         "nothing_to_compute",
@@ -485,6 +486,7 @@ def test_every_reason_has_a_scenario() -> None:
         "waiting_for_remote_kv",
         "kv_load_failed_recomputing",
         "blocks_held_while_sending",
+        "encoder_input_held",
     }
 
 
