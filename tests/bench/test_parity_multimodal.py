@@ -49,6 +49,15 @@ def test_decisions_match_vllm(case):
         assert sorted(map(tuple, a["admitted"])) == sorted(map(tuple, b["admitted"])), (case, a["step"])
 
 
+def test_every_step_reports_encoder_fields_even_before_the_first_image():
+    raw = copy.deepcopy(_raw("parity_seed001/m1_multimodal"))
+    for r in raw["requests"]:
+        r["arrival_step"] += 40 if r.get("mm") else 0
+    ours = run(parse_workload(raw))
+    assert all("enc" in s and "enc_freed" in s for s in ours)
+    assert not ours[0]["enc"]
+
+
 def test_reference_workload_exercises_eviction_and_sharing():
     ref = load_trace(DATA / "parity_seed001/m1_multimodal.vllm.jsonl")
     assert any(s["enc_freed"] for s in ref)

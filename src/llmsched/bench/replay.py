@@ -129,6 +129,10 @@ def replay(
     sched = engine.scheduler
     if explain:
         sched.enable_trace()
+    if workload.has_mm:
+        # Made up front, so every step record carries enc / enc_freed (as
+        # vLLM's trace does), those before the first image arrives too.
+        _ = sched.encoder_scheduler
     if trace_out is not None:
         header = {
             "llmsched_version": llmsched.__version__,
