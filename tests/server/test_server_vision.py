@@ -49,7 +49,9 @@ def img(url: str) -> dict:
 def test_chat_with_images_answers_and_counts_the_encoder_cache(server):
     r = chat(server, [text("what is"), img(data_url(1)), text("?")], temperature=0.0)
     assert r.status_code == 200, r.text
-    # 1 image = 16 placeholder positions in the prompt.
+    plain = chat(server, [text("what is"), text("?")], temperature=0.0).json()["usage"]["prompt_tokens"]
+    # One image fills 16 prompt positions (its placeholder text was 1 token).
+    assert r.json()["usage"]["prompt_tokens"] == plain + 16 + 1
     assert r.json()["usage"]["completion_tokens"] == 4
     again = chat(server, [img(data_url(1)), img(data_url(2))], temperature=0.0)
     assert again.status_code == 200, again.text
