@@ -162,6 +162,7 @@ class AsyncEngine:
         cache_salt: str | None = None,
         tenant: str | None = None,
         kv_transfer_params: dict | None = None,
+        images: list | None = None,
     ) -> RequestStream:
         """Queue a request; raises Overloaded past a queue limit, EngineDead if the engine stopped.
 
@@ -191,8 +192,9 @@ class AsyncEngine:
                 now,
                 priority,
                 cache_salt,
-                tenant,
-                kv_transfer_params,
+                tenant=tenant,
+                kv_transfer_params=kv_transfer_params,
+                images=images,
             )
         )
         if self.request_timeout_s is not None:

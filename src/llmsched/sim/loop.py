@@ -147,6 +147,7 @@ class Arrivals:
             tenant=wl.tenants[i] if wl.tenants is not None else None,
             arrival_time=order_t,
             sent_time=sent,
+            mm_items=wl.mm_items(i) if wl.images is not None else (),
         )
 
 
