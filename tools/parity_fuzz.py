@@ -593,6 +593,8 @@ class Gen:
     CONNECTOR = ("off", "on", "mixed")
     # A hybrid (Mamba) model, streaming-input sessions, both, or any of them.
     HYBRID = ("off", "mamba", "sessions", "both", "mixed")
+    # Encoder inputs (images) in prompts, with an encoder budget and cache.
+    MM = ("off", "on", "mixed")
 
     def __init__(
         self,
@@ -601,12 +603,14 @@ class Gen:
         mode: str = "sync",
         connector: str = "off",
         hybrid: str = "off",
+        mm: str = "off",
     ) -> None:
         self.rng = rng
         self.profile = profile
         self.mode = mode
         self.connector = connector
         self.hybrid = hybrid
+        self.mm = mm
         # A tiny alphabet makes unrelated prompts (and generated tokens) share
         # blocks, which stresses duplicate hashes and eviction order.
         self.alphabet: tuple[int, ...] | None = None
@@ -653,6 +657,8 @@ class Gen:
                 if kind in ("mamba", "both"):
                     wl["config"]["mamba"] = True
                 self._fit_blocks(wl)
+            if self.mm == "on" or (self.mm == "mixed" and self.rng.random() < 0.5):
+                wl = self._add_mm(wl)
             if is_valid(wl):
                 return wl, feats
 
@@ -690,6 +696,48 @@ class Gen:
         lo = min_gpu_blocks(wl, prompts, resolved_mml(wl, prompts))
         if cfg["num_gpu_blocks"] < lo:
             cfg["num_gpu_blocks"] = lo + self.rng.choice((0, 0, 1, 2, 4, 8))
+
+    def _add_mm(self, wl: dict) -> dict:
+        """Images in random prompts: placeholder runs, ids from a small shared pool, a tight encoder side."""
+        rng = self.rng
+        wl = _materialize(wl)
+        cfg = wl["config"]
+        mnbt = int(cfg.get("max_num_batched_tokens", 8192))
+        bs = int(cfg.get("block_size", 16))
+        # The largest item: every item must fit the budget and the cache, or it never runs.
+        cap = max(1, min(mnbt, rng.choice((4, bs, 2 * bs, 64, 144))))
+        sizes = [
+            rng.choice((cap, bs if bs <= cap else cap, rng.randint(1, cap))) for _ in range(rng.randint(1, 6))
+        ]
+        cap = max(sizes)
+        x = rng.random()
+        if x < 0.7:
+            cfg["max_num_encoder_input_tokens"] = rng.choice((cap, cap + rng.randint(0, cap), 2 * cap))
+        if rng.random() < 0.8:
+            cfg["encoder_cache_size"] = rng.choice((cap, cap + rng.randint(0, cap), 2 * cap, 4 * cap))
+        threshold = int(cfg.get("long_prefill_token_threshold", 0) or 0)
+        if rng.random() < 0.3 and (threshold == 0 or threshold >= cap):
+            cfg["scheduler_extra"] = {"disable_chunked_mm_input": True}
+        for r in wl["requests"]:
+            if rng.random() < 0.25:
+                continue
+            p = r["prompt_token_ids"]
+            items = []
+            pos = 0
+            for _ in range(rng.choice((1, 1, 2, 3))):
+                k = rng.randrange(len(sizes))
+                length = sizes[k]
+                if rng.random() < 0.01:
+                    length = rng.randint(1, cap)  # the same id at another size: vLLM fails the request
+                offset = pos + rng.choice((0, rng.randint(0, bs), rng.randint(0, 3 * bs)))
+                if offset + length > len(p):
+                    break
+                p[offset : offset + length] = [31999] * length
+                items.append({"offset": offset, "length": length, "id": f"img{k}"})
+                pos = offset + length
+            if items:
+                r["mm"] = items
+        return wl
 
     def _add_connector(self, wl: dict) -> None:
         """A scripted KV connector with a random role and policy, and random per-request scripts."""
@@ -990,6 +1038,7 @@ def features(workload: dict, ref_steps: list[dict] | None = None) -> set[str]:
                 if rid in sessions and turns[rid] and hit:
                     f.add("obs:session_resumed_with_kv")
             turns.update(rid for rid in s["finished"] if rid in sessions)
+    f |= mm_features(workload, ref_steps)
     blocks = cfg.get("num_gpu_blocks")
     lo = min_gpu_blocks(workload, prompts, mml)
     if blocks is not None and blocks <= lo + 3:
@@ -1077,6 +1126,30 @@ def connector_features(workload: dict, ref_steps: list[dict] | None) -> set[str]
         preempted.update(s["preempted"])
         out = s.get("kv_out") or {}
         f |= {f"obs:kv_{k}" for k in ("failed", "invalid", "sent") if out.get(k)}
+    return f
+
+
+def mm_features(workload: dict, ref_steps: list[dict] | None) -> set[str]:
+    """What a case with encoder inputs exercises (nothing without them)."""
+    items = [m for r in workload["requests"] for m in r.get("mm") or ()]
+    if not items:
+        return set()
+    cfg = workload["config"]
+    f = {"mm:on"}
+    if (cfg.get("scheduler_extra") or {}).get("disable_chunked_mm_input"):
+        f.add("mm:no_chunked_mm_input")
+    ids = Counter(m["id"] for m in items)
+    if any(c > 1 for c in ids.values()):
+        f.add("mm:shared_image")
+    if len({(m["id"], m["length"]) for m in items}) > len(ids):
+        f.add("mm:id_size_mismatch")
+    for s in ref_steps or ():
+        if s.get("enc"):
+            f.add("obs:enc_scheduled")
+        if s.get("enc_freed"):
+            f.add("obs:enc_evicted")
+        if s["preempted"]:
+            f.add("obs:mm_preemption")
     return f
 
 
@@ -1276,7 +1349,15 @@ def compact_steps(steps: list[dict]) -> list[list]:
             s["num_waiting"],
             s["kv_usage"],
             # With a KV connector: the loads started, and the events the step's output carried.
-            *([s["kv_loads"], s.get("kv_out") or {}] if "kv_loads" in s else []),
+            *(
+                [s["kv_loads"], s.get("kv_out") or {}]
+                if "kv_loads" in s
+                else [None, None]
+                if "enc" in s
+                else []
+            ),
+            # With encoder inputs: the items encoded and the encoder-cache evictions.
+            *([s["enc"], s["enc_freed"]] if "enc" in s else []),
         ]
         for s in steps
     ]
@@ -1333,7 +1414,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
-    gen = Gen(rng, args.profile, args.mode, args.connector, args.hybrid)
+    gen = Gen(rng, args.profile, args.mode, args.connector, args.hybrid, args.mm)
     cases = [gen.workload() for _ in range(args.count)]
     pool = RefPool(args.jobs, args.ref_python, args.driver)
     mixes: Counter[str] = Counter()
@@ -1449,7 +1530,7 @@ def _record(name: str, wl: dict, ref: tuple[dict, list[dict]], feats: set[str], 
 def cmd_corpus(args: argparse.Namespace) -> int:
     """Fuzz workloads and keep a feature-covering subset (plus --include cases) as a corpus file."""
     rng = random.Random(args.seed)
-    gen = Gen(rng, args.profile, args.mode, args.connector, args.hybrid)
+    gen = Gen(rng, args.profile, args.mode, args.connector, args.hybrid, args.mm)
     generated = [gen.workload() for _ in range(args.count)]
     included: list[tuple[str, dict]] = []
     for inc in args.include or []:
@@ -1494,6 +1575,7 @@ def cmd_corpus(args: argparse.Namespace) -> int:
             cands.append((wl, features(wl, ref[1]) | gfeats | paths, ref[1]))
             kind = "" if args.connector == "off" else "kv-"
             kind += "" if args.hybrid == "off" else "hy-"
+            kind += "" if args.mm == "off" else "mm-"
             names.append(f"{kind}{args.profile}-s{args.seed}-{k:05d}")
         picked = sorted(set(choose_corpus(cands, args.size, random.Random(args.seed), args.cover)) | failing)
         for i in picked:
@@ -1526,7 +1608,7 @@ def cmd_corpus(args: argparse.Namespace) -> int:
                     print(f"witness {path} MISMATCH: {diffs[0]}", flush=True)
                 # Names stay unique across corpus files of both modes.
                 mode = "" if args.mode == "sync" else f"{args.mode}-"
-                mode += "" if args.connector == "off" else "kv-"
+                mode += ("" if args.connector == "off" else "kv-") + ("" if args.mm == "off" else "mm-")
                 name = f"witness-{mode}" + path.removeprefix("path:")
                 records.append(_record(name, small, ref, features(small, ref[1]) | paths))
                 print(f"{name}: {len(small['requests'])} requests, {len(ref[1])} steps", flush=True)
@@ -1542,6 +1624,7 @@ def cmd_corpus(args: argparse.Namespace) -> int:
         "profile": args.profile,
         "mode": args.mode,
         "connector": args.connector,
+        "mm": args.mm,
     }
     with gzip.open(out, "wt", compresslevel=9) as f:
         f.write(json.dumps({"header": head}) + "\n")
@@ -1582,6 +1665,7 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--mode", choices=Gen.MODES, default="mixed", help="sync or async scheduling, or both")
     f.add_argument("--connector", choices=Gen.CONNECTOR, default="off", help="a scripted KV connector")
     f.add_argument("--hybrid", choices=Gen.HYBRID, default="off", help="Mamba models, sessions, or both")
+    f.add_argument("--mm", choices=Gen.MM, default="off", help="encoder inputs (images) in prompts")
     c = sub.add_parser("check", parents=[ref], help="compare on given workload files")
     c.add_argument("workloads", nargs="+")
     k = sub.add_parser("corpus", parents=[ref], help="build a regression corpus file")
@@ -1591,6 +1675,7 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--mode", choices=Gen.MODES, default="sync", help="sync or async scheduling, or both")
     k.add_argument("--connector", choices=Gen.CONNECTOR, default="off", help="a scripted KV connector")
     k.add_argument("--hybrid", choices=Gen.HYBRID, default="off", help="Mamba models, sessions, or both")
+    k.add_argument("--mm", choices=Gen.MM, default="off", help="encoder inputs (images) in prompts")
     k.add_argument("--cover", type=int, default=4, help="cases wanted per feature before random fill")
     k.add_argument("--size", type=int, default=300, help="generated cases to keep")
     k.add_argument("--max-steps", type=int, default=400, help="skip cases with longer traces")

@@ -41,6 +41,9 @@ FIELDS = (
     # Cases with a scripted KV connector only: loads started, the step output's events.
     "kv_loads",
     "kv_out",
+    # Cases with encoder inputs only (null connector fields before them without a connector).
+    "enc",
+    "enc_freed",
 )
 # Per-step bookkeeping checked after every schedule(), empty steps included.
 BOOKKEEPING = ("step", "total_tokens", "num_running", "num_waiting", "kv_usage")
@@ -138,6 +141,15 @@ REQUIRED_FEATURES = {
     "path:session_input_queued",
     "path:session_close_queued",
     "path:session_close_aborts",
+    # Encoder inputs (corpus-multimodal): shared images, a reused id at another
+    # size, chunks kept from splitting an item, items encoded and evicted.
+    "mm:on",
+    "mm:shared_image",
+    "mm:id_size_mismatch",
+    "mm:no_chunked_mm_input",
+    "obs:enc_scheduled",
+    "obs:enc_evicted",
+    "obs:mm_preemption",
 }
 
 
@@ -152,7 +164,7 @@ def load_corpus(folder: Path = CORPUS_DIR) -> list[dict]:
 
 def expand(steps: list[list]) -> list[dict]:
     """Compact step records back into trace-style dicts."""
-    return [dict(zip(FIELDS, s)) for s in steps]
+    return [{k: v for k, v in zip(FIELDS, s) if v is not None} for s in steps]
 
 
 def replay_ours(workload: dict) -> list[dict]:
@@ -259,3 +271,20 @@ def test_a_corrupted_load_is_caught():
             j = next(i for i, s in enumerate(ref) if s["kv_out"])
             bad[j]["kv_out"] = {}
         assert differences(ours, bad), change
+
+
+def test_a_corrupted_encoder_record_is_caught():
+    """A multimodal case fails when a recorded encoder input or eviction is altered."""
+    case = next(c for c in CASES if any(len(s) > 12 and s[12] for s in c["steps"]))
+    ref = expand(case["steps"])
+    ours = replay_ours(case["workload"])
+    assert differences(ours, ref) == []
+    k = next(i for i, s in enumerate(ref) if s["enc"])
+    dropped = copy.deepcopy(ref)
+    rid = next(iter(dropped[k]["enc"]))
+    dropped[k]["enc"][rid] = dropped[k]["enc"][rid][1:] or [99]
+    j = next(i for i, s in enumerate(ref) if s["enc_freed"])
+    unevicted = copy.deepcopy(ref)
+    unevicted[j]["enc_freed"] = []
+    for bad in (dropped, unevicted):
+        assert differences(ours, bad), "a corrupted encoder record went unnoticed"

@@ -483,7 +483,8 @@ def test_session_waiting_for_input_reason() -> None:
 
 def test_every_reason_has_a_scenario() -> None:
     # Guards this file: a new Reason needs a scenario above (the KV-connector
-    # ones have theirs in test_remote_kv.py, the policies' in core/policies/).
+    # ones have theirs in test_remote_kv.py, the policies' in core/policies/,
+    # encoder_input_held in test_scheduler_multimodal.py).
     assert {r.value for r in Reason} == {
         "scheduled",
         "nothing_to_compute",
@@ -512,6 +513,7 @@ def test_every_reason_has_a_scenario() -> None:
         "held_by_policy",
         "mamba_block_alignment",
         "session_waiting_for_input",
+        "encoder_input_held",
     }
 
 

@@ -96,6 +96,9 @@ def step_record(step: int, es: EngineStep, explain: bool) -> dict:
         "schedule_ns": es.schedule_ns,
         "update_ns": es.update_ns,
     }
+    if so.encoder_inputs is not None:
+        rec["enc"] = {rid: sorted(ids) for rid, ids in so.encoder_inputs.items()}
+        rec["enc_freed"] = list(so.freed_encoder_ids or ())
     if so.kv_connector_metadata is not None:
         rec["kv_loads"] = so.kv_connector_metadata
         rec["kv_out"] = events_record(es.model_output.kv_connector_output)
@@ -142,6 +145,8 @@ def event_request(wr: WorkloadRequest, seg: int, step: int, num_requests: int) -
         cache_salt=wr.cache_salt,
         tenant=wr.tenant,
         resumable=bool(wr.segments) and seg >= 0,
+        # Encoder inputs belong to the first input's prompt.
+        mm_items=wr.mm if seg == 0 else (),
     )
 
 
@@ -168,6 +173,10 @@ def replay(
     sched = engine.scheduler
     if explain:
         sched.enable_trace()
+    if workload.has_mm:
+        # Made up front, so every step record carries enc / enc_freed (as
+        # vLLM's trace does), those before the first image arrives too.
+        _ = sched.encoder_scheduler
     if trace_out is not None:
         header = {
             "llmsched_version": llmsched.__version__,

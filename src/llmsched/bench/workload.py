@@ -10,6 +10,7 @@ from pathlib import Path
 from llmsched.bench.scripted_connector import KVScript
 from llmsched.core.config import SchedulerConfig
 from llmsched.core.connector import KVTransferConfig
+from llmsched.core.encoder_inputs import MMItem
 from llmsched.core.errors import ConfigError
 
 # Defaults of the workload format, as vLLM's reference driver applies them.
@@ -60,6 +61,9 @@ class WorkloadRequest:
             len(self.prompt_token_ids) + self.max_tokens + sum(len(p) + m for _, p, m in self.segments or ())
         )
 
+    # Encoder inputs (images): their placeholder positions and content hashes.
+    mm: tuple[MMItem, ...] = ()
+
 
 @dataclass(slots=True)
 class Workload:
@@ -69,6 +73,11 @@ class Workload:
     requests: list[WorkloadRequest]
     # A scripted KV connector's role and failure policy, when the workload has one.
     kv_connector: KVTransferConfig | None = None
+
+    @property
+    def has_mm(self) -> bool:
+        """True if any request carries encoder inputs."""
+        return any(r.mm for r in self.requests)
 
     def scheduler_config(self, **overrides: object) -> SchedulerConfig:
         """The SchedulerConfig the workload asks for, with its nulls resolved."""
@@ -163,6 +172,7 @@ def parse_workload(data: dict) -> Workload:
                 kv=kv,
                 segments=segments,
                 close_step=None if r.get("close_step") is None else int(r["close_step"]),
+                mm=parse_mm(rid, r.get("mm")),
             )
         )
     if not requests:
@@ -202,6 +212,26 @@ def parse_segments(rid: str, r: dict, index: int, num_requests: int) -> list | N
             raise ConfigError(f"request {rid!r}: segment #{k} has an empty prompt")
         out.append((int(seg["arrival_step"]), prompt, int(seg["max_tokens"])))
     return out
+
+
+def parse_mm(rid: str, raw: object) -> tuple[MMItem, ...]:
+    """A request's ``mm`` list of encoder inputs.
+
+    One id with two lengths is allowed, as vLLM allows it: the request that
+    meets the other length in the encoder cache fails with an error.
+    """
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ConfigError(f"request {rid!r}: 'mm' must be a list of {{offset, length, id}} objects")
+    items = []
+    for k, m in enumerate(raw):
+        if not isinstance(m, dict) or not {"offset", "length", "id"} <= set(m):
+            raise ConfigError(f"request {rid!r}: mm item #{k} needs 'offset', 'length' and 'id', got {m!r}")
+        items.append(
+            MMItem(int(m["offset"]), int(m["length"]), str(m["id"]), str(m.get("modality", "image")))
+        )
+    return tuple(items)
 
 
 def parse_kv_connector(raw: object) -> KVTransferConfig | None:

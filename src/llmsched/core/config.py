@@ -52,6 +52,12 @@ class SchedulerConfig:
     # block pool. With prefix caching, states are cached at block boundaries
     # and prefill chunks end on them (vLLM's "align" mode).
     mamba: bool = False
+    # Multimodal: embeddings the encoder may compute per step, and the
+    # encoder cache's size in embeddings (None: max_num_batched_tokens);
+    # disable_chunked_mm_input forbids a chunk covering part of an item.
+    max_num_encoder_input_tokens: int | None = None
+    encoder_cache_size: int | None = None
+    disable_chunked_mm_input: bool = False
     # Check the scheduling and KV invariants after every step (slow).
     debug: bool = False
 
@@ -106,6 +112,14 @@ class SchedulerConfig:
             )
         if not isinstance(self.mamba, bool):
             raise ConfigError(f"mamba={self.mamba!r} must be true or false")
+        for name in ("max_num_encoder_input_tokens", "encoder_cache_size"):
+            v = getattr(self, name)
+            if v is not None and (not _is_int(v) or v < 1):
+                raise ConfigError(f"{name}={v!r} must be a positive integer or None")
+        if not isinstance(self.disable_chunked_mm_input, bool):
+            raise ConfigError(
+                f"disable_chunked_mm_input={self.disable_chunked_mm_input!r} must be true or false"
+            )
         if not isinstance(self.async_scheduling, bool):
             raise ConfigError(f"async_scheduling={self.async_scheduling!r} must be true or false")
         if self.max_loras is not None and (not _is_int(self.max_loras) or self.max_loras < 1):
@@ -115,6 +129,18 @@ class SchedulerConfig:
     def watermark_blocks(self) -> int:
         """Blocks kept free when admitting, as vLLM counts them (null block included)."""
         return int(self.watermark * self.num_gpu_blocks)
+
+    @property
+    def encoder_budget(self) -> int:
+        """Encoder embeddings computable per step."""
+        v = self.max_num_encoder_input_tokens
+        return self.max_num_batched_tokens if v is None else v
+
+    @property
+    def encoder_cache_embeddings(self) -> int:
+        """The encoder cache's size in embeddings."""
+        v = self.encoder_cache_size
+        return self.max_num_batched_tokens if v is None else v
 
     def to_dict(self) -> dict:
         """Plain-dict form (for trace headers)."""

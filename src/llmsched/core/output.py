@@ -55,6 +55,11 @@ class SchedulerOutput:
     # What the KV connector's worker side needs for this step (loads to
     # start, blocks to send); None without a connector.
     kv_connector_metadata: object = None
+    # Multimodal only (None otherwise): encoder inputs to encode this step
+    # (request id -> item indices) and content hashes evicted from the
+    # encoder cache, whose outputs executors drop.
+    encoder_inputs: dict[str, list[int]] | None = None
+    freed_encoder_ids: list[str] | None = None
 
     def chunks(self) -> list[tuple[Request, int, int]]:
         """(request, first position, token count) for each scheduled request."""

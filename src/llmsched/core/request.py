@@ -8,6 +8,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+from llmsched.core.encoder_inputs import MMItem
 from llmsched.core.sampling_params import SamplingParams
 
 
@@ -82,6 +83,7 @@ class Request:
         "lora_name",
         "max_tokens",
         "min_tokens",
+        "mm_items",
         "num_cached_tokens",
         "num_computed_tokens",
         "num_in_flight_tokens",
@@ -122,6 +124,7 @@ class Request:
         grammar: GrammarHandle | None = None,
         tenant: str | None = None,
         resumable: bool = False,
+        mm_items: Sequence[MMItem] = (),
     ) -> None:
         params = sampling_params if sampling_params is not None else SamplingParams()
         self.request_id = request_id
@@ -149,6 +152,9 @@ class Request:
         self.skip_prefix_cache = skip_prefix_cache
         # Who sent it, for fair-share policies and per-tenant metrics.
         self.tenant = tenant
+        # Encoder inputs (images), sorted by offset; their embeddings fill
+        # placeholder positions of the prompt.
+        self.mm_items: tuple[MMItem, ...] = tuple(mm_items)
         # A constrained request waits for its grammar (ready or not: the
         # scheduler checks when it reaches the head of the queue).
         self.grammar = grammar

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 
 from llmsched.core.config import SchedulerConfig
 from llmsched.core.connector import KVConnector
+from llmsched.core.encoder_inputs import EncoderScheduler
 from llmsched.core.errors import RequestRejected
 from llmsched.core.kv.hybrid import HybridKVCacheManager
 from llmsched.core.kv.mamba import mamba_aligned_chunk
@@ -90,6 +91,9 @@ class Scheduler:
         self._finished_ids: list[str] = []
         self._step = 0
         self._trace_enabled = False
+        # The encoder budget and cache, made when the first request with
+        # encoder inputs arrives (text-only workloads never pay for it).
+        self._enc: EncoderScheduler | None = None
         # Hot settings as plain attributes: read once per step.
         self._max_tokens_budget = config.max_num_batched_tokens
         self._max_num_seqs = config.max_num_seqs
@@ -172,9 +176,24 @@ class Scheduler:
                 f"request {rid!r}: at its full length ({stop_length} tokens) it needs {need} KV blocks "
                 f"of {cfg.block_size} tokens, but the whole cache has {usable}; it could never finish"
             )
+        if request.mm_items:
+            self.encoder_scheduler.check_request(request)
         request.stop_length = stop_length
         self.requests[rid] = request
         self.waiting.add(request)
+
+    @property
+    def encoder_scheduler(self) -> EncoderScheduler:
+        """The encoder budget and cache (made on first use)."""
+        if self._enc is None:
+            cfg = self.config
+            self._enc = EncoderScheduler(
+                cfg.encoder_budget,
+                cfg.encoder_cache_embeddings,
+                not cfg.disable_chunked_mm_input,
+                cfg.max_num_batched_tokens,
+            )
+        return self._enc
 
     def finish_requests(
         self, request_ids: str | Iterable[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED
@@ -221,6 +240,8 @@ class Scheduler:
     def _release(self, req: Request, delay_free: bool = False) -> None:
         del self.requests[req.request_id]
         self._finished_ids.append(req.request_id)
+        if self._enc is not None and req.mm_items:
+            self._enc.release(req)
         if self._remote is not None:
             self._remote.finished_with_delay(req, delay_free)
         else:
@@ -286,6 +307,9 @@ class Scheduler:
         max_len = self._max_model_len
         lookahead = self._lookahead
         budget = self._max_tokens_budget
+        enc = self._enc
+        if enc is not None:
+            enc.begin_step()
         # The threshold exists so a long prefill cannot starve others; a lone
         # request has nobody to starve, so it gets the whole budget.
         remote = self._remote
@@ -343,9 +367,18 @@ class Scheduler:
                         trace.add(req.request_id, Reason.MAMBA_ALIGNMENT, detail=f"{budget} tokens left")
                     i += 1
                     continue
+            plan = None
+            held = ""
+            if enc is not None and req.mm_items:
+                # Items the chunk overlaps must be cached or fit the encoder budget and cache.
+                n, plan, held = enc.try_schedule(req, computed, n)
             if n <= 0:
                 if trace is not None:
-                    trace.add(req.request_id, Reason.NOTHING_TO_COMPUTE)
+                    trace.add(
+                        req.request_id,
+                        Reason.ENCODER_HELD if held else Reason.NOTHING_TO_COMPUTE,
+                        detail=held,
+                    )
                 i += 1
                 continue
             new_blocks = kv.allocate_slots(req, n, lookahead)
@@ -385,6 +418,8 @@ class Scheduler:
                 prefill_scheduled = True
             req.num_computed_tokens = computed + n
             req.is_prefill_chunk = computed + n < req.num_tokens + placeholders
+            if plan is not None:
+                enc.commit(req, plan)
             sched.append(req)
             ntoks.append(n)
             if new_blocks:
@@ -396,7 +431,7 @@ class Scheduler:
                 # Fresh drafts arrive with this step's output.
                 req.spec_token_ids = []
             if trace is not None:
-                self._trace_scheduled(trace, req, computed, n, wanted, budget, threshold)
+                self._trace_scheduled(trace, req, computed, n, wanted, budget, threshold, held=held)
             budget -= n
             i += 1
 
@@ -426,6 +461,9 @@ class Scheduler:
                     self._prefill_capacity_bound = self.num_waiting > len(self._set_aside)
 
         out.total_num_scheduled_tokens = total = self._max_tokens_budget - budget
+        if enc is not None:
+            out.encoder_inputs = enc.scheduled
+            out.freed_encoder_ids = enc.take_evicted()
         if remote is not None:
             if trace is not None:
                 remote.trace_events(trace)
@@ -545,6 +583,7 @@ class Scheduler:
         running = self.running
         kv = self.kv
         remote = self._remote
+        enc = self._enc
         lookahead = self._lookahead
         max_loras = self._max_loras
         loras = {r.lora_id for r in running if r.lora_id} if max_loras is not None else None
@@ -607,6 +646,8 @@ class Scheduler:
                 continue
             computed = hit + ext if hit >= 0 else req.num_computed_tokens
             n = 0
+            plan = None
+            held = ""
             if not load_async:
                 n, stop, detail = self._admission_chunk(req, computed, budget, threshold, defer)
                 if stop is not None:
@@ -622,6 +663,17 @@ class Scheduler:
                     if n == 0:
                         stop, detail = Reason.MAMBA_ALIGNMENT, f"{budget} tokens left"
                         break
+                if enc is not None and req.mm_items:
+                    n, plan, held = enc.try_schedule(req, computed, n)
+                    if n == 0:
+                        # An item it reaches cannot be encoded this step:
+                        # set aside, so those behind it may still go (as vLLM).
+                        queue.pop()
+                        self._set_aside.add(req)
+                        (held_aside if _holds_blocks(req) else set_aside).append(req)
+                        if trace is not None:
+                            trace.add(req.request_id, Reason.ENCODER_HELD, detail=held)
+                        continue
             while True:
                 reserved = self._watermark_blocks if running else 0
                 if remote is None:
@@ -641,6 +693,8 @@ class Scheduler:
                     break
                 budget += freed
             if blocks is None:
+                if enc is not None and req.mm_items:
+                    enc.release(req)
                 stop, detail = self._why_no_blocks(req, hit_blocks, ext + n, reserved)
                 if decides:
                     stop, detail = self._blocked(out, req, stop, detail, queue, set_aside, held_aside, trace)
@@ -665,11 +719,13 @@ class Scheduler:
             if computed < req.num_tokens - 1:
                 prefill_admitted = True
             self._start_running(out, req, blocks, computed, n, hit)
+            if plan is not None:
+                enc.commit(req, plan)
             if loras is not None and req.lora_id:
                 loras.add(req.lora_id)
             if trace is not None:
                 self._trace_scheduled(
-                    trace, req, computed, n, req.num_tokens - computed, budget, threshold, admitted=True
+                    trace, req, computed, n, req.num_tokens - computed, budget, threshold, True, held
                 )
             budget -= n
         if set_aside:
@@ -857,6 +913,8 @@ class Scheduler:
             # async mode's max_tokens already in flight).
             return 0
         n = out.num_scheduled_tokens[k]
+        if self._enc is not None:
+            self._enc.unschedule(victim)
         del out.scheduled[k]
         del out.num_scheduled_tokens[k]
         # The withdrawn chunk's blocks were registered in the prefix cache when
@@ -876,6 +934,8 @@ class Scheduler:
             self._remote.forget(req)
         else:
             self.kv.free(req)
+        if self._enc is not None and req.mm_items:
+            self._enc.release(req)
         req.status = _PREEMPTED
         req.num_computed_tokens = 0
         req.spec_token_ids = []
@@ -916,6 +976,7 @@ class Scheduler:
         # Requests whose KV failed to load: their output is void (see RemoteKV.begin_update).
         failed = remote.begin_update(out, kv_out, self.running) if remote is not None else None
         stopped_waiting: set[Request] = set()
+        enc = self._enc
         for k, req in enumerate(out.scheduled):
             toks = sampled[k]
             status = req.status
@@ -932,6 +993,10 @@ class Scheduler:
                         continue
             if failed and req.request_id in failed:
                 continue
+            mm = enc is not None and req.mm_items
+            if mm and not (spec_sched and toks):
+                # Items its confirmed progress passed are no longer needed by it.
+                enc.release_passed(req)
             # No tokens: a partial prefill chunk. Not running (and not a
             # preempted request's stale output): aborted meanwhile.
             if not toks or (status is not _RUNNING and not stale):
@@ -944,6 +1009,8 @@ class Scheduler:
                         req.num_computed_tokens -= rejected
                         if req.num_output_placeholders:
                             req.num_output_placeholders -= rejected
+            if mm and spec_sched:
+                enc.release_passed(req)
             stopped = False
             if len(toks) == 1:
                 t = toks[0]
@@ -974,6 +1041,9 @@ class Scheduler:
                     self.kv.cache_blocks(req, req.num_computed_tokens - req.num_in_flight_tokens)
             updated.append(req)
             if stopped:
+                if mm:
+                    # Released here, in output order: it decides the eviction order.
+                    enc.release(req)
                 finished.append(req)
                 if stale:
                     stopped_waiting.add(req)
@@ -984,6 +1054,9 @@ class Scheduler:
         if self._declined:
             finished.extend(self._declined)
             self._declined = []
+        if enc is not None and enc.mismatched:
+            mismatched, enc.mismatched = enc.mismatched, set()
+            finished.extend(self.finish_requests(mismatched, RequestStatus.FINISHED_ERROR))
         if remote is not None:
             if failed and not remote.recompute_failures:
                 finished.extend(self.finish_requests(failed, RequestStatus.FINISHED_ERROR))
@@ -1025,6 +1098,7 @@ class Scheduler:
         budget: int,
         threshold: int,
         admitted: bool = False,
+        held: str = "",
     ) -> None:
         if start >= req.num_tokens - 1:
             what = "decode" if n == 1 else f"decode with {n - 1} draft tokens"
@@ -1043,6 +1117,8 @@ class Scheduler:
                 what += f", capped by long_prefill_token_threshold={threshold}"
             elif n == budget:
                 what += ", capped by the token budget"
+            elif held:
+                what += f", stopped before {held}"
             else:
                 what += f", capped by max_model_len={self._max_model_len}"
         trace.add(req.request_id, Reason.SCHEDULED, n, what)

@@ -45,6 +45,7 @@ class Reason(str, enum.Enum):
     POLICY_HOLD = "held_by_policy"
     MAMBA_ALIGNMENT = "mamba_block_alignment"
     WAITING_FOR_INPUT = "session_waiting_for_input"
+    ENCODER_HELD = "encoder_input_held"
 
 
 _TEXT = {
@@ -75,6 +76,7 @@ _TEXT = {
     Reason.POLICY_HOLD: "held by the scheduling policy",
     Reason.MAMBA_ALIGNMENT: "no block-aligned prefill chunk fits the budget left (hybrid model)",
     Reason.WAITING_FOR_INPUT: "session waiting for its next input",
+    Reason.ENCODER_HELD: "an encoder input does not fit the encoder budget or cache",
 }
 
 

@@ -111,8 +111,14 @@ class EngineArgs:
     enable_lora: bool = False
     max_loras: int = 1
     max_lora_rank: int = 16
+    # Vision-language models: most items per prompt by modality, e.g.
+    # {"image": 2} (a JSON string is accepted, as on the command line).
+    limit_mm_per_prompt: dict[str, int] | str | None = None
 
     def __post_init__(self) -> None:
+        from llmsched.engine.multimodal import parse_limit_mm_per_prompt
+
+        self.limit_mm_per_prompt = parse_limit_mm_per_prompt(self.limit_mm_per_prompt)
         for name in (
             "max_num_batched_tokens",
             "max_num_seqs",
@@ -228,13 +234,20 @@ class EngineArgs:
         max_model_len: int,
         block_size: int | None = None,
         platform: Platform | None = None,
+        max_tokens_per_mm_item: int = 0,
     ) -> SchedulerConfig:
         """The scheduler's settings, once the executor has sized the KV cache and context.
 
         ``block_size`` is the one the executor chose when ``self.block_size`` is None.
+        A vision-language model's encoder budget and cache hold at least one
+        item of ``max_tokens_per_mm_item`` embeddings, as vLLM sizes them.
         """
         bs = self.block_size or block_size
         limits = self.batch_limits(platform, max_model_len)
+        mm = {}
+        if max_tokens_per_mm_item:
+            n = max(limits.max_num_batched_tokens, max_tokens_per_mm_item)
+            mm = {"max_num_encoder_input_tokens": n, "encoder_cache_size": n}
         return SchedulerConfig(
             num_gpu_blocks=num_gpu_blocks,
             max_model_len=max_model_len,
@@ -251,6 +264,7 @@ class EngineArgs:
             max_loras=self.max_loras if self.enable_lora else None,
             debug=self.debug,
             **self._spec_scheduler_fields(),
+            **mm,
         )
 
     def _spec_scheduler_fields(self) -> dict[str, int]:
@@ -377,6 +391,12 @@ class EngineArgs:
             help='speculative decoding, as vLLM: \'{"method": "ngram", "num_speculative_tokens": 4, '
             '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\' (prompt lookup) or '
             '\'{"model": DIR, "num_speculative_tokens": 4}\' (a draft model sharing the tokenizer)',
+        )
+        g.add_argument(
+            "--limit-mm-per-prompt",
+            default=None,
+            metavar="JSON",
+            help="vision-language models: most images per prompt, e.g. '{\"image\": 2}' (default: no limit)",
         )
 
         g = parser.add_argument_group("LoRA adapters")

@@ -85,6 +85,7 @@ class LLMEngine:
         # Disaggregated prefill/decode: a KV connector over the executor's cache.
         self.kv_connector: Any = None
         try:
+            spec = getattr(executor, "mm_spec", None)
             max_model_len = executor.max_model_len  # type: ignore[attr-defined]
             self.batch_limits = engine_args.batch_limits(self.platform, max_model_len)
             if engine_args.kv_transfer_config is not None:
@@ -98,12 +99,14 @@ class LLMEngine:
                 max_model_len=max_model_len,
                 block_size=getattr(executor, "block_size", None),
                 platform=self.platform,
+                max_tokens_per_mm_item=spec.vision.num_image_tokens if spec is not None else 0,
             )
             self.engine_core = EngineCore(config, executor, connector=self.kv_connector)
         except BaseException:
             executor.close()
             raise
         self.executor = executor
+        self.mm_processor = _mm_processor(self.model_path, executor, engine_args)
         self.scheduler_config = config
         self.max_model_len: int = config.max_model_len
         self._states: dict[str, RequestState] = {}
@@ -260,6 +263,7 @@ class LLMEngine:
         text, ids = self.process_prompt(request_id, prompt)
         if lora_request is not None:
             self._check_lora(request_id, lora_request)
+        ids, mm_items = self._mm_inputs(request_id, prompt, ids)
         grammar = None
         if params.structured_outputs is not None:
             grammar = self._grammar_for(request_id, params)
@@ -276,6 +280,7 @@ class LLMEngine:
             tenant=tenant,
             lora_id=lora_request.lora_int_id if lora_request is not None else 0,
             lora_name=lora_request.lora_name if lora_request is not None else None,
+            mm_items=mm_items,
         )
         if kv_transfer_params is not None and self.kv_connector is not None:
             self.kv_connector.set_request_params(request_id, kv_transfer_params)
@@ -340,6 +345,18 @@ class LLMEngine:
         """Ids of the adapters the executor holds."""
         ls = getattr(self.executor, "list_loras", None)
         return list(ls()) if ls is not None else []
+
+    def _mm_inputs(self, request_id: str, prompt: object, ids: list[int]) -> tuple[list[int], tuple]:
+        """The prompt ids with image placeholders expanded, and its encoder inputs (images)."""
+        data = prompt.get("multi_modal_data") if isinstance(prompt, Mapping) else None
+        mm = self.mm_processor
+        if mm is None:
+            if data is not None:
+                raise RequestRejected(
+                    f"request {request_id!r}: multi_modal_data given, but {self.model_path} is text-only"
+                )
+            return ids, ()
+        return mm.process(request_id, ids, data)
 
     @property
     def structured_output_manager(self) -> StructuredOutputManager:
@@ -523,6 +540,22 @@ class LLMEngine:
 
 def _no_text(_: Sequence[int]) -> str:
     return ""
+
+
+def _mm_processor(model_path: Path, executor: object, engine_args: EngineArgs) -> Any:
+    """The image processor of a vision-language model (None for a text model)."""
+    spec = getattr(executor, "mm_spec", None)
+    if spec is None:
+        return None
+    from llmsched.engine.multimodal import MultiModalProcessor
+
+    limits = engine_args.limit_mm_per_prompt
+    return MultiModalProcessor(
+        model_path,
+        spec.image_token_id,
+        spec.vision.num_image_tokens,
+        limits if isinstance(limits, dict) else None,
+    )
 
 
 def _vocab_size(config: dict, tokenizer: Tokenizer | None) -> int:

@@ -61,6 +61,8 @@ class ServerArgs:
     # page faults (on by default from the command line; off here so that
     # engines built in-process for tests start at once).
     prefault_kv_cache: bool = False
+    # Hosts whose http(s) image URLs the server may fetch (none: data: URLs only).
+    allowed_media_domains: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -113,6 +115,14 @@ class ServerArgs:
             "--api-key",
             default=None,
             help=f"require 'Authorization: Bearer KEY' on /v1 and /debug (default: ${API_KEY_ENV}, if set)",
+        )
+        g.add_argument(
+            "--allowed-media-domains",
+            nargs="+",
+            default=[],
+            metavar="HOST",
+            help="hosts whose http(s) image URLs chat requests may name (default: none; images come "
+            "as data: URLs)",
         )
         g.add_argument(
             "--served-model-name",

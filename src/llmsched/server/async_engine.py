@@ -168,6 +168,7 @@ class AsyncEngine:
         tenant: str | None = None,
         kv_transfer_params: dict | None = None,
         lora_request: LoRARequest | None = None,
+        images: list | None = None,
     ) -> RequestStream:
         """Queue a request; raises Overloaded past a queue limit, EngineDead if the engine stopped.
 
@@ -197,9 +198,10 @@ class AsyncEngine:
                 now,
                 priority,
                 cache_salt,
-                tenant,
-                kv_transfer_params,
-                lora_request,
+                tenant=tenant,
+                kv_transfer_params=kv_transfer_params,
+                lora_request=lora_request,
+                images=images,
             )
         )
         if self.request_timeout_s is not None:

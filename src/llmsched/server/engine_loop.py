@@ -47,6 +47,7 @@ from llmsched.server.engine_stats import (
     attach_residency,
     cache_config_labels,
     drain_evictions,
+    encoder_cache_figures,
     waiting_by_reason,
 )
 from llmsched.server.step_log import StepLog, StepRecord
@@ -201,9 +202,12 @@ class EngineLoop:
 
     def _add(self, cmd: Add, acks: Acks) -> None:
         try:
+            prompt: dict = {"prompt_token_ids": cmd.prompt_token_ids}
+            if cmd.images:
+                prompt["multi_modal_data"] = {"image": cmd.images}
             self.engine.add_request(
                 cmd.request_id,
-                {"prompt_token_ids": cmd.prompt_token_ids},
+                prompt,
                 cmd.params,
                 arrival_time=cmd.arrival_time,
                 priority=cmd.priority,
@@ -330,4 +334,5 @@ class EngineLoop:
             spec_decode=None if self.engine.spec_stats is None else self.engine.spec_stats.as_tuple(),
             external_prefix_cache_queries=getattr(conn, "external_queries", 0),
             external_prefix_cache_hits=getattr(conn, "external_hits", 0),
+            encoder_cache=encoder_cache_figures(sched),
         )

@@ -30,6 +30,8 @@ class Add:
     cache_salt: str | None = None
     tenant: str | None = None
     kv_transfer_params: dict | None = None
+    # Decoded images (PIL), one per image placeholder of the prompt.
+    images: list | None = None
     lora_request: LoRARequest | None = None
 
 
@@ -146,6 +148,8 @@ class EngineSnapshot:
     # A KV connector's lookups: prompt tokens queried, tokens loaded from another instance.
     external_prefix_cache_queries: int = 0
     external_prefix_cache_hits: int = 0
+    # Vision-language models: (usage fraction, entries, items found cached, items encoded).
+    encoder_cache: tuple[float, int, int, int] | None = None
 
 
 @dataclass(slots=True)

@@ -53,6 +53,15 @@ def cache_config_labels(engine: LLMEngine) -> dict[str, str]:
     }
 
 
+def encoder_cache_figures(sched: object) -> tuple[float, int, int, int] | None:
+    """(usage, entries, items found cached, items encoded) of the encoder cache; None without one."""
+    enc = getattr(sched, "_enc", None)
+    if enc is None:
+        return None
+    c = enc.cache
+    return (c.num_used / c.size if c.size else 0.0, len(c), c.num_hits, c.num_allocated)
+
+
 def attach_residency(engine: LLMEngine, sample_rate: float) -> BlockResidency | None:
     """Start sampling KV block residency in the engine's block pool (0 leaves it off)."""
     if sample_rate <= 0:

@@ -33,6 +33,7 @@ async def generate(
     body: SamplingFields,
     formatter: Formatter,
     prompt_param: str,
+    images: list | None = None,
 ) -> Response:
     """Queue the request, wait until the scheduler accepted it, then answer (SSE or JSON)."""
     if state.tokenizer is None or (body.model_extra or {}).get("return_token_ids") is True:
@@ -40,6 +41,8 @@ async def generate(
     if getattr(body, "echo", False):
         formatter.echo = echo_text(state, body, prompt_token_ids)
     n = body.n or 1
+    if n > 1 and images:
+        raise APIError(400, "n > 1 is not supported with images; send one request per choice", "n")
     if n > 1:
         forks = [formatter.fork(i) for i in range(n)]
         return await generate_n(state, request_id, prompt_token_ids, params, body, forks, prompt_param)
@@ -55,6 +58,7 @@ async def generate(
             tenant=body.user,
             kv_transfer_params=body.kv_transfer_params,
             lora_request=state.lora_for(body.model),
+            images=images,
         )
     except Overloaded as e:
         raise APIError(503, str(e), headers=retry) from None

@@ -294,6 +294,8 @@ class ServerMetrics:
         yield self._counter(
             "vllm:num_preemptions", "Cumulative number of preemption from the engine.", snap.num_preemptions
         )
+        if snap.encoder_cache is not None:
+            yield from self._encoder_families(*snap.encoder_cache)
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
@@ -301,6 +303,22 @@ class ServerMetrics:
         )
         info.add_metric([*self.cache_config.values(), self.labels["engine"]], 1)
         yield info
+
+    def _encoder_families(self, usage: float, entries: int, hits: int, encoded: int) -> Iterator[Metric]:
+        yield self._gauge(
+            "llmsched:encoder_cache_usage_perc",
+            "Encoder-cache usage (images' embeddings held). 1 means 100 percent usage.",
+            usage,
+        )
+        yield self._gauge(
+            "llmsched:encoder_cache_entries", "Encoder outputs held in the encoder cache.", entries
+        )
+        yield self._counter(
+            "llmsched:encoder_cache_hits", "Encoder inputs whose output was found in the encoder cache.", hits
+        )
+        yield self._counter(
+            "llmsched:encoder_inputs_encoded", "Encoder inputs scheduled for encoding.", encoded
+        )
 
     def _token_families(self) -> Iterator[Metric]:
         yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens)

@@ -7,6 +7,7 @@ from starlette.responses import Response
 
 from llmsched.server.errors import APIError
 from llmsched.server.generation import generate
+from llmsched.server.media import extract_images
 from llmsched.server.prompts import chat_prompt_ids, completion_prompt_ids
 from llmsched.server.protocol import ChatCompletionRequest, CompletionRequest
 from llmsched.server.responses import ChatFormatter, CompletionFormatter
@@ -84,19 +85,24 @@ def openai_router(state: ServerState) -> APIRouter:
             raise APIError(400, "continue_final_message is not supported", "continue_final_message")
         plan = plan_tools(body.tools, body.tool_choice)
         constraint = structured_outputs_for(body, plan.schema if plan is not None else None)
+        messages, images = extract_images(
+            body.messages, state.image_placeholder, state.args.allowed_media_domains
+        )
         ids = chat_prompt_ids(
-            body.messages,
+            messages,
             state.tokenizer,
             add_generation_prompt=body.add_generation_prompt,
             template_kwargs=body.chat_template_kwargs,
             tools=plan.tools if plan is not None else None,
         )
-        check_prompt_len(len(ids), state.limits, "messages")
+        # Each image's placeholder becomes its image tokens in the engine.
+        prompt_len = len(ids) + len(images) * (state.image_tokens - 1)
+        check_prompt_len(prompt_len, state.limits, "messages")
         if body.max_completion_tokens is not None:
             requested, param = body.max_completion_tokens, "max_completion_tokens"
         else:
             requested, param = body.max_tokens, "max_tokens"
-        max_tokens = resolve_max_tokens(requested, len(ids), state.limits, param)
+        max_tokens = resolve_max_tokens(requested, prompt_len, state.limits, param)
         num_top = (body.top_logprobs or 0) if body.logprobs else None
         params = build_sampling_params(
             body, max_tokens=max_tokens, logprobs=num_top, limits=state.limits, structured_outputs=constraint
@@ -104,9 +110,9 @@ def openai_router(state: ServerState) -> APIRouter:
         rid = state.engine.new_request_id("chatcmpl")
         name = state.response_model(body.model)
         if plan is None:
-            fmt = ChatFormatter(rid, name, len(ids), num_top)
+            fmt = ChatFormatter(rid, name, prompt_len, num_top)
         else:
-            fmt = ToolChatFormatter(rid, name, len(ids), num_top, plan)
-        return await generate(state, rid, ids, params, body, fmt, "messages")
+            fmt = ToolChatFormatter(rid, name, prompt_len, num_top, plan)
+        return await generate(state, rid, ids, params, body, fmt, "messages", images or None)
 
     return router

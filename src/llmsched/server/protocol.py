@@ -76,10 +76,11 @@ class CompletionRequest(SamplingFields):
 
 
 class ContentPart(_Body):
-    """One part of a message's content; only text parts are supported."""
+    """One part of a message's content: text, or an image (``image_url``, vision-language models)."""
 
     type: str
     text: str | None = None
+    image_url: dict[str, Any] | None = None
 
 
 class ChatMessage(_Body):

@@ -37,6 +37,9 @@ class ServerState:
     args: ServerArgs
     model_notice: str | None = None
     startup_log: list[str] = field(default_factory=list)
+    # Vision-language models: the text standing for one image in a rendered chat.
+    image_placeholder: str | None = None
+    image_tokens: int = 1
     created: int = field(default_factory=lambda: int(time.time()))
     # The adapters offered by name (None: LoRA is off).
     loras: LoRAModules | None = None
@@ -106,8 +109,13 @@ def create_state(
     info = backend.info()
     # The HTTP side tokenizes, so it loads the tokenizer too (never the weights).
     tokenizer = None
+    placeholder = None
+    image_tokens = 1
     if not engine_args.skip_tokenizer_init:
-        tokenizer = load_tokenizer(load_model_files(info.model_path), engine_args.tokenizer)
+        files = load_model_files(info.model_path)
+        tokenizer = load_tokenizer(files, engine_args.tokenizer)
+        placeholder = image_placeholder(files.config, tokenizer)
+        image_tokens = num_image_tokens(files.config)
     names = list(server_args.served_model_name) or [engine_args.model or Path(info.model_path).name]
     engine = AsyncEngine(
         backend,
@@ -145,4 +153,31 @@ def create_state(
         model_notice=info.model_notice,
         startup_log=list(info.startup_log),
         loras=LoRAModules(names) if engine_args.enable_lora else None,
+        image_placeholder=placeholder,
+        image_tokens=image_tokens,
     )
+
+
+def num_image_tokens(config: dict) -> int:
+    """Prompt positions one image fills in a LLaVA-style model (1 for a text model)."""
+    vision = config.get("vision_config")
+    if not isinstance(vision, dict):
+        return 1
+    try:
+        side = int(vision.get("image_size", 224)) // int(vision.get("patch_size", 32))
+    except (TypeError, ValueError):
+        return 1
+    full = config.get("vision_feature_select_strategy") == "full"
+    return max(1, side * side + (1 if full else 0))
+
+
+def image_placeholder(config: dict, tokenizer: Tokenizer) -> str | None:
+    """The image token's text for a LLaVA-style model (None for a text model)."""
+    if config.get("model_type") != "llava" and "LlavaForConditionalGeneration" not in (
+        config.get("architectures") or []
+    ):
+        return None
+    token = config.get("image_token_id", config.get("image_token_index"))
+    if not isinstance(token, int):
+        return None
+    return tokenizer.decode([token], skip_special_tokens=False)

@@ -177,6 +177,24 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         help="shared prefix tokens prepended to every prompt of a group",
     )
     w.add_argument("--num-prefix-groups", type=_positive_int, default=1)
+    w.add_argument(
+        "--images-per-request",
+        type=int,
+        default=0,
+        help="vision-language workloads: images in every prompt (0: text only), priced with --vision-encoder",
+    )
+    w.add_argument("--image-tokens", type=_positive_int, default=576, help="embeddings per image (mean)")
+    w.add_argument(
+        "--image-tokens-range-ratio", type=float, default=0.0, help="image sizes uniform in tokens*(1 +- r)"
+    )
+    w.add_argument(
+        "--image-repeat", type=float, default=0.0, help="share of images that repeat an earlier one (0-1)"
+    )
+    w.add_argument(
+        "--vision-encoder",
+        default="clip-vit-l-336",
+        help="the ViT priced per scheduled image: clip-vit-l-336 (LLaVA-1.5) or clip-vit-b-224",
+    )
     w.add_argument("--num-priority-levels", type=_positive_int, default=1, help="random priorities 0..N-1")
     w.add_argument(
         "--num-loras",
@@ -309,6 +327,10 @@ def _workload(args: argparse.Namespace) -> Workload:
         num_priority_levels=args.num_priority_levels,
         num_loras=args.num_loras,
         seed=args.seed,
+        images_per_request=args.images_per_request,
+        image_tokens=args.image_tokens,
+        image_range_ratio=args.image_tokens_range_ratio,
+        image_repeat=args.image_repeat,
     )
 
 
@@ -402,8 +424,20 @@ def run_simulate(args: argparse.Namespace) -> int:
             "progress": not args.disable_tqdm,
             "detailed": args.save_detailed,
         }
+        vision = None
+        if workload.images is not None:
+            from llmsched.executor.sim.vision_cost import VisionCost, vision_shape
+
+            cm = deployment.cost_model
+            vision = VisionCost(vision_shape(args.vision_encoder), deployment.hardware, cm.efficiency)
         result = simulate(
-            deployment, workload, dp=dp, sync_s=args.dp_sync_ms / 1e3, frontend=frontend, **kwargs
+            deployment,
+            workload,
+            dp=dp,
+            sync_s=args.dp_sync_ms / 1e3,
+            frontend=frontend,
+            vision=vision,
+            **kwargs,
         )
     finally:
         if trace is not None:

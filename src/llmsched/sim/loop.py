@@ -150,6 +150,7 @@ class Arrivals:
             lora_id=self.loras[i] if self.loras is not None else 0,
             arrival_time=order_t,
             sent_time=sent,
+            mm_items=wl.mm_items(i) if wl.images is not None else (),
         )
 
 

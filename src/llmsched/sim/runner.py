@@ -15,6 +15,7 @@ from typing import IO
 import llmsched
 from llmsched.bench.metrics import DEFAULT_PERCENTILES
 from llmsched.core.config import SchedulerConfig
+from llmsched.core.errors import ConfigError
 from llmsched.engine.dp.config import DPConfig
 from llmsched.engine.dp.sim_transport import DEFAULT_SYNC_S
 from llmsched.executor.sim.cost_model import StepCostModel
@@ -50,6 +51,7 @@ def simulate(
     fast_forward: bool = True,
     frontend: Frontend | None = None,
     record_requests: bool = False,
+    vision: object = None,
 ) -> SimResult:
     """Run ``workload`` through the engine (or ``dp``'s ranks) on a virtual clock and measure it.
 
@@ -62,7 +64,9 @@ def simulate(
     plain decode steps (see ``Scheduler.plain_decode_steps``) without
     building their batches: the same steps, trace and figures. ``frontend``
     puts API servers between the client and the engine (see ``Frontend``);
-    without it every request reaches the engine when it is sent.
+    without it every request reaches the engine when it is sent. ``vision``
+    (an ``executor.sim.vision_cost.VisionCost``) prices the images a step
+    encodes (a single engine only).
     """
     deployment, sched_config, cost_model = resolve_run(config, cost_model, max_concurrency, "simulate")
     if trace_out is not None:
@@ -78,9 +82,12 @@ def simulate(
     # Priority order needs the whole queue built; so does --explain, which lists it.
     hold = hold_back and max_concurrency is None and sched_config.policy == "fcfs" and not explain
     if dp is not None:
+        if vision is not None:
+            raise ConfigError("images are priced for a single engine; drop --data-parallel-size")
         engines = DPGroup(sched_config, cost_model, dp, sync_s, arrivals, tally, hold)
     else:
         engines = OneEngine(sched_config, cost_model, arrivals, tally, hold, fast_forward, max_steps)
+        engines.ex.vision = vision
     wall = run_loop(engines, arrivals, tally, max_steps)
     fields = engines.result_fields()
     duration = fields.pop("sim_duration_s")

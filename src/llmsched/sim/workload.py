@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmsched.core.errors import ConfigError
+from llmsched.sim.images import ImagePlan, plan_images
 
 # Synthetic prompts: a per-request marker token makes every prompt's first
 # block (and so, through chained hashes, every later block) unique; groups
@@ -55,6 +56,8 @@ class Workload:
     ids: list[str] | None = None
     # Each request's tenant (None: no tenants), for fair-share policies and per-tenant metrics.
     tenants: list[str | None] | None = None
+    # Images of each request (vision-language models), or None.
+    images: ImagePlan | None = None
     # How the arrivals were made, for reports.
     request_rate: float = math.inf
     burstiness: float = 1.0
@@ -92,15 +95,25 @@ class Workload:
         if g < 0 or self.prefix_len <= 0:
             tokens = filler[:n]
             tokens[0] = _UNIQUE_BASE + i
-            return tokens
-        prefix = self._prefixes.get(g)
-        if prefix is None:
-            prefix = [_GROUP_BASE + g]
-            prefix.extend(100 + (g * 131 + j * 7907) % _VOCAB for j in range(1, self.prefix_len))
-            self._prefixes[g] = prefix
-        if n <= self.prefix_len:
-            return prefix[:n]
-        return [*prefix, _UNIQUE_BASE + i, *filler[: n - self.prefix_len - 1]]
+        else:
+            prefix = self._prefixes.get(g)
+            if prefix is None:
+                prefix = [_GROUP_BASE + g]
+                prefix.extend(100 + (g * 131 + j * 7907) % _VOCAB for j in range(1, self.prefix_len))
+                self._prefixes[g] = prefix
+            if n <= self.prefix_len:
+                tokens = prefix[:n]
+            else:
+                tokens = [*prefix, _UNIQUE_BASE + i, *filler[: n - self.prefix_len - 1]]
+        if self.images is not None:
+            self.images.place(i, tokens)
+        return tokens
+
+    def mm_items(self, i: int) -> tuple:
+        """Request i's encoder inputs (images); empty without images."""
+        if self.images is None:
+            return ()
+        return self.images.items(i, self.input_lens[i])
 
     @property
     def total_input_tokens(self) -> int:
@@ -122,6 +135,8 @@ class Workload:
             arr = f"from {self.source}, last arrival at {self.arrivals[-1]:.2f} s"
         lens = f"prompts {min(ins)}-{max(ins)} (mean {sum(ins) / n:.0f})"
         lens += f", outputs {min(outs)}-{max(outs)} (mean {sum(outs) / n:.0f}) tokens"
+        if self.images is not None:
+            lens += f", {self.images.describe()}"
         return f"{n} requests, {arr}, {lens}"
 
 
@@ -195,11 +210,18 @@ def synthetic_workload(
     num_priority_levels: int = 1,
     num_loras: int = 0,
     seed: int = 0,
+    images_per_request: int = 0,
+    image_tokens: int = 576,
+    image_range_ratio: float = 0.0,
+    image_repeat: float = 0.0,
 ) -> Workload:
     """vLLM-random-dataset-like requests: total prompt = shared prefix + sampled input length.
 
     ``num_loras`` > 0 gives request i LoRA adapter ``i % num_loras + 1`` (no
     random draw, so the other columns stay those of the same seed).
+    With ``images_per_request`` each prompt also holds that many images
+    (``sim.images``) of about ``image_tokens`` embeddings, a share
+    ``image_repeat`` of them repeating an earlier request's image.
     """
     if num_prompts < 1:
         raise ConfigError(f"num_prompts={num_prompts} must be >= 1")
@@ -222,6 +244,19 @@ def synthetic_workload(
     if num_loras < 0:
         raise ConfigError(f"num_loras={num_loras} must be >= 0")
     loras = array("l", [i % num_loras + 1 for i in range(num_prompts)]) if num_loras else None
+    images = None
+    if images_per_request:
+        images = plan_images(
+            num_prompts,
+            images_per_request,
+            image_tokens,
+            image_range_ratio,
+            image_repeat,
+            random.Random(seed + 1),
+        )
+        for i in range(num_prompts):
+            # The images' positions come on top of the text, plus one text token after them.
+            ins[i] += images.total_tokens(i) + 1
     return Workload(
         arrivals,
         ins,
@@ -230,6 +265,7 @@ def synthetic_workload(
         loras=loras,
         groups=groups,
         prefix_len=prefix_len,
+        images=images,
         request_rate=request_rate,
         burstiness=burstiness,
     )

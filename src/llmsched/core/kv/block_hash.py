@@ -75,8 +75,8 @@ def get_hash_fn(name: str) -> HashFn:
 ROOT_HASH = hashlib.sha256(b"llmsched/prefix-cache/root").digest()
 
 
-def block_extra_keys(request: Request, block_index: int) -> bytes:
-    """Extra key bytes of one block: LoRA on every block, salt on the first only.
+def block_extra_keys(request: Request, block_index: int, block_size: int = 16) -> bytes:
+    """Extra key bytes of one block: LoRA on every block, encoder inputs it overlaps, salt on the first only.
 
     The salt needs to sit in the first block alone because every later hash
     chains through it.
@@ -87,9 +87,32 @@ def block_extra_keys(request: Request, block_index: int) -> bytes:
     if request.lora_name is not None:
         name = request.lora_name.encode()
         extra += b"L" + len(name).to_bytes(4, "little") + name
+    if request.mm_items:
+        extra += _mm_extra_keys(request, block_index * block_size, (block_index + 1) * block_size)
     if block_index == 0 and request.cache_salt:
         salt = request.cache_salt.encode()
         extra += b"S" + len(salt).to_bytes(4, "little") + salt
+    return extra
+
+
+def _mm_extra_keys(request: Request, start: int, end: int) -> bytes:
+    """Content hash and block-relative offset of every encoder input overlapping ``[start, end)``.
+
+    The same placeholder tokens with another image then hash differently,
+    and so does the same image at another position in the block.
+    """
+    extra = b""
+    for it in request.mm_items:
+        if it.offset >= end:
+            break
+        if it.offset + it.length > start:
+            ident = it.identifier.encode()
+            extra += (
+                b"M"
+                + len(ident).to_bytes(4, "little")
+                + ident
+                + (it.offset - start).to_bytes(8, "little", signed=True)
+            )
     return extra
 
 
@@ -128,7 +151,7 @@ class BlockHasher:
             return hashes
         tokens = request.token_ids
         parent = hashes[-1] if hashes else ROOT_HASH
-        if request.lora_name is None and not request.cache_salt:
+        if request.lora_name is None and not request.cache_salt and not request.mm_items:
             n = num_blocks - i
             pack = self._packers.get(n)
             if pack is None:
@@ -137,7 +160,7 @@ class BlockHasher:
             return hashes
         while i < num_blocks:
             start = i * bs
-            parent = self.hash_block(parent, tokens[start : start + bs], block_extra_keys(request, i))
+            parent = self.hash_block(parent, tokens[start : start + bs], block_extra_keys(request, i, bs))
             hashes.append(parent)
             i += 1
         return hashes

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
+from typing import Any
 
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput
 from llmsched.core.request import Request
@@ -103,6 +104,10 @@ class SimExecutor:
         # most two steps are ever scheduled and not yet applied.
         self._last = StepTiming()
         self._prev = StepTiming()
+        # Prices the images a step encodes (a vision_cost.VisionCost), when
+        # the workload has any; their time adds to the step's model time.
+        self.vision: Any = None
+        self.vision_seconds = 0.0
 
     def advance_to(self, t: float) -> None:
         """Move the clock forward to ``t`` (an idle engine waiting for arrivals, or for a step's output)."""
@@ -157,7 +162,12 @@ class SimExecutor:
         )
         if self.prices_lora:
             _count_lora(batch, scheduler_output)
-        self._run(scheduler_output.step, batch)
+        extra = 0.0
+        enc = scheduler_output.encoder_inputs
+        if enc and self.vision is not None:
+            extra = self.vision.seconds(sum(len(v) for v in enc.values()))
+            self.vision_seconds += extra
+        self._run(scheduler_output.step, batch, extra)
         self.last_sampled = samplers
         return ModelRunnerOutput(sampled_token_ids=sampled)
 
@@ -204,8 +214,8 @@ class SimExecutor:
             self.last_sampled = []
         return run
 
-    def _run(self, step: int, batch: BatchShape) -> StepTiming:
-        """Clock one executed batch; its timing, also kept for ``timing()``."""
+    def _run(self, step: int, batch: BatchShape, encoder_s: float = 0.0) -> StepTiming:
+        """Clock one executed batch (plus ``encoder_s`` encoding images); its timing, kept for timing()."""
         num_tokens = batch.num_tokens
         t = self._prev
         self._prev = self._last
@@ -214,6 +224,8 @@ class SimExecutor:
         t.batch = batch
         if num_tokens:
             total, host, model = self._parts(batch)
+            total += encoder_s
+            model += encoder_s
         else:
             total = host = model = 0.0
         if self.async_scheduling and num_tokens:

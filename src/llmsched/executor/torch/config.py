@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from llmsched.executor.torch.errors import ModelLoadError, UnsupportedModel
@@ -54,6 +54,9 @@ class ModelConfig:
     torch_dtype: str | None = None
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
+    # A vision-language model's whole config.json (LLaVA): its text model is
+    # what the fields above describe.
+    multimodal: dict | None = field(default=None, compare=False)
 
     @property
     def q_size(self) -> int:
@@ -81,6 +84,14 @@ class ModelConfig:
     def from_dict(cls, raw: dict, path: Path, generation_config: dict | None = None) -> ModelConfig:
         """Build from config.json's parsed content."""
         where = str(path / "config.json")
+        from llmsched.executor.torch.llava import LlavaSpec, is_llava
+
+        if is_llava(raw):
+            text = raw.get("text_config")
+            if not isinstance(text, dict):
+                raise ModelLoadError(f"{where}: a LLaVA config needs a 'text_config' object")
+            LlavaSpec.from_dict(raw, where)
+            return replace(cls.from_dict(text, path, generation_config), multimodal=raw)
         archs = raw.get("architectures") or []
         if not archs and raw.get("model_type") in _ARCH_BY_MODEL_TYPE:
             archs = [_ARCH_BY_MODEL_TYPE[raw["model_type"]]]

@@ -22,6 +22,7 @@ from llmsched.executor.torch.device import (
     resolve_dtype,
     single_threaded,
 )
+from llmsched.executor.torch.encoder_outputs import EncoderOutputs, plan_mm
 from llmsched.executor.torch.gguf import model_folder
 from llmsched.executor.torch.input_batch import InputBatch, RequestState, StepInputs, plan_step
 from llmsched.executor.torch.kv_cache import KVCache, KVCachePlan, cdiv, plan_kv_cache
@@ -168,6 +169,7 @@ class TorchExecutor:
             self.kv_cache = KVCache(cfg, self.kv_plan, self.dtype, self.device, keys_transposed)
             rope = RotaryEmbedding(cfg, self.max_model_len, self.dtype, self.device)
             self.model = DecoderModel(cfg, self.weights, rope, self.kv_cache, threads=self.num_threads or 1)
+            self._load_vision()
         elem = torch.empty((), dtype=self.dtype).element_size()
         self.batch = InputBatch(
             block_size=self.block_size,
@@ -204,6 +206,22 @@ class TorchExecutor:
         self._max_num_seqs = max_num_seqs
         self._bitmask = None
         self._has_grammars = False
+
+    def _load_vision(self) -> None:
+        """A vision-language model's encoder and its output cache (None for a text model)."""
+        cfg = self.model_config
+        self.mm: EncoderOutputs | None = None
+        self.mm_spec = None
+        self._mm_freed: list[str] = []
+        if cfg.multimodal is None:
+            return
+        from llmsched.executor.torch.llava import LlavaSpec, load_vision_encoder
+        from llmsched.executor.torch.weights import open_all_tensors
+
+        self.mm_spec = spec = LlavaSpec.from_dict(cfg.multimodal, str(cfg.path / "config.json"))
+        shapes, read = open_all_tensors(cfg)
+        encoder = load_vision_encoder(spec, shapes, read, self.dtype, self.device, cfg.path)
+        self.mm = EncoderOutputs(encoder, self.device)
 
     @staticmethod
     def _resolve_max_model_len(cfg: ModelConfig, max_model_len: int | None) -> int:
@@ -255,11 +273,16 @@ class TorchExecutor:
             self._last_future = None
         with single_threaded(), torch.inference_mode():
             self.batch.update(plan)
+            if self.mm is not None and scheduler_output.freed_encoder_ids:
+                self._mm_freed.extend(scheduler_output.freed_encoder_ids)
             if not scheduler_output.scheduled:
                 return _NO_SAMPLES
             if spec is not None:
                 spec.resolve(plan, self.batch.states)
             step = self.batch.prepare(plan)
+            if self.mm is not None and step.sched_rows is not None:
+                freed, self._mm_freed = self._mm_freed, []
+                step.mm = plan_mm(scheduler_output, plan.starts, plan.counts, step.sched_rows, freed)
         assert self._thread is not None, "the executor is closed"
         future = self._thread.submit(step)
         if spec is not None:
@@ -274,7 +297,10 @@ class TorchExecutor:
             if step.lora_spans:
                 assert self.lora is not None, "a LoRA step reached an executor without enable_lora"
                 lora = self.lora.prepare_step(step.lora_spans, input_ids.shape[0])
-            logits = self.model.forward(input_ids, step.positions, step.attn, step.logits_indices, lora)
+            mm_embeds = self.mm.step(step.mm) if step.mm is not None else None  # type: ignore[union-attr]
+            logits = self.model.forward(
+                input_ids, step.positions, step.attn, step.logits_indices, lora=lora, mm_embeds=mm_embeds
+            )
             if self.spec is not None:
                 self.spec.observe(input_ids, step)
             if not step.sample_states:

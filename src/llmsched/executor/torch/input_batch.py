@@ -144,6 +144,10 @@ class StepInputs:
     sample_logit_rows: list[list[int]] | None = None
     # Rows that run a LoRA adapter (empty: the base model alone).
     lora_spans: list[Span] = field(default_factory=list)
+    # Multimodal steps only: each scheduled request's first input row, and
+    # the step's encoder work (an encoder_outputs.MMStep).
+    sched_rows: list[int] | None = None
+    mm: Any = None
 
     def input_ids(self, device: torch.device) -> torch.Tensor:
         """The input tokens, holes filled from the executor's own samples (call once the step before ran)."""
@@ -284,7 +288,10 @@ class InputBatch:
         sample_rows: list[tuple[int, int, RequestState]] = []  # (row, scheduled index, state)
         tokens, samples = plan.tokens, plan.samples
         nd = len(decodes)
+        sched_rows = [0] * len(so.scheduled) if so.encoder_inputs is not None else None
         for row, (pos, i, st) in enumerate(decodes):
+            if sched_rows is not None:
+                sched_rows[i] = row
             known = tokens[i]
             if known is not None:
                 ids.append(known[pos - plan.starts[i]])
@@ -307,6 +314,8 @@ class InputBatch:
         chunks: list[PrefillChunk] = []
         row = nd
         for start, n, i, st in prefills:
+            if sched_rows is not None:
+                sched_rows[i] = row
             ids.extend(tokens[i])  # type: ignore[arg-type]
             pos = self._arange[start : start + n]
             pos_parts.append(pos)
@@ -352,6 +361,7 @@ class InputBatch:
             logits_indices=torch.tensor([r for r, _, _ in sample_rows], dtype=torch.int64).to(dev),
             **_samplers(sample_rows, plan),
             lora_spans=lora_spans,
+            sched_rows=sched_rows,
         )
 
     def decode_metadata(self, entries: list[tuple[int, RequestState]]) -> AttentionMetadata:

@@ -56,13 +56,26 @@ class DecoderModel:
         meta: AttentionMetadata,
         logits_indices: torch.Tensor,
         lora: LoRAStep | StackedLoRAStep | None = None,
+        mm_embeds: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Logits [len(logits_indices), vocab] in the model dtype; ``lora`` adds the step's adapters."""
+        """Logits [len(logits_indices), vocab] in the model dtype.
+
+        ``lora`` adds the step's adapters. ``mm_embeds`` (rows, embeddings)
+        replace those input rows' token embeddings: an image's encoder output
+        at its placeholder positions.
+        """
         ntok = input_ids.shape[0]
         n = self.threads
         if n == 1 or ntok > NARROW_STEP_TOKENS:
             return self._forward(
-                input_ids, positions, meta, logits_indices, self.linear, self.attention.forward, lora
+                input_ids,
+                positions,
+                meta,
+                logits_indices,
+                self.linear,
+                self.attention.forward,
+                lora,
+                mm_embeds,
             )
         # A small (decode-heavy) step: the matmuls and attention (KV gathers
         # and batched matmuls over the whole batch) run on every thread, the
@@ -90,6 +103,7 @@ class DecoderModel:
                 wide(self.linear),
                 wide(self.attention.forward),
                 lora,
+                mm_embeds,
             )
         finally:
             set_threads(n)
@@ -103,6 +117,7 @@ class DecoderModel:
         linear: Callable[..., torch.Tensor],
         attend: Callable[..., torch.Tensor],
         lora: LoRAStep | StackedLoRAStep | None = None,
+        mm_embeds: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         cfg = self.config
         w = self.weights
@@ -113,6 +128,8 @@ class DecoderModel:
         caches = self.kv.blocks
         cos, sin = rope.lookup(positions)
         x = F.embedding(input_ids, w.embed)
+        if mm_embeds is not None:
+            x.index_copy_(0, mm_embeds[0], mm_embeds[1].to(x.dtype))
         for i, lw in enumerate(w.layers):
             h = rms_norm(x, lw.input_norm, eps)
             qkv = linear(h, lw.qkv, lw.qkv_bias)

@@ -198,7 +198,21 @@ def check_names_and_shapes(config: ModelConfig, found: dict[str, tuple[int, ...]
 
 
 def open_tensors(config: ModelConfig) -> tuple[dict[str, tuple[int, ...]], Callable[[str], torch.Tensor]]:
-    """(Hugging Face name -> shape, a reader by name) for a folder's safetensors or its GGUF file."""
+    """(Hugging Face name -> shape, a reader by name) of the text model's tensors.
+
+    From a folder's safetensors or its GGUF file; a vision-language model's
+    text tensors appear under the plain decoder names (model.*, lm_head.*).
+    """
+    shapes, read = open_all_tensors(config)
+    if config.multimodal is not None:
+        from llmsched.executor.torch.llava import text_view
+
+        return text_view(shapes, read)
+    return shapes, read
+
+
+def open_all_tensors(config: ModelConfig) -> tuple[dict[str, tuple[int, ...]], Callable[[str], torch.Tensor]]:
+    """(checkpoint name -> shape, a reader by name) of every tensor in the folder."""
     source = gguf_source(config.path)
     if source is not None:
         g = GGUFWeights(source, config.num_heads, config.num_kv_heads)
