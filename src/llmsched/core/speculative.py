@@ -10,12 +10,12 @@ verified tokens), as vLLM does.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from llmsched.core.errors import ConfigError
+from llmsched.core.json_object import parse_json_object
 
 METHODS = ("ngram", "draft_model")
 # vLLM's choice when neither prompt_lookup bound is given.
@@ -48,23 +48,7 @@ class SpeculativeConfig:
         """From a dict or its JSON text (None stays None); raises ConfigError naming what is wrong."""
         if value is None or isinstance(value, SpeculativeConfig):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"speculative_config is not valid JSON: {e}") from None
-        if not isinstance(value, Mapping):
-            raise ConfigError(
-                "speculative_config must be a JSON object such as "
-                '{"method": "ngram", "num_speculative_tokens": 4}'
-            )
-        unknown = set(value) - _KEYS
-        if unknown:
-            raise ConfigError(
-                f"speculative_config: unknown key(s) {', '.join(sorted(unknown))}; "
-                f"known: {', '.join(sorted(_KEYS))}"
-            )
-        return _resolve(dict(value))
+        return _resolve(parse_json_object(value, "speculative_config", _KEYS))
 
 
 def _int_field(d: dict[str, Any], name: str, minimum: int) -> int | None:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from llmsched.core.errors import ConfigError
+from llmsched.core.json_object import parse_json_object
 from llmsched.core.policies import POLICY_NAMES, check_name
 
 POLICY_HELP = (
@@ -31,12 +31,9 @@ def policy_name(text: str) -> str:
 def policy_config(text: str) -> dict:
     """argparse type: a JSON object."""
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"--policy-config is not valid JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"--policy-config must be a JSON object, got {text!r}")
-    return value
+        return parse_json_object(text, "--policy-config")
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_policy_args(group: argparse._ActionsContainer, default: str | None = "fcfs") -> None:

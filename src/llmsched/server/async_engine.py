@@ -18,7 +18,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from llmsched.core.sampling_params import SamplingParams
 from llmsched.engine.lora_request import LoRARequest
@@ -236,29 +236,23 @@ class AsyncEngine:
 
     async def steps(self, last: int, explain: bool = False) -> list[dict]:
         """The engine loop's latest ``last`` step records (answered between two steps)."""
-        if not self.is_running:
-            raise EngineDead(self._dead or "the engine is not running")
-        assert self._loop is not None
-        token = next(self._tokens)
-        fut = self._loop.create_future()
-        self._queries[token] = fut
-        self.backend.send(Query(token, last, explain))
-        try:
-            return await asyncio.wait_for(fut, QUERY_TIMEOUT_S)
-        finally:
-            self._queries.pop(token, None)
+        return await self._ask(lambda token: Query(token, last, explain), QUERY_TIMEOUT_S)
 
     async def lora_op(self, *, load: LoRARequest | None = None, unload: int | None = None) -> str | None:
         """Load or unload an adapter in the engine (between two steps); the error message, or None."""
+        return await self._ask(lambda token: LoRAOp(token, load, unload), LORA_TIMEOUT_S)
+
+    async def _ask(self, message: Callable[[int], object], timeout_s: float) -> Any:
+        """Send the engine loop a tokened message and await its answer."""
         if not self.is_running:
             raise EngineDead(self._dead or "the engine is not running")
         assert self._loop is not None
         token = next(self._tokens)
         fut = self._loop.create_future()
         self._queries[token] = fut
-        self.backend.send(LoRAOp(token, load, unload))
+        self.backend.send(message(token))
         try:
-            return await asyncio.wait_for(fut, LORA_TIMEOUT_S)
+            return await asyncio.wait_for(fut, timeout_s)
         finally:
             self._queries.pop(token, None)
 

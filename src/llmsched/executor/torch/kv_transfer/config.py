@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import ipaddress
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from llmsched.core.connector import KV_ROLES, LOAD_FAILURE_POLICIES, KVTransferConfig
 from llmsched.core.errors import ConfigError
+from llmsched.core.json_object import parse_json_object
 
 # The connectors this executor offers (vLLM's name for the Mooncake one).
 CONNECTORS = ("MooncakeConnector",)
@@ -50,16 +50,7 @@ def parse_kv_transfer_config(raw: str | dict | None) -> KVTransferSettings | Non
     """The ``--kv-transfer-config`` JSON (or dict); errors name the field."""
     if raw is None or raw == "":
         return None
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"--kv-transfer-config is not valid JSON: {e}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"--kv-transfer-config must be a JSON object, got {raw!r}")
-    unknown = sorted(set(raw) - _KNOWN)
-    if unknown:
-        raise ConfigError(f"--kv-transfer-config: unknown fields {unknown}; known: {sorted(_KNOWN)}")
+    raw = parse_json_object(raw, "--kv-transfer-config", _KNOWN)
     name = raw.get("kv_connector")
     if name not in CONNECTORS:
         raise ConfigError(
