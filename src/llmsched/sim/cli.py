@@ -118,6 +118,24 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         metavar="R",
         help="rank the adapter products are priced at (default 16, as vLLM)",
     )
+    sp = p.add_argument_group("speculative decoding")
+    sp.add_argument(
+        "--speculative-config",
+        default=None,
+        metavar="JSON",
+        help="vLLM's speculative config plus an acceptance model, e.g. "
+        '\'{"method": "ngram", "num_speculative_tokens": 3, "acceptance_rate": 0.7}\' or '
+        '\'{"model": "llama-3.2-1b", "num_speculative_tokens": 4, "acceptance_rates": [0.8, 0.6, 0.4]}\' '
+        "(a draft model is a model shape priced on the same hardware; acceptance rates are per draft "
+        'token, given all earlier ones were accepted; "seed" makes the draws reproduce)',
+    )
+    sp.add_argument(
+        "--spec-acceptance",
+        default=None,
+        metavar="RATE[,RATE...]",
+        help="acceptance rate per draft token (one for all positions, or one per position); "
+        "overrides the --speculative-config JSON's",
+    )
     c = p.add_argument_group("cost model")
     c.add_argument(
         "--efficiency",
@@ -382,6 +400,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         max_lora_rank=args.max_lora_rank,
         async_scheduling=async_scheduling,
         recalibrate=args.recalibrate,
+        speculative_config=args.speculative_config,
+        spec_acceptance=args.spec_acceptance,
     )
     deployment = build_deployment(spec)
     dp = None

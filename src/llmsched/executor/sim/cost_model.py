@@ -220,6 +220,9 @@ class BatchShape:
     # Tokens that run a LoRA adapter, and how many distinct adapters the step runs.
     lora_tokens: int = 0
     num_loras: int = 0
+    # Speculative decoding: prefill tokens that are decodes verifying drafts
+    # (1 + K per request); a step of only those still replays a CUDA graph.
+    spec_tokens: int = 0
 
     @classmethod
     def from_chunks(cls, chunks: Iterable[tuple[int, int]], num_sampled: int) -> BatchShape:
@@ -483,7 +486,7 @@ class CostModel:
         """LAUNCH_GRAPH, LAUNCH_PIECEWISE or LAUNCH_EAGER: how vLLM would launch this batch."""
         if batch.num_tokens > self.cuda_graph_max_tokens:
             return LAUNCH_EAGER
-        return LAUNCH_GRAPH if batch.prefill_tokens == 0 else LAUNCH_PIECEWISE
+        return LAUNCH_GRAPH if batch.prefill_tokens == batch.spec_tokens else LAUNCH_PIECEWISE
 
     # ---- the ops of one step ---------------------------------------------------
 

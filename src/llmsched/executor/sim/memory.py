@@ -114,8 +114,14 @@ def plan_memory(
     kv_cache_dtype_bytes: float | None = None,
     num_gpu_blocks: int | None = None,
     expert_parallel_size: int | None = None,
+    draft_model: ModelShape | None = None,
 ) -> MemoryPlan:
-    """Size the KV cache; raise ConfigError (with the numbers) when it cannot work."""
+    """Size the KV cache; raise ConfigError (with the numbers) when it cannot work.
+
+    ``draft_model``: a speculative-decoding draft model on the same GPUs; its
+    weights come off the budget and its KV shares every block (per-token
+    bytes add up), as in vLLM.
+    """
     tp = tensor_parallel_size
     if not 0.0 < gpu_memory_utilization <= 1.0:
         raise ConfigError(f"gpu_memory_utilization={gpu_memory_utilization} must be in (0, 1]")
@@ -129,6 +135,8 @@ def plan_memory(
         )
     budget = hardware.mem_capacity * gpu_memory_utilization
     weights = weight_bytes_per_gpu(model, tp, expert_parallel_size)
+    if draft_model is not None:
+        weights += weight_bytes_per_gpu(draft_model, tp)
     acts = activation_bytes(model, tp, max_num_batched_tokens, max_num_seqs)
     reserve = RUNTIME_RESERVE_BYTES if hardware.mem_capacity > 16 * GiB else 0.05 * hardware.mem_capacity
     if weights + acts + reserve >= budget:
@@ -145,6 +153,8 @@ def plan_memory(
         )
     kv_bytes = kv_cache_dtype_bytes if kv_cache_dtype_bytes else model.dtype_bytes
     per_token = model.num_layers * model.kv_elements_per_token_layer(tp) * kv_bytes
+    if draft_model is not None:
+        per_token += draft_model.num_layers * draft_model.kv_elements_per_token_layer(tp) * kv_bytes
     block_bytes = per_token * block_size
     kv_avail = budget - weights - acts - reserve
     overridden = num_gpu_blocks is not None
