@@ -15,7 +15,7 @@ from llmsched.core.errors import ConfigError
 from llmsched.engine.batch_defaults import parse_usage_context, resolve_batch_limits
 from llmsched.executor.sim.cost_model import CostModel, Efficiency, Parallelism
 from llmsched.executor.sim.hardware import GiB, HardwareProfile, load_hardware
-from llmsched.executor.sim.memory import MemoryPlan, plan_memory
+from llmsched.executor.sim.memory import MemoryPlan, hybrid_block_size, plan_memory
 from llmsched.executor.sim.model_shapes import ModelShape, load_model
 from llmsched.executor.sim.spec_decode import SimSpecDecode, parse_sim_speculative_config
 
@@ -131,6 +131,13 @@ class Deployment:
         if cm.ep > 1:
             par += f", EP={cm.ep}"
         blocks = f"{m.num_gpu_blocks} blocks" + (" (--num-gpu-blocks)" if m.num_gpu_blocks_overridden else "")
+        if m.mamba_state_bytes:
+            blocks += (
+                f" (each holds one request's {m.mamba_state_bytes / 2**20:.1f} MiB Mamba state or "
+                f"{c.block_size} tokens' KV; block size raised from {s.block_size} to match a state)"
+                if c.block_size != s.block_size
+                else f" (each holds one request's {m.mamba_state_bytes / 2**20:.1f} MiB Mamba state or KV)"
+            )
         per_rank = " per rank" if s.data_parallel_size > 1 else ""
         return [
             f"model      {self.model.summary()}",
@@ -312,11 +319,12 @@ def _build(spec: DeploymentSpec, model: ModelShape, hw: HardwareProfile, tp: int
         raise ConfigError("--spec-acceptance needs --speculative-config")
     max_len = spec.max_model_len if spec.max_model_len is not None else model.max_position_embeddings
     budget, seqs = _batch_limits(spec, hw, tp, max_len)
+    block_size = hybrid_block_size(model, tp, spec.block_size, kv_bytes)
     memory = plan_memory(
         model,
         hw,
         tensor_parallel_size=tp,
-        block_size=spec.block_size,
+        block_size=block_size,
         gpu_memory_utilization=spec.gpu_memory_utilization,
         max_num_batched_tokens=budget,
         max_num_seqs=seqs,
@@ -332,7 +340,7 @@ def _build(spec: DeploymentSpec, model: ModelShape, hw: HardwareProfile, tp: int
         max_model_len=memory.max_model_len,
         max_num_batched_tokens=budget,
         max_num_seqs=seqs,
-        block_size=spec.block_size,
+        block_size=block_size,
         enable_prefix_caching=spec.enable_prefix_caching,
         prefix_caching_hash_algo=resolve_hash_algo(spec.prefix_caching_hash_algo),
         enable_chunked_prefill=spec.enable_chunked_prefill,
@@ -341,9 +349,18 @@ def _build(spec: DeploymentSpec, model: ModelShape, hw: HardwareProfile, tp: int
         policy_config=spec.policy_config,
         async_scheduling=spec.async_scheduling,
         max_loras=spec.max_loras,
+        mamba=model.is_hybrid,
         num_speculative_tokens=k,
         num_lookahead_tokens=settings.config.num_lookahead_tokens if settings is not None else 0,
     )
+    if model.is_hybrid and spec.enable_prefix_caching and budget < block_size:
+        # Align mode ends every chunk but a prompt's last on a block boundary.
+        raise ConfigError(
+            f"{model.name} runs with {block_size}-token blocks (a block holds a Mamba state) and prefix "
+            "caching, "
+            f"whose prefill chunks end on block boundaries: max_num_batched_tokens={budget} must be at least "
+            f"{block_size}, or turn prefix caching off"
+        )
     if spec.step_overhead_ms is not None and spec.step_overhead_ms < 0:
         raise ConfigError(f"step_overhead_ms={spec.step_overhead_ms} must be >= 0")
     graph_max = spec.cuda_graph_max_tokens
