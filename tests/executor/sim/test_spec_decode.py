@@ -43,3 +43,11 @@ def test_parse_keeps_vllm_keys_and_names_errors() -> None:
         parse_sim_speculative_config("{nope", "0.5")
     with pytest.raises(ConfigError, match="comma-separated"):
         AcceptanceModel.parse("high")
+
+
+def test_llama_3_2_1b_draft_shape() -> None:
+    from llmsched.executor.sim.model_shapes import load_model
+
+    m = load_model("meta-llama/Llama-3.2-1B-Instruct")
+    assert m.name == "llama-3.2-1b" and m.tie_word_embeddings
+    assert m.num_params() / 1e9 == pytest.approx(1.24, abs=0.01)

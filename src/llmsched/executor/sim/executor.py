@@ -330,6 +330,11 @@ def execute_speculative(ex: SimExecutor, so: SchedulerOutput) -> ModelRunnerOutp
     if ex.prices_lora:
         _count_lora(b, so)
     host_s, device_s = spec.drafting_seconds(len(samplers), proposing_context)
+    enc = so.encoder_inputs
+    if enc and ex.vision is not None:
+        images = ex.vision.seconds(sum(len(v) for v in enc.values()))
+        ex.vision_seconds += images
+        device_s += images
     ex._run(so.step, b, device_s, host_s)
     ex.last_sampled = samplers
     return ModelRunnerOutput(
