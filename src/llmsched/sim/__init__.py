@@ -29,6 +29,7 @@ from llmsched.executor.sim import (
 )
 from llmsched.sim.deployment import Deployment, DeploymentSpec, build_deployment
 from llmsched.sim.runner import SimRequest, SimResult, StepCosts, StepSeries, simulate
+from llmsched.sim.sessions import SessionResult, SessionWorkload, simulate_sessions
 from llmsched.sim.workload import Workload, load_trace_workload, synthetic_workload
 
 __all__ = [
@@ -43,6 +44,8 @@ __all__ = [
     "ModelShape",
     "OpCost",
     "Parallelism",
+    "SessionResult",
+    "SessionWorkload",
     "SimExecutor",
     "SimRequest",
     "SimResult",
@@ -59,5 +62,6 @@ __all__ = [
     "plan_memory",
     "shape_from_hf_config",
     "simulate",
+    "simulate_sessions",
     "synthetic_workload",
 ]

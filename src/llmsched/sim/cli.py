@@ -22,7 +22,7 @@ from llmsched.engine.policy_args import add_policy_args
 from llmsched.executor.sim.cost_model import Efficiency
 from llmsched.executor.sim.hardware import known_hardware
 from llmsched.executor.sim.model_shapes import known_models
-from llmsched.sim.deployment import KV_CACHE_DTYPES, DeploymentSpec, build_deployment
+from llmsched.sim.deployment import KV_CACHE_DTYPES, Deployment, DeploymentSpec, build_deployment
 from llmsched.sim.frontend import DEFAULT_TOKEN_S, Frontend
 from llmsched.sim.pd import add_pd_args, pd_from_args
 from llmsched.sim.runner import simulate
@@ -117,6 +117,24 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         default=16,
         metavar="R",
         help="rank the adapter products are priced at (default 16, as vLLM)",
+    )
+    sp = p.add_argument_group("speculative decoding")
+    sp.add_argument(
+        "--speculative-config",
+        default=None,
+        metavar="JSON",
+        help="vLLM's speculative config plus an acceptance model, e.g. "
+        '\'{"method": "ngram", "num_speculative_tokens": 3, "acceptance_rate": 0.7}\' or '
+        '\'{"model": "llama-3.2-1b", "num_speculative_tokens": 4, "acceptance_rates": [0.8, 0.6, 0.4]}\' '
+        "(a draft model is a model shape priced on the same hardware; acceptance rates are per draft "
+        'token, given all earlier ones were accepted; "seed" makes the draws reproduce)',
+    )
+    sp.add_argument(
+        "--spec-acceptance",
+        default=None,
+        metavar="RATE[,RATE...]",
+        help="acceptance rate per draft token (one for all positions, or one per position); "
+        "overrides the --speculative-config JSON's",
     )
     c = p.add_argument_group("cost model")
     c.add_argument(
@@ -224,6 +242,33 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         help="trace: one JSON object per line with arrival_time, prompt_len or prompt_token_ids, output_len",
     )
     w.add_argument("--seed", type=int, default=0)
+    se = p.add_argument_group("multi-turn sessions")
+    se.add_argument(
+        "--sessions",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="simulate N multi-turn conversations instead of --num-prompts requests: first prompt "
+        "--input-len, then --turn-input-len new tokens per turn, --output-len out per turn; first turns "
+        "arrive at --request-rate; prints TTFT per turn",
+    )
+    se.add_argument("--turns", type=_positive_int, default=4, help="turns per conversation (default 4)")
+    se.add_argument("--turn-input-len", type=_positive_int, default=128, help="new tokens per later turn")
+    se.add_argument(
+        "--think-time",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="seconds between a turn's last token and the next turn's input (mean; default 2)",
+    )
+    se.add_argument("--think-time-dist", choices=["fixed", "exponential"], default="fixed")
+    se.add_argument(
+        "--session-mode",
+        choices=["session", "resend"],
+        default="session",
+        help="session: resumable requests keeping their KV between turns (default); resend: each turn "
+        "a new request with the whole history",
+    )
     o = p.add_argument_group("output")
     o.add_argument("--result-json", "--result-filename", dest="result_json", metavar="PATH")
     o.add_argument("--save-detailed", action="store_true", help="per-request lists in --result-json")
@@ -382,6 +427,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         max_lora_rank=args.max_lora_rank,
         async_scheduling=async_scheduling,
         recalibrate=args.recalibrate,
+        speculative_config=args.speculative_config,
+        spec_acceptance=args.spec_acceptance,
     )
     deployment = build_deployment(spec)
     dp = None
@@ -393,9 +440,13 @@ def run_simulate(args: argparse.Namespace) -> int:
         )
     if args.dp_sync_ms < 0:
         raise ConfigError(f"--dp-sync-ms {args.dp_sync_ms} must be >= 0")
+    if args.sessions is not None:
+        return _run_sessions(args, deployment)
     workload = _workload(args)
     pd = pd_from_args(args)
     if pd is not None:
+        if deployment.spec_decode is not None:
+            raise ConfigError("speculative decoding is simulated for a single engine, not with P/D")
         return _run_pd(args, deployment, workload, pd, slos, percentiles)
     frontend = None
     if args.api_server_count is not None:
@@ -458,6 +509,36 @@ def run_simulate(args: argparse.Namespace) -> int:
 
         for path in write_plots(result, args.plot):
             print(f"wrote {path}")
+    return 0
+
+
+def _run_sessions(args: argparse.Namespace, deployment: Deployment) -> int:
+    """``--sessions``: multi-turn conversations with think times; per-turn figures."""
+    from llmsched.sim.sessions import SessionWorkload, simulate_sessions
+
+    wl = SessionWorkload(
+        num_sessions=args.sessions,
+        turns=args.turns,
+        first_input_len=args.input_len,
+        input_len=args.turn_input_len,
+        output_len=args.output_len,
+        think_time_s=args.think_time,
+        think_dist=args.think_time_dist,
+        session_rate=args.request_rate,
+        seed=args.seed,
+    )
+    for line in deployment.describe():
+        print(line)
+    print(f"workload   {wl.describe()}, served as {args.session_mode}\n")
+    result = simulate_sessions(deployment, wl, args.session_mode)
+    print(result.table())
+    for rid, why in result.rejections[:5]:
+        print(f"rejected {rid}: {why}")
+    if args.result_json:
+        Path(args.result_json).parent.mkdir(parents=True, exist_ok=True)
+        data = {"workload": wl.describe(), **result.summary(), "deployment": deployment.to_dict()}
+        Path(args.result_json).write_text(json.dumps(data, indent=2))
+        print(f"wrote {args.result_json}")
     return 0
 
 

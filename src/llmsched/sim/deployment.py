@@ -15,8 +15,9 @@ from llmsched.core.errors import ConfigError
 from llmsched.engine.batch_defaults import parse_usage_context, resolve_batch_limits
 from llmsched.executor.sim.cost_model import CostModel, Efficiency, Parallelism
 from llmsched.executor.sim.hardware import GiB, HardwareProfile, load_hardware
-from llmsched.executor.sim.memory import MemoryPlan, plan_memory
+from llmsched.executor.sim.memory import MemoryPlan, hybrid_block_size, plan_memory
 from llmsched.executor.sim.model_shapes import ModelShape, load_model
+from llmsched.executor.sim.spec_decode import SimSpecDecode, parse_sim_speculative_config
 
 KV_CACHE_DTYPES = {
     "auto": None,
@@ -88,6 +89,11 @@ class DeploymentSpec:
     # Whose defaults the batch limits take (engine/batch_defaults.py):
     # `vllm serve`'s unless asked otherwise (LLM_CLASS: the offline LLM).
     usage_context: str = "OPENAI_API_SERVER"
+    # Speculative decoding: vLLM's --speculative-config JSON (a dict or its
+    # text) plus the simulator's acceptance keys (executor/sim/spec_decode.py);
+    # spec_acceptance ("0.7" or "0.8,0.6,0.4") overrides the JSON's rates.
+    speculative_config: dict | str | None = None
+    spec_acceptance: str | float | list | None = None
 
 
 @dataclass(slots=True)
@@ -102,6 +108,8 @@ class Deployment:
     cost_model: CostModel
     # True when TP was chosen because the spec left it to us.
     tensor_parallel_auto: bool = False
+    # Speculative decoding's acceptance draws and drafting costs (None: off).
+    spec_decode: SimSpecDecode | None = None
 
     @property
     def data_parallel_size(self) -> int:
@@ -123,6 +131,13 @@ class Deployment:
         if cm.ep > 1:
             par += f", EP={cm.ep}"
         blocks = f"{m.num_gpu_blocks} blocks" + (" (--num-gpu-blocks)" if m.num_gpu_blocks_overridden else "")
+        if m.mamba_state_bytes:
+            blocks += (
+                f" (each holds one request's {m.mamba_state_bytes / 2**20:.1f} MiB Mamba state or "
+                f"{c.block_size} tokens' KV; block size raised from {s.block_size} to match a state)"
+                if c.block_size != s.block_size
+                else f" (each holds one request's {m.mamba_state_bytes / 2**20:.1f} MiB Mamba state or KV)"
+            )
         per_rank = " per rank" if s.data_parallel_size > 1 else ""
         return [
             f"model      {self.model.summary()}",
@@ -137,6 +152,19 @@ class Deployment:
             f"chunked prefill {'on' if c.enable_chunked_prefill else 'off'}, "
             f"async scheduling {'on' if c.async_scheduling else 'off'}",
             f"launches   {cm.describe_launches()}",
+            *self._describe_spec(),
+        ]
+
+    def _describe_spec(self) -> list[str]:
+        sd = self.spec_decode
+        if sd is None:
+            return []
+        c = sd.config
+        how = f"draft model {sd.draft_name}" if c.method == "draft_model" else "n-gram prompt lookup"
+        rates = ", ".join(f"{r:g}" for r in sd.acceptance.rates)
+        return [
+            f"speculate  {how}, K={sd.k}, acceptance per draft token {rates} (seed {sd.seed}): "
+            f"expected {1 + sd.acceptance.expected_accepted(sd.k):.2f} tokens per verifying step"
         ]
 
     def to_dict(self) -> dict:
@@ -158,6 +186,7 @@ class Deployment:
                 "network": self.cost_model.efficiency.network,
             },
             "step_overhead_ms": self.cost_model.step_overhead_s * 1e3,
+            "speculative_config": None if self.spec_decode is None else self.spec_decode.to_dict(),
             "launch": {
                 "cuda_graph_max_tokens": self.cost_model.cuda_graph_max_tokens,
                 "launch_latency_us": self.cost_model.launch_latency_s * 1e6,
@@ -275,13 +304,27 @@ def _build(spec: DeploymentSpec, model: ModelShape, hw: HardwareProfile, tp: int
             f"expert parallelism over {ep} GPUs needs num_experts ({model.num_experts}) divisible by it"
         )
     kv_bytes = KV_CACHE_DTYPES[spec.kv_cache_dtype]
+    settings = None
+    draft = None
+    if spec.speculative_config is not None:
+        settings = parse_sim_speculative_config(spec.speculative_config, spec.spec_acceptance)
+        if settings.draft_model is not None:
+            draft = load_model(settings.draft_model)
+            if draft.num_heads % tp:
+                raise ConfigError(
+                    f"tensor_parallel_size={tp} must divide the draft model's attention heads "
+                    f"({draft.num_heads})"
+                )
+    elif spec.spec_acceptance is not None:
+        raise ConfigError("--spec-acceptance needs --speculative-config")
     max_len = spec.max_model_len if spec.max_model_len is not None else model.max_position_embeddings
     budget, seqs = _batch_limits(spec, hw, tp, max_len)
+    block_size = hybrid_block_size(model, tp, spec.block_size, kv_bytes)
     memory = plan_memory(
         model,
         hw,
         tensor_parallel_size=tp,
-        block_size=spec.block_size,
+        block_size=block_size,
         gpu_memory_utilization=spec.gpu_memory_utilization,
         max_num_batched_tokens=budget,
         max_num_seqs=seqs,
@@ -289,13 +332,15 @@ def _build(spec: DeploymentSpec, model: ModelShape, hw: HardwareProfile, tp: int
         kv_cache_dtype_bytes=kv_bytes,
         num_gpu_blocks=spec.num_gpu_blocks,
         expert_parallel_size=ep if ep > tp else None,
+        draft_model=draft,
     )
+    k = settings.config.num_speculative_tokens if settings is not None else 0
     config = SchedulerConfig(
         num_gpu_blocks=memory.num_gpu_blocks,
         max_model_len=memory.max_model_len,
         max_num_batched_tokens=budget,
         max_num_seqs=seqs,
-        block_size=spec.block_size,
+        block_size=block_size,
         enable_prefix_caching=spec.enable_prefix_caching,
         prefix_caching_hash_algo=resolve_hash_algo(spec.prefix_caching_hash_algo),
         enable_chunked_prefill=spec.enable_chunked_prefill,
@@ -304,7 +349,18 @@ def _build(spec: DeploymentSpec, model: ModelShape, hw: HardwareProfile, tp: int
         policy_config=spec.policy_config,
         async_scheduling=spec.async_scheduling,
         max_loras=spec.max_loras,
+        mamba=model.is_hybrid,
+        num_speculative_tokens=k,
+        num_lookahead_tokens=settings.config.num_lookahead_tokens if settings is not None else 0,
     )
+    if model.is_hybrid and spec.enable_prefix_caching and budget < block_size:
+        # Align mode ends every chunk but a prompt's last on a block boundary.
+        raise ConfigError(
+            f"{model.name} runs with {block_size}-token blocks (a block holds a Mamba state) and prefix "
+            "caching, "
+            f"whose prefill chunks end on block boundaries: max_num_batched_tokens={budget} must be at least "
+            f"{block_size}, or turn prefix caching off"
+        )
     if spec.step_overhead_ms is not None and spec.step_overhead_ms < 0:
         raise ConfigError(f"step_overhead_ms={spec.step_overhead_ms} must be >= 0")
     graph_max = spec.cuda_graph_max_tokens
@@ -314,16 +370,30 @@ def _build(spec: DeploymentSpec, model: ModelShape, hw: HardwareProfile, tp: int
         graph_max = min(2 * seqs, 512, budget) if hw.cuda_graphs else 0
     if spec.launch_latency_us is not None and spec.launch_latency_us < 0:
         raise ConfigError(f"launch_latency_us={spec.launch_latency_us} must be >= 0")
-    cost = CostModel(
-        model,
-        hw,
-        Parallelism(tp, ep_on, dp if ep_on else 1),
-        resolve_efficiency(spec.efficiency, hw),
-        step_overhead_s=None if spec.step_overhead_ms is None else spec.step_overhead_ms / 1000.0,
-        kv_cache_dtype_bytes=kv_bytes,
-        cuda_graph_max_tokens=graph_max,
-        launch_latency_s=None if spec.launch_latency_us is None else spec.launch_latency_us / 1e6,
-        kernels_per_layer=spec.kernels_per_layer,
-        lora_rank=spec.max_lora_rank if spec.max_loras else 0,
-    )
-    return Deployment(spec, model, hw, memory, config, cost)
+
+    def cost_of(m: ModelShape, lora_rank: int) -> CostModel:
+        return CostModel(
+            m,
+            hw,
+            Parallelism(tp, ep_on, dp if ep_on else 1),
+            resolve_efficiency(spec.efficiency, hw),
+            step_overhead_s=None if spec.step_overhead_ms is None else spec.step_overhead_ms / 1000.0,
+            kv_cache_dtype_bytes=kv_bytes,
+            cuda_graph_max_tokens=graph_max,
+            launch_latency_s=None if spec.launch_latency_us is None else spec.launch_latency_us / 1e6,
+            kernels_per_layer=spec.kernels_per_layer,
+            lora_rank=lora_rank,
+        )
+
+    cost = cost_of(model, spec.max_lora_rank if spec.max_loras else 0)
+    spec_decode = None
+    if settings is not None:
+        spec_decode = SimSpecDecode(
+            settings.config,
+            settings.acceptance,
+            settings.seed,
+            draft_cost=cost_of(draft, 0) if draft is not None else None,
+            ngram_s_per_request=settings.ngram_s_per_request,
+            draft_name=settings.draft_model,
+        )
+    return Deployment(spec, model, hw, memory, config, cost, spec_decode=spec_decode)

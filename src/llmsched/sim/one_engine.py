@@ -25,6 +25,7 @@ from llmsched.core.config import SchedulerConfig
 from llmsched.core.errors import RequestRejected
 from llmsched.core.scheduler import Scheduler
 from llmsched.engine.engine_core import EngineCore
+from llmsched.engine.spec_stats import SpecDecodingStats
 from llmsched.executor.sim.cost_model import BatchShape, StepCostModel
 from llmsched.executor.sim.executor import SimExecutor, StepTiming
 from llmsched.sim.loop import Arrivals, Tally
@@ -73,6 +74,12 @@ class OneEngine:
         self.scheduled_at: dict[int, tuple[int, list | None, int, int]] = {}
         self.turns = 0
         self.prev_end = -1.0
+        self.spec_stats: SpecDecodingStats | None = None
+
+    def use_spec_decode(self, spec_decode: object) -> None:
+        """Simulate speculative decoding (a SimSpecDecode) and count its drafts as vLLM does."""
+        self.ex.spec = spec_decode
+        self.spec_stats = SpecDecodingStats(spec_decode.k)  # type: ignore[attr-defined]
 
     def clock(self) -> float:
         """The executor's clock."""
@@ -129,6 +136,11 @@ class OneEngine:
         tally = self.tally
         tally.num_steps += 1
         so = es.scheduler_output
+        accepted = 0
+        if self.spec_stats is not None:
+            accepted = self.spec_stats.num_accepted_tokens
+            self.spec_stats.observe(so, es.model_output)
+            accepted = self.spec_stats.num_accepted_tokens - accepted
         # The applied step's own timing (async: not the batch just
         # scheduled); None when it ran nothing and skipped the executor.
         timing = self.ex.timing(so.step)
@@ -140,7 +152,7 @@ class OneEngine:
                 self.costs.add(timing)
         else:
             end = self.ex.now
-        self._count_tokens(es.outputs.updated, end)
+        self._count_tokens(es.outputs.updated, end, accepted)
         for r in es.outputs.finished:
             tally.finished(r, end)
         if so.total_num_scheduled_tokens:
@@ -163,14 +175,14 @@ class OneEngine:
                     rec["in_frontend"] = in_frontend
                 write_step(tally.trace_out, rec, t, end)
 
-    def _count_tokens(self, samplers: list, end: float) -> None:
-        """Count the tokens of the requests a step gave one (async: less those finished meanwhile)."""
+    def _count_tokens(self, samplers: list, end: float, accepted: int = 0) -> None:
+        """Count the tokens of the requests a step gave one (plus ``accepted`` drafts kept)."""
         prev_end = self.prev_end
         self.prev_end = end
         if not samplers:
             return
         metrics = self.tally.metrics
-        metrics.add_tokens_at(end, len(samplers))
+        metrics.add_tokens_at(end, len(samplers) + accepted)
         add_itl = metrics.add_itl
         same = 0
         for r in samplers:
@@ -248,7 +260,20 @@ class OneEngine:
             "prefix_cache_hit_rate": sched.prefix_cache_stats.hit_rate,
             "sim_duration_s": self.ex.now,
             "step_costs": self.costs,
+            "spec_decode": spec_dict(self.spec_stats) if self.spec_stats is not None else None,
         }
+
+
+def spec_dict(stats: SpecDecodingStats) -> dict:
+    """Speculative decoding's counters and rates (vLLM's definitions)."""
+    return {
+        "num_drafts": stats.num_drafts,
+        "num_draft_tokens": stats.num_draft_tokens,
+        "num_accepted_tokens": stats.num_accepted_tokens,
+        "acceptance_rate": stats.acceptance_rate,
+        "mean_acceptance_length": stats.mean_acceptance_length,
+        "accepted_per_position": list(stats.accepted_per_pos),
+    }
 
 
 def _record_plain(

@@ -125,6 +125,8 @@ class SimResult:
     # With record_requests: (tenant, sent, first token, end, prompt, output) per
     # finished request (first token -1 when declined).
     requests: list[tuple] | None = None
+    # Speculative decoding's draft and acceptance counts (see one_engine.spec_dict); None: off.
+    spec_decode: dict | None = None
 
     @property
     def wall_us_per_request(self) -> float:
@@ -147,6 +149,10 @@ class SimResult:
             rows.extend(self.data_parallel.get("rows", []))
         if self.step_costs is not None:
             rows.extend(self.step_costs.rows())
+        sd = self.spec_decode
+        if sd is not None:
+            rows.append(("Draft acceptance rate (%):", 100.0 * sd["acceptance_rate"]))
+            rows.append(("Mean acceptance length:", f"{sd['mean_acceptance_length']:.3f}"))
         rows.append(
             ("Simulated in (s wall):", f"{self.wall_s:.2f} ({self.wall_us_per_request:.1f} us/request)")
         )
@@ -189,6 +195,8 @@ class SimResult:
             out["simulation"]["step_costs"] = self.step_costs.to_dict(self.sim_duration_s)
         if self.frontend is not None:
             out["simulation"]["frontend"] = self.frontend
+        if self.spec_decode is not None:
+            out["simulation"]["spec_decode"] = self.spec_decode
         if self.deployment is not None:
             out["deployment"] = self.deployment.to_dict()
         return out

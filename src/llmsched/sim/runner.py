@@ -52,6 +52,7 @@ def simulate(
     frontend: Frontend | None = None,
     record_requests: bool = False,
     vision: object = None,
+    spec_decode: object = None,
 ) -> SimResult:
     """Run ``workload`` through the engine (or ``dp``'s ranks) on a virtual clock and measure it.
 
@@ -66,7 +67,10 @@ def simulate(
     puts API servers between the client and the engine (see ``Frontend``);
     without it every request reaches the engine when it is sent. ``vision``
     (an ``executor.sim.vision_cost.VisionCost``) prices the images a step
-    encodes (a single engine only).
+    encodes (a single engine only). ``spec_decode`` (an
+    ``executor.sim.spec_decode.SimSpecDecode``; by default the deployment's)
+    simulates speculative decoding (a single engine only; the scheduler
+    config must reserve its K draft slots).
     """
     deployment, sched_config, cost_model = resolve_run(config, cost_model, max_concurrency, "simulate")
     if trace_out is not None:
@@ -74,6 +78,13 @@ def simulate(
         if frontend is not None:
             extra["frontend"] = frontend.to_dict()
         write_header(trace_out, sched_config, len(workload), deployment, cost_model, **extra)
+    if spec_decode is None and deployment is not None:
+        spec_decode = deployment.spec_decode
+    if spec_decode is not None and sched_config.num_speculative_tokens != spec_decode.k:  # type: ignore[attr-defined]
+        raise ConfigError(
+            f"the scheduler reserves {sched_config.num_speculative_tokens} draft tokens but the speculative "
+            f"config proposes {spec_decode.k}"  # type: ignore[attr-defined]
+        )
     arrivals = Arrivals(workload, max_concurrency, frontend)
     series = StepSeries() if record_series else None
     tally = Tally(arrivals, trace_out, explain, series, progress)
@@ -82,12 +93,15 @@ def simulate(
     # Priority order needs the whole queue built; so does --explain, which lists it.
     hold = hold_back and max_concurrency is None and sched_config.policy == "fcfs" and not explain
     if dp is not None:
-        if vision is not None:
-            raise ConfigError("images are priced for a single engine; drop --data-parallel-size")
+        if vision is not None or spec_decode is not None:
+            what = "images are priced" if vision is not None else "speculative decoding is simulated"
+            raise ConfigError(f"{what} for a single engine; drop --data-parallel-size")
         engines = DPGroup(sched_config, cost_model, dp, sync_s, arrivals, tally, hold)
     else:
         engines = OneEngine(sched_config, cost_model, arrivals, tally, hold, fast_forward, max_steps)
         engines.ex.vision = vision
+        if spec_decode is not None:
+            engines.use_spec_decode(spec_decode)
     wall = run_loop(engines, arrivals, tally, max_steps)
     fields = engines.result_fields()
     duration = fields.pop("sim_duration_s")

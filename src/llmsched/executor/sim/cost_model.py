@@ -125,6 +125,7 @@ _MLA_CORE_FIXED_KERNELS = 6  # plus the kv_b linear
 _TOPK_KERNELS = 2
 _ROUTED_EXPERT_KERNELS = 6
 _EP_EXCHANGE_KERNELS = 3
+_MAMBA_CORE_KERNELS = 2
 
 
 # The op recorders _ops() hands to _moe_ops(): (name, flops, bytes, rate) and (name, count, bytes).
@@ -220,6 +221,9 @@ class BatchShape:
     # Tokens that run a LoRA adapter, and how many distinct adapters the step runs.
     lora_tokens: int = 0
     num_loras: int = 0
+    # Speculative decoding: prefill tokens that are decodes verifying drafts
+    # (1 + K per request); a step of only those still replays a CUDA graph.
+    spec_tokens: int = 0
 
     @classmethod
     def from_chunks(cls, chunks: Iterable[tuple[int, int]], num_sampled: int) -> BatchShape:
@@ -396,7 +400,8 @@ class CostModel:
 
     def _precompute(self) -> None:
         m, tp, a = self.model, self.tp, self.act_bytes
-        L = m.num_layers
+        # Attention layers (a hybrid model's Mamba layers have none; see _precompute_mamba).
+        L = m.num_attention_layers
         # Attention projections on one GPU: weights and activation widths.
         attn_w = 0.0
         attn_io = 0.0
@@ -442,13 +447,41 @@ class CostModel:
         else:
             rope_width = m.q_dim / tp + m.kv_heads_per_gpu(tp) * m.head_dim
         self.elementwise_token_bytes = a * (
-            L * (_ELEMENTWISE_HIDDEN_PASSES * m.hidden_size + _ROPE_PASSES * rope_width)
+            m.num_layers * _ELEMENTWISE_HIDDEN_PASSES * m.hidden_size
+            + L * _ROPE_PASSES * rope_width
             + _ACTIVATION_PASSES * (ld * m.intermediate_size / tp + m.num_moe_layers * moe_width)
         )
         # Embedding (vocab-parallel lookup) and LM head (vocab-parallel).
         self.lm_head_params = m.vocab_size * m.hidden_size / tp
         self.vocab_per_gpu = m.vocab_size / tp
+        self._precompute_mamba()
         self._precompute_launches()
+
+    def _precompute_mamba(self) -> None:
+        """A hybrid model's Mamba2 mixers: projections, and the conv and SSD scan per token and state."""
+        m, tp, a = self.model, self.tp, self.act_bytes
+        Lm = m.num_mamba_layers
+        self.mamba_linear_params = self.mamba_linear_io = 0.0
+        self.mamba_prefill_flops = self.mamba_decode_flops = self.mamba_state_bytes = 0.0
+        self.mamba_token_bytes = 0.0
+        if not Lm:
+            return
+        h, di, conv = m.hidden_size, m.mamba_d_inner / tp, m.mamba_conv_dim / tp
+        heads, P, N, Q = m.mamba_n_heads / tp, m.mamba_head_dim, m.mamba_d_state, m.mamba_chunk_size
+        in_w = di + conv + heads
+        self.mamba_linear_params = Lm * (h * in_w + di * h)
+        self.mamba_linear_io = Lm * (h + in_w + di + h) * a
+        conv_flops = 2 * m.mamba_d_conv * conv
+        # A decode updates each head's P x N state (decay, add dt * B x) and reads it out with C.
+        self.mamba_decode_flops = Lm * (conv_flops + 6 * heads * P * N)
+        # SSD over chunks of Q tokens: the intra-chunk C.B^T and its product with x (quadratic in Q),
+        # then the chunk states and their contribution to the outputs.
+        groups = m.mamba_n_groups / tp if m.mamba_n_groups >= tp else 1
+        self.mamba_prefill_flops = Lm * (conv_flops + 2 * Q * (groups * N + heads * P) + 4 * heads * P * N)
+        # Every token's x, B, C, dt read and y written by the conv and scan kernels.
+        self.mamba_token_bytes = Lm * 2 * (conv + di) * a
+        # A request's state (conv window and SSM state, all Mamba layers) read and written once per step.
+        self.mamba_state_bytes = 2 * Lm * m.mamba_state_elements_per_layer(tp) * m.dtype_bytes
 
     def _precompute_launches(self) -> None:
         m, tp, ep = self.model, self.tp, self.ep
@@ -468,14 +501,18 @@ class CostModel:
             exchange = _EP_EXCHANGE_KERNELS if ep > 1 else ar
             moe = 1 + 1 + _TOPK_KERNELS + shared + _ROUTED_EXPERT_KERNELS + exchange + 1
         L = m.num_layers
+        La, Lm = m.num_attention_layers, m.num_mamba_layers
+        # A Mamba2 mixer: RMSNorm, in_proj, the conv, the SSD scan (its core,
+        # kept out of piecewise graphs like attention's), gated norm, out_proj.
+        mamba = 1 + 2 * lin + _MAMBA_CORE_KERNELS + 1 + ar
         if self.kernels_per_layer_override is not None:
             eager = L * self.kernels_per_layer_override
         else:
-            eager = L * attn + m.num_mlp_dense_layers * dense + m.num_moe_layers * moe
+            eager = La * attn + Lm * mamba + m.num_mlp_dense_layers * dense + m.num_moe_layers * moe
         self.eager_launches = eager
         # Piecewise: each layer replays its graph pieces (one launch) and runs
-        # the attention core eagerly.
-        self.piecewise_launches = L * (core + 1)
+        # the attention core (or the Mamba mixer's) eagerly.
+        self.piecewise_launches = La * (core + 1) + Lm * (_MAMBA_CORE_KERNELS + 1)
         self.eager_launch_s = eager * self.launch_latency_s
         self.piecewise_launch_s = self.piecewise_launches * self.launch_latency_s
 
@@ -483,7 +520,7 @@ class CostModel:
         """LAUNCH_GRAPH, LAUNCH_PIECEWISE or LAUNCH_EAGER: how vLLM would launch this batch."""
         if batch.num_tokens > self.cuda_graph_max_tokens:
             return LAUNCH_EAGER
-        return LAUNCH_GRAPH if batch.prefill_tokens == 0 else LAUNCH_PIECEWISE
+        return LAUNCH_GRAPH if batch.prefill_tokens == batch.spec_tokens else LAUNCH_PIECEWISE
 
     # ---- the ops of one step ---------------------------------------------------
 
@@ -522,6 +559,10 @@ class CostModel:
             roof("attention_prefill", *self._prefill_attention(b), attn)
         if b.num_decodes:
             roof("attention_decode", *self._decode_attention(b), attn, self.kv_read_rate)
+        if self.mamba_linear_params:
+            roof("mamba_mixer", *self._mamba_mixer(b), attn)
+            p = self.mamba_linear_params
+            roof("mamba_linears", 2 * T * p, p * wb + T * self.mamba_linear_io, gemm)
         if self.mlp_params:
             p = self.mlp_params
             roof("mlp", 2 * T * p, p * wb + T * self.mlp_io, gemm)
@@ -600,6 +641,14 @@ class CostModel:
             (b.prefill_context + 2 * b.prefill_tokens) * self.kv_token_bytes
             + b.prefill_tokens * self.qo_token_bytes,
         )
+
+    def _mamba_mixer(self, b: BatchShape) -> tuple[float, float]:
+        """(FLOPs, bytes) of the step's Mamba2 convolutions and scans: per token, plus per state."""
+        decodes = b.num_decodes
+        prefill = b.num_tokens - decodes
+        flops = prefill * self.mamba_prefill_flops + decodes * self.mamba_decode_flops
+        nbytes = b.num_tokens * self.mamba_token_bytes + (decodes + b.num_prefills) * self.mamba_state_bytes
+        return flops, nbytes
 
     def _decode_attention(self, b: BatchShape) -> tuple[float, float]:
         """(FLOPs, bytes) of the step's decode attention core."""
@@ -714,6 +763,11 @@ class CostModel:
             s = _roof_seconds(flops, nbytes, self.attn_rate, self.kv_read_rate)
             t += s
             model += s
+        if self.mamba_linear_params:
+            flops, nbytes = self._mamba_mixer(batch)
+            s = _roof_seconds(flops, nbytes, self.attn_rate, self.mem_rate)
+            t += s
+            model += s
         for s, on_host in ops[1]:
             t += s
             if on_host:
@@ -743,6 +797,12 @@ class CostModel:
             ops = self._shape_ops[key] = self._split_ops(batch, mode)
         before, after = ops
         pair_flops, kv_bytes, qo_bytes = self.decode_pair_flops, self.kv_token_bytes, self.qo_token_bytes
+        # A hybrid model's mixers cost the same at every context.
+        mixer = (
+            _roof_seconds(*self._mamba_mixer(batch), self.attn_rate, self.mem_rate)
+            if self.mamba_linear_params
+            else None
+        )
         rate, kv_rate = self.attn_rate, self.kv_read_rate
         # The sums that do not involve the attention time are the same at
         # every context: taken once, in step_parts' order. Up to the attention
@@ -762,6 +822,8 @@ class CostModel:
             tc = decode_context * pair_flops / rate
             tm = ((decode_context + d) * kv_bytes + d * qo_bytes) / kv_rate
             t = model = head + (tc if tc > tm else tm)
+            if mixer is not None:
+                t = model = t + mixer
             for s in tail_all:
                 t += s
             for s in tail_model:
@@ -778,7 +840,7 @@ class CostModel:
         after: list[tuple[float, bool]] = []
         for op in self._ops(batch, None, mode):
             name = op[0]
-            if name in _ATTENTION_CORES or name == "lora":
+            if name in _ATTENTION_CORES or name == "lora" or name == "mamba_mixer":
                 continue
             if after or name not in _BEFORE_ATTENTION:
                 after.append((op[4], name in HOST_OPS))

@@ -108,6 +108,9 @@ class SimExecutor:
         # the workload has any; their time adds to the step's model time.
         self.vision: Any = None
         self.vision_seconds = 0.0
+        # Speculative decoding (a spec_decode.SimSpecDecode), when configured:
+        # decodes verify drafts and every sampling request proposes K more.
+        self.spec: Any = None
 
     def advance_to(self, t: float) -> None:
         """Move the clock forward to ``t`` (an idle engine waiting for arrivals, or for a step's output)."""
@@ -124,6 +127,8 @@ class SimExecutor:
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Price the batch, advance the clock, sample one token per completed request."""
+        if self.spec is not None:
+            return execute_speculative(self, scheduler_output)
         token = self._token
         sampled: list[tuple[int, ...]] = []
         samplers: list[Request] = []
@@ -214,8 +219,8 @@ class SimExecutor:
             self.last_sampled = []
         return run
 
-    def _run(self, step: int, batch: BatchShape, encoder_s: float = 0.0) -> StepTiming:
-        """Clock one executed batch (plus ``encoder_s`` encoding images); its timing, kept for timing()."""
+    def _run(self, step: int, batch: BatchShape, encoder_s: float = 0.0, host_s: float = 0.0) -> StepTiming:
+        """Clock one executed batch (plus ``encoder_s`` on the device, ``host_s`` on the host); its timing."""
         num_tokens = batch.num_tokens
         t = self._prev
         self._prev = self._last
@@ -224,8 +229,9 @@ class SimExecutor:
         t.batch = batch
         if num_tokens:
             total, host, model = self._parts(batch)
-            total += encoder_s
+            total += encoder_s + host_s
             model += encoder_s
+            host += host_s
         else:
             total = host = model = 0.0
         if self.async_scheduling and num_tokens:
@@ -273,6 +279,67 @@ class SimExecutor:
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+def execute_speculative(ex: SimExecutor, so: SchedulerOutput) -> ModelRunnerOutput:
+    """``execute()`` under speculative decoding: verify the scheduled drafts, propose K more.
+
+    As the torch executor reports them: each sampling request gets 1 +
+    accepted tokens (accepted drawn from the acceptance model), drafts to
+    verify next step (sync mode; async mode uses the scheduler's
+    placeholders) and its verified draft count. A verifying request's 1 + K
+    tokens are priced as a chunk at its context (its attention pairs) that
+    a CUDA graph still covers (``spec_tokens``), every verified position
+    runs the LM head, and the drafting costs what ``SimSpecDecode`` says.
+    """
+    spec = ex.spec
+    token = ex.sample_token_id
+    drafts_of = so.spec_decode_tokens
+    n_sched = len(so.scheduled)
+    sampled: list[tuple[int, ...]] = [_NONE] * n_sched
+    draft_ids: list[list[int]] = [[] for _ in range(n_sched)]
+    verified = [0] * n_sched
+    samplers: list[Request] = []
+    proposal = [token] * spec.k
+    b = BatchShape()
+    proposing_context = 0
+    for i, (req, n) in enumerate(zip(so.scheduled, so.num_scheduled_tokens)):
+        end = req.num_computed_tokens
+        b.num_tokens += n
+        drafts = drafts_of.get(req.request_id) if drafts_of else None
+        if n == 1:
+            b.num_decodes += 1
+            b.decode_context += end
+        else:
+            start = end - n
+            b.num_prefills += 1
+            b.prefill_tokens += n
+            b.prefill_pairs += n * start + (n * (n + 1) >> 1)
+            b.prefill_context += start
+            if drafts:
+                b.spec_tokens += n
+        if end < req.num_tokens:
+            continue
+        v = len(drafts) if drafts else 0
+        verified[i] = v
+        sampled[i] = (token,) * (1 + spec.accepted(v)) if v else (token,)
+        b.num_sampled += 1 + v
+        samplers.append(req)
+        draft_ids[i] = proposal
+        proposing_context += end
+    if ex.prices_lora:
+        _count_lora(b, so)
+    host_s, device_s = spec.drafting_seconds(len(samplers), proposing_context)
+    enc = so.encoder_inputs
+    if enc and ex.vision is not None:
+        images = ex.vision.seconds(sum(len(v) for v in enc.values()))
+        ex.vision_seconds += images
+        device_s += images
+    ex._run(so.step, b, device_s, host_s)
+    ex.last_sampled = samplers
+    return ModelRunnerOutput(
+        sampled_token_ids=sampled, draft_token_ids=draft_ids, num_drafts_verified=verified
+    )
 
 
 def _count_lora(batch: BatchShape, so: SchedulerOutput) -> None:

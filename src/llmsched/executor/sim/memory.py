@@ -36,6 +36,8 @@ class MemoryPlan:
     num_gpu_blocks: int
     num_gpu_blocks_overridden: bool
     max_model_len: int
+    # One request's Mamba state, all Mamba layers (0: not a hybrid model).
+    mamba_state_bytes: float = 0.0
 
     @property
     def kv_cache_tokens(self) -> int:
@@ -44,7 +46,10 @@ class MemoryPlan:
 
     @property
     def max_concurrency(self) -> float:
-        """Requests of max_model_len tokens the cache holds at once."""
+        """Requests of max_model_len tokens the cache holds at once (each with its state block, if hybrid)."""
+        if self.mamba_state_bytes:
+            per_request = -(-self.max_model_len // self.block_size) + 1
+            return (self.num_gpu_blocks - 1) / per_request
         return self.kv_cache_tokens / self.max_model_len
 
     def to_dict(self) -> dict:
@@ -62,7 +67,41 @@ class MemoryPlan:
             "kv_cache_tokens": self.kv_cache_tokens,
             "max_model_len": self.max_model_len,
             "max_concurrency": round(self.max_concurrency, 2),
+            **(
+                {"mamba_state_mib": round(self.mamba_state_bytes / 2**20, 2)}
+                if self.mamba_state_bytes
+                else {}
+            ),
         }
+
+
+def mamba_state_bytes(model: ModelShape, tp: int) -> float:
+    """Bytes of one request's Mamba state on one GPU, conv and SSM over all Mamba layers (0: not hybrid)."""
+    if not model.is_hybrid:
+        return 0.0
+    return model.num_mamba_layers * model.mamba_state_elements_per_layer(tp) * model.dtype_bytes
+
+
+def hybrid_block_size(model: ModelShape, tp: int, block_size: int, kv_cache_dtype_bytes: float | None) -> int:
+    """A hybrid model's block size: ``block_size`` doubled while an attention block stays within a state.
+
+    vLLM raises a hybrid model's attention block size until an attention
+    page is about as large as a Mamba state page, so one pool of equal
+    pages serves both; here the scheduler keeps a single state group (one
+    block per state, all Mamba layers), so a block's bytes are the larger of
+    the two (``plan_memory``) and its size stays a power of two: the
+    largest whose attention block is no larger than a state, which keeps
+    the padding of attention blocks under half a page and prefill chunks
+    (which end on block boundaries with prefix caching) short.
+    """
+    state = mamba_state_bytes(model, tp)
+    if not state:
+        return block_size
+    kv_bytes = kv_cache_dtype_bytes if kv_cache_dtype_bytes else model.dtype_bytes
+    per_token = model.num_attention_layers * model.kv_elements_per_token_layer(tp) * kv_bytes
+    while per_token * block_size * 2 <= state:
+        block_size *= 2
+    return block_size
 
 
 def weight_bytes_per_gpu(model: ModelShape, tp: int, ep: int | None = None) -> float:
@@ -79,12 +118,12 @@ def weight_bytes_per_gpu(model: ModelShape, tp: int, ep: int | None = None) -> f
     replicated = 0.0
     for _, fin, fout, sharded in model.attention_linears():
         if not sharded:
-            replicated += model.num_layers * fin * fout * model.weight_bytes
+            replicated += model.num_attention_layers * fin * fout * model.weight_bytes
     replicated += model.norm_params() * model.dtype_bytes
     replicated += model.num_moe_layers * model.router_params() * model.dtype_bytes
     if model.num_kv_heads < tp and not model.is_mla:
         # KV heads are copied, not split, once TP exceeds them.
-        kv_w = 2 * model.hidden_size * model.head_dim * model.weight_bytes * model.num_layers
+        kv_w = 2 * model.hidden_size * model.head_dim * model.weight_bytes * model.num_attention_layers
         extra = kv_w * (model.kv_heads_per_gpu(tp) - model.num_kv_heads / tp)
         return (total - replicated) / tp + replicated + extra
     return (total - replicated) / tp + replicated
@@ -114,8 +153,14 @@ def plan_memory(
     kv_cache_dtype_bytes: float | None = None,
     num_gpu_blocks: int | None = None,
     expert_parallel_size: int | None = None,
+    draft_model: ModelShape | None = None,
 ) -> MemoryPlan:
-    """Size the KV cache; raise ConfigError (with the numbers) when it cannot work."""
+    """Size the KV cache; raise ConfigError (with the numbers) when it cannot work.
+
+    ``draft_model``: a speculative-decoding draft model on the same GPUs; its
+    weights come off the budget and its KV shares every block (per-token
+    bytes add up), as in vLLM.
+    """
     tp = tensor_parallel_size
     if not 0.0 < gpu_memory_utilization <= 1.0:
         raise ConfigError(f"gpu_memory_utilization={gpu_memory_utilization} must be in (0, 1]")
@@ -129,6 +174,8 @@ def plan_memory(
         )
     budget = hardware.mem_capacity * gpu_memory_utilization
     weights = weight_bytes_per_gpu(model, tp, expert_parallel_size)
+    if draft_model is not None:
+        weights += weight_bytes_per_gpu(draft_model, tp)
     acts = activation_bytes(model, tp, max_num_batched_tokens, max_num_seqs)
     reserve = RUNTIME_RESERVE_BYTES if hardware.mem_capacity > 16 * GiB else 0.05 * hardware.mem_capacity
     if weights + acts + reserve >= budget:
@@ -144,8 +191,13 @@ def plan_memory(
             "raise --tensor-parallel-size or --gpu-memory-utilization, or pick a larger GPU"
         )
     kv_bytes = kv_cache_dtype_bytes if kv_cache_dtype_bytes else model.dtype_bytes
-    per_token = model.num_layers * model.kv_elements_per_token_layer(tp) * kv_bytes
-    block_bytes = per_token * block_size
+    per_token = model.num_attention_layers * model.kv_elements_per_token_layer(tp) * kv_bytes
+    if draft_model is not None:
+        per_token += draft_model.num_layers * draft_model.kv_elements_per_token_layer(tp) * kv_bytes
+    # A hybrid model's Mamba state block shares the pool: every block is
+    # sized to hold the larger of an attention block and one request's state.
+    state = mamba_state_bytes(model, tp)
+    block_bytes = max(per_token * block_size, state)
     kv_avail = budget - weights - acts - reserve
     overridden = num_gpu_blocks is not None
     blocks = num_gpu_blocks if overridden else int(kv_avail // block_bytes)
@@ -177,4 +229,5 @@ def plan_memory(
         num_gpu_blocks=blocks,
         num_gpu_blocks_overridden=overridden,
         max_model_len=max_model_len,
+        mamba_state_bytes=state,
     )

@@ -58,6 +58,16 @@ class ModelShape:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # Hybrid (Mamba2) models: this many layers run a Mamba2 mixer instead of
+    # attention (0: none); its heads, head width, state size, B/C groups,
+    # convolution width and SSD chunk length.
+    num_mamba_layers: int = 0
+    mamba_n_heads: int = 0
+    mamba_head_dim: int = 0
+    mamba_d_state: int = 0
+    mamba_n_groups: int = 1
+    mamba_d_conv: int = 4
+    mamba_chunk_size: int = 256
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "vocab_size"):
@@ -68,6 +78,13 @@ class ModelShape:
             raise ConfigError(
                 f"model {self.name!r}: num_experts_per_tok={self.num_experts_per_tok} must be in "
                 f"1..num_experts ({self.num_experts})"
+            )
+        if self.num_mamba_layers and not (
+            0 < self.num_mamba_layers < self.num_layers and self.mamba_n_heads > 0 and self.mamba_d_state > 0
+        ):
+            raise ConfigError(
+                f"model {self.name!r}: a hybrid model needs 0 < num_mamba_layers ({self.num_mamba_layers}) < "
+                f"num_layers ({self.num_layers}) and positive mamba_n_heads and mamba_d_state"
             )
 
     # ---- structure ------------------------------------------------------------
@@ -86,6 +103,38 @@ class ModelShape:
     def fp8_weights(self) -> bool:
         """True when the linear weights are stored in 8 bits."""
         return self.weight_bytes == 1.0
+
+    @property
+    def is_hybrid(self) -> bool:
+        """True for hybrid models (Mamba2 layers beside attention layers)."""
+        return self.num_mamba_layers > 0
+
+    @property
+    def num_attention_layers(self) -> int:
+        """Layers with attention (all of them unless hybrid)."""
+        return self.num_layers - self.num_mamba_layers
+
+    @property
+    def mamba_d_inner(self) -> int:
+        """Width of a Mamba2 mixer's inner activation (heads x head width)."""
+        return self.mamba_n_heads * self.mamba_head_dim
+
+    @property
+    def mamba_conv_dim(self) -> int:
+        """Channels the causal convolution runs over: x, B and C."""
+        return self.mamba_d_inner + 2 * self.mamba_n_groups * self.mamba_d_state
+
+    def mamba_layer_params(self) -> int:
+        """Parameters of one Mamba2 mixer: in_proj (z, x, B, C, dt), conv, out_proj, per-head and norm."""
+        h, di = self.hidden_size, self.mamba_d_inner
+        in_proj = h * (di + self.mamba_conv_dim + self.mamba_n_heads)
+        return in_proj + self.mamba_conv_dim * self.mamba_d_conv + di * h + 3 * self.mamba_n_heads + di
+
+    def mamba_state_elements_per_layer(self, tp: int) -> float:
+        """One request's Mamba2 state per layer on one GPU: conv window plus SSM state."""
+        conv = (self.mamba_d_conv - 1) * self.mamba_conv_dim / tp
+        ssm = self.mamba_n_heads / tp * self.mamba_head_dim * self.mamba_d_state
+        return conv + ssm
 
     @property
     def num_moe_layers(self) -> int:
@@ -160,7 +209,11 @@ class ModelShape:
 
     def layer_linear_params(self) -> int:
         """Linear weights of all layers (attention + MLP + experts), routers excluded."""
-        n = self.num_layers * self.attention_params() + self.num_mlp_dense_layers * self.dense_mlp_params()
+        n = (
+            self.num_attention_layers * self.attention_params()
+            + self.num_mlp_dense_layers * self.dense_mlp_params()
+        )
+        n += self.num_mamba_layers * self.mamba_layer_params() if self.is_hybrid else 0
         if self.is_moe:
             n += self.num_moe_layers * (self.num_experts * self.expert_params() + self.shared_expert_params())
         return n
@@ -203,6 +256,8 @@ class ModelShape:
         """One line: name, size, structure."""
         kind = f"MoE {self.num_experts}x top-{self.num_experts_per_tok}" if self.is_moe else "dense"
         attn = "MLA" if self.is_mla else f"GQA {self.num_heads}/{self.num_kv_heads} heads"
+        if self.is_hybrid:
+            attn += f" in {self.num_attention_layers} layers, Mamba2 in {self.num_mamba_layers}"
         total = self.num_params() / 1e9
         active = self.num_active_params() / 1e9
         size = f"{total:.1f}B params" + (f" ({active:.1f}B active)" if self.is_moe else "")
@@ -278,6 +333,7 @@ def shape_from_hf_config(cfg: dict, name: str = "model") -> ModelShape:
             qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
             v_head_dim=int(cfg["v_head_dim"]),
         )
+    kw.update(_mamba_fields(cfg, h, layers))
     head_dim = int(_get(cfg, "head_dim", default=h // heads))
     if cfg.get("kv_lora_rank"):
         head_dim = int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"])
@@ -297,6 +353,30 @@ def shape_from_hf_config(cfg: dict, name: str = "model") -> ModelShape:
         weight_bytes=_weight_bytes(cfg, dtype_bytes),
         **kw,
     )
+
+
+def _mamba_fields(cfg: dict, hidden: int, layers: int) -> dict:
+    """A hybrid config's Mamba2 fields (Bamba and the like: ``attn_layer_indices``, ``layers_block_type``)."""
+    if not cfg.get("mamba_n_heads"):
+        return {}
+    kinds = cfg.get("layers_block_type")
+    if isinstance(kinds, list):
+        num_mamba = sum(1 for k in kinds if k == "mamba")
+    else:
+        num_mamba = layers - len(cfg.get("attn_layer_indices") or [])
+    n_heads = int(cfg["mamba_n_heads"])
+    head = cfg.get("mamba_d_head", "auto")
+    if head in (None, "auto"):
+        head = int(cfg.get("mamba_expand", 2)) * hidden // n_heads
+    return {
+        "num_mamba_layers": num_mamba,
+        "mamba_n_heads": n_heads,
+        "mamba_head_dim": int(head),
+        "mamba_d_state": int(cfg.get("mamba_d_state", 128)),
+        "mamba_n_groups": int(cfg.get("mamba_n_groups", 1)),
+        "mamba_d_conv": int(cfg.get("mamba_d_conv", 4)),
+        "mamba_chunk_size": int(cfg.get("mamba_chunk_size", 256)),
+    }
 
 
 # The shape-relevant fields of the public config.json files of these models.
@@ -322,6 +402,40 @@ BUILTIN_CONFIGS: dict[str, dict] = {
         "num_key_value_heads": 8,
         "vocab_size": 128256,
         "max_position_embeddings": 8192,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+    },
+    "llama-3.2-1b": {
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": True,
+    },
+    # IBM's Bamba-9B: Mamba2 layers with attention at layers 9, 18 and 27.
+    "bamba-9b": {
+        "architectures": ["BambaForCausalLM"],
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "attn_layer_indices": [9, 18, 27],
+        "mamba_n_heads": 128,
+        "mamba_d_head": 64,
+        "mamba_d_state": 128,
+        "mamba_n_groups": 1,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+        "mamba_chunk_size": 256,
+        "vocab_size": 128256,
+        "max_position_embeddings": 262144,
         "torch_dtype": "bfloat16",
         "tie_word_embeddings": False,
     },
@@ -401,6 +515,10 @@ _ALIASES = {
     "meta-llama/llama-3.1-8b-instruct": "llama-3-8b",
     "meta-llama/meta-llama-3-70b": "llama-3-70b",
     "meta-llama/meta-llama-3-70b-instruct": "llama-3-70b",
+    "meta-llama/llama-3.2-1b": "llama-3.2-1b",
+    "meta-llama/llama-3.2-1b-instruct": "llama-3.2-1b",
+    "ibm-ai-platform/bamba-9b": "bamba-9b",
+    "ibm-fms/bamba-9b": "bamba-9b",
     "qwen/qwen3-0.6b": "qwen3-0.6b",
     "qwen/qwen3-32b": "qwen3-32b",
     "qwen/qwen3-30b-a3b": "qwen3-30b-a3b",
