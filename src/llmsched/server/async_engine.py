@@ -213,7 +213,8 @@ class AsyncEngine:
                 resumable=resumable,
             )
         )
-        if self.request_timeout_s is not None:
+        # A session lives as long as its client feeds it; the timeout bounds one-shot requests.
+        if self.request_timeout_s is not None and not resumable:
             stream.timer = self._loop.call_later(self.request_timeout_s, self._time_out, request_id)
         return stream
 
