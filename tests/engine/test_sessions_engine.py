@@ -89,6 +89,8 @@ def test_an_input_sent_during_a_turn_resumes_at_its_end_and_state_continues(engi
     turn1, _ = run_turn(engine)
     # CUMULATIVE outputs run on across turns; each turn ends with its finish reason.
     assert len(turn1[-1].outputs[0].token_ids) == 3
+    # Each turn reports its own prompt, though the next input was queued already.
+    assert turn1[-1].prompt_token_ids == list(b"hello") and turn1[-1].prompt == "hello"
     turn2, _ = run_turn(engine)
     last = turn2[-1]
     assert last.outputs[0].finish_reason == "length" and not last.finished
@@ -96,6 +98,8 @@ def test_an_input_sent_during_a_turn_resumes_at_its_end_and_state_continues(engi
     assert len(last.outputs[0].token_ids) == 6
     assert last.outputs[0].text.startswith(turn1[-1].outputs[0].text)
     assert last.prompt == "hello world"
+    out1 = turn1[-1].outputs[0].token_ids
+    assert last.prompt_token_ids == list(b"hello") + out1[:-1] + list(b" world")
     assert last.metrics is not None and last.metrics.num_generation_tokens == 6
     # Ending the input between turns finishes it at once, blocks freed.
     final = engine.end_session("s")

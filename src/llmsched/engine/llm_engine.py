@@ -322,7 +322,7 @@ class LLMEngine:
             output_kind=output_kind,
             logprobs=[] if params.logprobs is not None else None,
             cumulative_logprob=0.0 if params.logprobs is not None else None,
-            session=SessionState() if resumable else None,
+            session=SessionState(prompt_token_ids=req.prompt_token_ids) if resumable else None,
         )
 
     def end_session(self, request_id: str) -> list[RequestOutput]:
@@ -465,7 +465,7 @@ class LLMEngine:
         return outs
 
     def has_unfinished_requests(self) -> bool:
-        """True while any request is queued or running."""
+        """True while any request is queued or running (an open session waiting for input counts)."""
         return bool(self._states)
 
     def get_num_unfinished_requests(self) -> int:

@@ -57,6 +57,8 @@ class RequestState:
         """A session resumed with its next input (``prompt``: its text, if given as text)."""
         req = self.request
         self.num_seen = 0
+        if self.session is not None:
+            self.session.prompt_token_ids = req.prompt_token_ids
         self.detokenizer.new_context(req.prompt_token_ids)
         if prompt is not None:
             self.prompt = prompt if self.prompt is None else self.prompt + prompt
@@ -128,7 +130,7 @@ class RequestState:
         return RequestOutput(
             request_id=req.request_id,
             prompt=self.prompt,
-            prompt_token_ids=req.prompt_token_ids,
+            prompt_token_ids=req.prompt_token_ids if self.session is None else self.session.prompt_token_ids,
             outputs=[completion],
             finished=finished,
             metrics=self.metrics,

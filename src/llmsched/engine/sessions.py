@@ -50,6 +50,8 @@ class SessionState:
     input_ended: bool = False
     # (finish_reason, stop_reason) of the latest turn, reported when the session ends between turns.
     last_reason: tuple[str | None, int | str | None] | None = None
+    # The running turn's prompt (resuming gives the request a new list, so this one stays the turn's).
+    prompt_token_ids: list[int] = field(default_factory=list)
 
 
 def check_session_params(request_id: str, params: SamplingParams, output_kind: RequestOutputKind) -> None:
