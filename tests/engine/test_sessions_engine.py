@@ -182,3 +182,21 @@ def test_an_input_after_the_end_is_rejected_and_abort_frees_a_waiting_session(en
         engine.step()
     assert engine.scheduler.kv.num_free_blocks == free0
     assert not engine.has_unfinished_requests()
+
+
+def test_a_turn_ended_by_a_stop_token_reports_it_and_the_next_turn_starts_clean(engine: LLMEngine) -> None:
+    engine.add_request("probe", {"prompt_token_ids": FIRST}, greedy(3), output_kind=DELTA)
+    probe, _ = run_turn(engine, "probe")
+    stop_at = token_ids(probe)[1]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, stop_token_ids=[stop_at])
+    engine.add_request("s", {"prompt_token_ids": FIRST}, params, resumable=True, output_kind=DELTA)
+    turn1, _ = run_turn(engine)
+    end = turn1[-1].outputs[0]
+    assert (end.finish_reason, end.stop_reason) == ("stop", stop_at)
+    assert token_ids(turn1) == token_ids(probe)[:2]
+    engine.add_request("s", {"prompt_token_ids": SECOND}, greedy(2), resumable=True)
+    turn2, _ = run_turn(engine)
+    end = turn2[-1].outputs[0]
+    assert (end.finish_reason, end.stop_reason) == ("length", None)
+    (final,) = engine.end_session("s")
+    assert final.finished and final.outputs[0].finish_reason == "length"
