@@ -70,7 +70,8 @@ def test_two_turns_keep_the_kv_and_match_one_request_on_the_history(client: Test
         created = ws.receive_json()
         assert created["type"] == "session.created" and created["id"].startswith("session-")
         free0 = free_blocks(state)
-        ws.send_json({"prompt_token_ids": first, "max_tokens": 5, "temperature": 0, "ignore_eos": True})
+        first_input = {"prompt_token_ids": first, "max_tokens": 5, "temperature": 0, "ignore_eos": True}
+        ws.send_json({**first_input, "user": "ws-tenant"})
         ids1, text1, done1 = read_turn(ws)
         assert len(ids1) == 5 and text1
         assert done1["finish_reason"] == "length"
@@ -97,6 +98,8 @@ def test_two_turns_keep_the_kv_and_match_one_request_on_the_history(client: Test
         "/tokenize", json={"prompt": resp.json()["choices"][0]["text"], "add_special_tokens": False}
     )
     assert single.json()["tokens"] == ids2
+    # The first input's user is the session's tenant.
+    assert 'tenant="ws-tenant"' in client.get("/metrics").text
 
 
 def test_malformed_messages_get_errors_and_the_session_goes_on(client: TestClient, state) -> None:
@@ -113,6 +116,8 @@ def test_malformed_messages_get_errors_and_the_session_goes_on(client: TestClien
         assert "stop strings" in ws.receive_json()["error"]
         ws.send_json({"prompt_token_ids": [10**6]})
         assert "not in the vocabulary" in ws.receive_json()["error"]
+        ws.send_json({"prompt": "hi", "priority": 3})
+        assert "priority scheduling" in ws.receive_json()["error"]
         ws.send_json({"prompt": "x" * (MAX_LEN + 5)})
         assert "maximum context length" in ws.receive_json()["error"]
         ws.send_json({"prompt": "hello", "max_tokens": 3, "ignore_eos": True})

@@ -38,7 +38,7 @@ from llmsched.server.prompts import NO_TOKENIZER, check_token_ids, encode
 from llmsched.server.protocol import SamplingFields
 from llmsched.server.request_stream import EngineError, RequestRejectedByEngine
 from llmsched.server.sampling import build_sampling_params, check_common, check_prompt_len
-from llmsched.server.session_stream import StreamingInput
+from llmsched.server.session_stream import StreamingInput, session_outputs
 from llmsched.server.state import ServerState
 
 SESSIONS_PATH = "/v1/sessions"
@@ -91,6 +91,8 @@ class SessionSocket:
         self._turns_open = 0
         self._turn_tokens = 0
         self._turn_prompt_tokens: list[int] = []
+        # The first input's request-wide fields (user, priority, cache_salt), read when it arrives.
+        self._submit_options: dict[str, Any] = {}
 
     async def send(self, msg: dict[str, Any]) -> None:
         """Send one JSON message (outputs and errors come from two tasks)."""
@@ -105,7 +107,11 @@ class SessionSocket:
         """Run the session until it ends, the client leaves, or an unrecoverable error."""
         engine = self.state.engine
         await self.send({"type": "session.created", "id": self.request_id, "model": self.state.model_name})
-        outputs = engine.generate(self.inputs(), SamplingParams(), self.request_id, on_rejected=self.rejected)
+        # The first input's params are always given; the SamplingParams() default is never used.
+        options = self._submit_options
+        outputs = session_outputs(
+            engine, self.inputs(), SamplingParams(), self.request_id, None, options, self.rejected
+        )
         try:
             async with contextlib.aclosing(outputs) as outs:  # type: ignore[type-var]
                 async for out in outs:
@@ -217,6 +223,8 @@ class SessionSocket:
         params = None
         if self._first or set(req.model_fields_set) - _INPUT_KEYS:
             params = self._params(req)
+        if self._first:
+            self._submit_options.update(tenant=req.user, priority=req.priority, cache_salt=req.cache_salt)
         self._first = False
         return StreamingInput(ids, params)
 
