@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from llmsched.engine.args import EngineArgs
 from llmsched.engine.llm_engine import LLMEngine
 from llmsched.engine.sessions import StreamingInput
 from llmsched.server.async_engine import AsyncEngine
-from llmsched.server.engine_messages import OutputDelta
+from llmsched.server.engine_messages import Add, OutputDelta
 from llmsched.server.request_stream import RequestRejectedByEngine
 from llmsched.server.thread_backend import ThreadBackend
 
@@ -109,6 +110,24 @@ def test_leaving_the_outputs_early_aborts_the_session(llm: LLMEngine) -> None:
                 break
         await wait_free(engine, free0)
         assert engine.num_streams == 0
+        await engine.stop()
+
+    asyncio.run(main())
+
+
+def test_a_late_input_never_reopens_an_ended_session(llm: LLMEngine) -> None:
+    async def main() -> None:
+        engine = await started(llm)
+        free0 = llm.scheduler.kv.num_free_blocks
+        # An input that was on its way when its session ended (here: never opened).
+        engine.backend.send(Add("gone", [1, 2, 3], None, time.monotonic(), resumable=True, continues=True))
+        # Commands are served in order: once this request is done, the late input was handled.
+        stream = engine.submit("after", [40] * 5, GREEDY)
+        await stream.accepted
+        while not stream.finished:
+            await stream.next_batch()
+        await wait_free(engine, free0)
+        assert not llm.has_unfinished_requests()
         await engine.stop()
 
     asyncio.run(main())

@@ -39,6 +39,7 @@ from llmsched.engine.spec_stats import SpecDecodingStats
 from llmsched.engine.tokenizer import Tokenizer, load_tokenizer
 
 if TYPE_CHECKING:
+    from llmsched.core.session import TurnEnd
     from llmsched.structured.manager import GrammarHandle, StructuredOutputManager
 
 # (model folder, **EngineArgs.executor_kwargs()) -> an executor that also
@@ -558,11 +559,11 @@ class LLMEngine:
                     outputs.append(out)
         return outputs
 
-    def _end_turn(self, st: RequestState, turn: object) -> RequestOutput | None:
+    def _end_turn(self, st: RequestState, turn: TurnEnd) -> RequestOutput | None:
         """The output ending a session's turn; starts the next turn if an input was queued."""
         session = st.session
         assert session is not None
-        session.last_reason = turn_reason(turn)  # type: ignore[arg-type]
+        session.last_reason = turn_reason(turn)
         out = st.make_output(False, session.last_reason)
         if st.request.status is RequestStatus.WAITING:
             st.start_turn(session.pending_prompts.popleft())

@@ -233,7 +233,8 @@ class AsyncEngine:
         assert self._loop is not None
         ack = self._loop.create_future()
         st.input_acks.append(ack)
-        add = Add(request_id, list(prompt_token_ids), params, time.monotonic(), resumable=True)  # type: ignore[arg-type]
+        ids = list(prompt_token_ids)
+        add = Add(request_id, ids, params, time.monotonic(), resumable=True, continues=True)  # type: ignore[arg-type]
         self.backend.send(add)
         return ack
 

@@ -204,6 +204,10 @@ class EngineLoop:
             held.clear()
 
     def _add(self, cmd: Add, acks: Acks) -> None:
+        if cmd.continues and cmd.request_id not in self._live:
+            # Its session ended (aborted, failed) while this input travelled.
+            acks.items.append((cmd.request_id, (REJECTED, f"session {cmd.request_id!r} has ended")))
+            return
         try:
             prompt: dict = {"prompt_token_ids": cmd.prompt_token_ids}
             if cmd.images:

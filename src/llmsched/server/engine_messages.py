@@ -35,6 +35,8 @@ class Add:
     lora_request: LoRARequest | None = None
     # A streaming-input session's input (the first opens it; later ones resume it).
     resumable: bool = False
+    # A later input: refused if its session has ended meanwhile, never opening a new one.
+    continues: bool = False
 
 
 @dataclass(slots=True)
