@@ -145,10 +145,17 @@ def test_leaving_mid_turn_frees_the_blocks_and_other_requests_run_on(client: Tes
     assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 3
 
 
-def test_the_api_key_guards_sessions(state: ServerState) -> None:
-    with (
-        TestClient(build_app(state)) as c,
-        pytest.raises(WebSocketDisconnect),
-        c.websocket_connect("/v1/sessions") as ws,
-    ):
+def test_the_api_key_guards_sessions(client: TestClient) -> None:
+    bad = {"Authorization": "Bearer wrong"}
+    with pytest.raises(WebSocketDisconnect), client.websocket_connect("/v1/sessions", headers=bad) as ws:
         ws.receive_json()
+
+
+def test_leaving_between_turns_frees_the_blocks(client: TestClient, state) -> None:
+    with client.websocket_connect("/v1/sessions") as ws:
+        ws.receive_json()
+        free0 = free_blocks(state)
+        ws.send_json({"prompt": "one turn", "max_tokens": 3, "ignore_eos": True})
+        read_turn(ws)
+        assert free_blocks(state) < free0  # held for the next input that never comes
+    wait_free(state, free0)
