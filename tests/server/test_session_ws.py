@@ -70,6 +70,7 @@ def test_two_turns_keep_the_kv_and_match_one_request_on_the_history(client: Test
         created = ws.receive_json()
         assert created["type"] == "session.created" and created["id"].startswith("session-")
         free0 = free_blocks(state)
+        itl0 = state.metrics.itl.count
         first_input = {"prompt_token_ids": first, "max_tokens": 5, "temperature": 0, "ignore_eos": True}
         ws.send_json({**first_input, "user": "ws-tenant"})
         ids1, text1, done1 = read_turn(ws)
@@ -84,6 +85,8 @@ def test_two_turns_keep_the_kv_and_match_one_request_on_the_history(client: Test
         assert len(ids2) == 5 and done2["usage"]["prompt_tokens"] == 10
         ws.send_json({"type": "session.end"})
         assert ws.receive_json() == {"type": "session.done", "finish_reason": "length"}
+        # Inter-token latencies within each turn; the wait between turns is none.
+        assert state.metrics.itl.count - itl0 == (5 - 1) + (5 - 1)
         with pytest.raises(WebSocketDisconnect):
             ws.receive_json()
     wait_free(state, free0)

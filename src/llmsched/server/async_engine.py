@@ -373,6 +373,8 @@ class AsyncEngine:
                 admission.started(st.prompt_len)
             if observer is not None:
                 observer.on_output(st, out, token_time)
+            if out.finish_reason is not None and not out.finished:
+                st.turn_ended = True  # a session's turn
             st.put(out)
             if out.finished:
                 del streams[out.request_id]

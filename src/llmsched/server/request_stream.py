@@ -83,6 +83,8 @@ class RequestStream:
     timer: asyncio.TimerHandle | None = None
     # A streaming-input session: the acknowledgements its later inputs await, in order.
     input_acks: deque[asyncio.Future] | None = None
+    # A session's turn just ended: the wait for its next input is no inter-token gap.
+    turn_ended: bool = False
 
     def end_timer(self) -> None:
         """Cancel the timeout timer, if any."""
