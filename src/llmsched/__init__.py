@@ -13,6 +13,7 @@ _LAZY = {
     "LoRARequest": "llmsched.engine.lora_request",
     "SamplingParams": "llmsched.core.sampling_params",
     "StructuredOutputsParams": "llmsched.core.structured_params",
+    "StreamingInput": "llmsched.engine.sessions",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -6,10 +6,13 @@ import enum
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from llmsched.core.encoder_inputs import MMItem
 from llmsched.core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from llmsched.core.session import TurnEnd
 
 
 class RequestStatus(enum.IntEnum):
@@ -106,6 +109,7 @@ class Request:
         "stop_token_ids",
         "tenant",
         "token_ids",
+        "turn_end",
     )
 
     def __init__(
@@ -182,6 +186,9 @@ class Request:
         # here; None marks the end of input.
         self.resumable = resumable
         self.input_queue: deque[Request | None] | None = deque() if resumable else None
+        # Set by the scheduler when a session's turn ends (core.session.TurnEnd),
+        # cleared by whoever reports it: resuming rewrites the turn's tokens.
+        self.turn_end: TurnEnd | None = None
 
     @property
     def output_token_ids(self) -> list[int]:

@@ -14,6 +14,7 @@ aborted at once while it waits. As vLLM 0.33's streaming input does.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from llmsched.core.errors import RequestRejected
@@ -24,6 +25,19 @@ if TYPE_CHECKING:
 
 _WAITING = RequestStatus.WAITING
 _WAITING_FOR_INPUT = RequestStatus.WAITING_FOR_INPUT
+
+
+@dataclass(slots=True)
+class TurnEnd:
+    """How a session's turn ended, kept on the request for the engine to report.
+
+    Taken when the turn stops, before a queued input resumes the session and
+    drops the turn's last sampled token from its history.
+    """
+
+    status: RequestStatus
+    stop_reason: int | str | None
+    output_token_ids: list[int]
 
 
 class Sessions:
@@ -70,6 +84,7 @@ class Sessions:
 
     def on_stopped(self, req: Request) -> bool:
         """A session's turn stopped; True if it is finished for good (else it stays, holding blocks)."""
+        req.turn_end = TurnEnd(req.status, req.stop_reason, req.token_ids[req.num_prompt_tokens :])
         # Work of this turn still in flight (async mode) is dropped: the next
         # turn recomputes from the last materialized position.
         req.num_computed_tokens -= req.num_output_placeholders
@@ -99,6 +114,7 @@ class Sessions:
         session.prompt_token_ids = list(tokens)
         session.num_prompt_tokens = session.num_tokens = len(tokens)
         session.sampling_params = update.sampling_params
+        session.stop_reason = None
         session.max_tokens = update.max_tokens
         session.min_tokens = update.min_tokens
         session.stop_length = min(session.num_tokens + update.max_tokens, self.sched.config.max_model_len)

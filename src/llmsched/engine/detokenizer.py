@@ -119,6 +119,13 @@ class IncrementalDetokenizer:
         self.stop_string = stop
         return stop
 
+    def new_context(self, prompt_token_ids: Sequence[int]) -> None:
+        """Decode what follows as the continuation of ``prompt_token_ids`` (a session's next turn)."""
+        context = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])
+        self._ids = context
+        self._prefix = 0
+        self._read = len(context)
+
     def _next_text(self, force: bool) -> str:
         ids = self._ids
         prefix_text = self._decode(ids[self._prefix : self._read])

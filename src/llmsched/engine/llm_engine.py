@@ -33,11 +33,13 @@ from llmsched.engine.executor import Executor
 from llmsched.engine.lora_request import LoRARequest
 from llmsched.engine.model_files import load_model_files
 from llmsched.engine.outputs import RequestMetrics, RequestOutput, RequestOutputKind
-from llmsched.engine.request_state import RequestState
+from llmsched.engine.request_state import RequestState, turn_reason
+from llmsched.engine.sessions import SessionState, add_input, check_session_params, end_input
 from llmsched.engine.spec_stats import SpecDecodingStats
 from llmsched.engine.tokenizer import Tokenizer, load_tokenizer
 
 if TYPE_CHECKING:
+    from llmsched.core.session import TurnEnd
     from llmsched.structured.manager import GrammarHandle, StructuredOutputManager
 
 # (model folder, **EngineArgs.executor_kwargs()) -> an executor that also
@@ -110,6 +112,8 @@ class LLMEngine:
         self.scheduler_config = config
         self.max_model_len: int = config.max_model_len
         self._states: dict[str, RequestState] = {}
+        # Final outputs of sessions whose input ended between turns, for the next step().
+        self._session_ends: list[RequestOutput] = []
         if self.tokenizer is not None:
             self._decode = partial(self.tokenizer.decode, skip_special_tokens=True)
             self._decode_keep_special = partial(self.tokenizer.decode, skip_special_tokens=False)
@@ -231,6 +235,7 @@ class LLMEngine:
         tenant: str | None = None,
         kv_transfer_params: dict | None = None,
         lora_request: LoRARequest | None = None,
+        resumable: bool = False,
     ) -> None:
         """Queue one request, or raise RequestRejected (a ValueError) naming what is wrong with it.
 
@@ -239,10 +244,21 @@ class LLMEngine:
         ``tenant`` names who sent it, for the ``fair`` policy and per-tenant metrics.
         ``kv_transfer_params`` go to the KV connector (ignored without one).
         ``lora_request`` runs it with that adapter (read on first use).
+        ``resumable=True`` opens a streaming-input session, or gives an open
+        session with this id its next input (``params`` None keeps its
+        sampling params); a non-resumable request with a session's id ends
+        its input, as ``end_session`` does (see ``engine.sessions``).
         """
         if not isinstance(request_id, str):
             raise RequestRejected(f"request id {request_id!r} must be a string")
-        if request_id in self._states:
+        st = self._states.get(request_id)
+        if st is not None and st.session is not None:
+            if resumable:
+                add_input(self, st, prompt, params, arrival_time)
+            else:
+                self._session_ends.extend(self.end_session(request_id))
+            return
+        if st is not None:
             raise RequestRejected(f"request id {request_id!r} is already in use by an unfinished request")
         if params is None:
             params = self.default_sampling_params()
@@ -260,6 +276,8 @@ class LLMEngine:
                 f"request {request_id!r}: stop strings need a tokenizer, and this engine runs with "
                 "skip_tokenizer_init; use stop_token_ids"
             )
+        if resumable:
+            check_session_params(request_id, params, output_kind)
         text, ids = self.process_prompt(request_id, prompt)
         if lora_request is not None:
             self._check_lora(request_id, lora_request)
@@ -281,6 +299,7 @@ class LLMEngine:
             lora_id=lora_request.lora_int_id if lora_request is not None else 0,
             lora_name=lora_request.lora_name if lora_request is not None else None,
             mm_items=mm_items,
+            resumable=resumable,
         )
         if kv_transfer_params is not None and self.kv_connector is not None:
             self.kv_connector.set_request_params(request_id, kv_transfer_params)
@@ -304,7 +323,23 @@ class LLMEngine:
             output_kind=output_kind,
             logprobs=[] if params.logprobs is not None else None,
             cumulative_logprob=0.0 if params.logprobs is not None else None,
+            session=SessionState(prompt_token_ids=req.prompt_token_ids) if resumable else None,
         )
+
+    def end_session(self, request_id: str) -> list[RequestOutput]:
+        """End a session's input; returns its final output if it was waiting between turns.
+
+        Otherwise the session finishes when its running turn ends (that
+        output has ``finished=True``). Raises RequestRejected for an id that
+        is not an open session, or whose input already ended.
+        """
+        st = self._states.get(request_id)
+        if st is None:
+            raise RequestRejected(f"request {request_id!r} is not an unfinished session")
+        out = end_input(self, st)
+        if st.request.is_finished:
+            del self._states[request_id]
+        return [out] if out is not None else []
 
     def _check_lora(self, request_id: str, lora_request: LoRARequest) -> None:
         """Register the request's adapter with the executor, or reject the request saying why."""
@@ -431,7 +466,7 @@ class LLMEngine:
         return outs
 
     def has_unfinished_requests(self) -> bool:
-        """True while any request is queued or running."""
+        """True while any request is queued or running (an open session waiting for input counts)."""
         return bool(self._states)
 
     def get_num_unfinished_requests(self) -> int:
@@ -444,6 +479,9 @@ class LLMEngine:
         """Run one scheduler step; returns an output for every request that progressed or finished."""
         core = self.engine_core
         failed = self._fail_grammar_errors() if self._grammar_pending else []
+        if self._session_ends:
+            failed = self._session_ends + failed
+            self._session_ends = []
         if not core.has_requests():
             return failed
         es = core.step()
@@ -467,7 +505,13 @@ class LLMEngine:
             st = states.get(req.request_id)
             if st is None:
                 continue
-            new = st.new_token_ids()
+            turn = req.turn_end
+            if turn is not None:
+                # A session's turn ended (and it may have resumed already).
+                req.turn_end = None
+                new = st.turn_token_ids(turn)
+            else:
+                new = st.new_token_ids()
             if not new:
                 continue
             m = st.metrics
@@ -476,8 +520,9 @@ class LLMEngine:
             m.last_token_time = now
             m.num_generation_tokens += len(new)
             finished = req.is_finished
-            stop_terminated = finished and req.status is RequestStatus.FINISHED_STOPPED
-            stop = st.detokenizer.update(new, stop_terminated, finished)
+            status = turn.status if turn is not None else req.status
+            stop_terminated = (finished or turn is not None) and status is RequestStatus.FINISHED_STOPPED
+            stop = st.detokenizer.update(new, stop_terminated, finished or turn is not None)
             if stop is not None:
                 if not finished:
                     core.scheduler.finish_requests(req.request_id, RequestStatus.FINISHED_STOPPED)
@@ -492,7 +537,10 @@ class LLMEngine:
             if finished:
                 m.finished_time = now
                 del states[req.request_id]
-            out = st.make_output(finished)
+            if turn is not None and not finished:
+                out = self._end_turn(st, turn)
+            else:
+                out = st.make_output(finished)
             if finished and self.kv_connector is not None:
                 params = self.kv_connector.finished_params.pop(req.request_id, None)
                 if out is not None:
@@ -500,6 +548,8 @@ class LLMEngine:
             if out is not None:
                 outputs.append(out)
         for req in es.outputs.finished:
+            if not req.is_finished:
+                continue  # a session's turn: it lives on
             st = states.pop(req.request_id, None)
             if st is not None:
                 # Finished with no new token: declined by the scheduling policy.
@@ -508,6 +558,16 @@ class LLMEngine:
                 if out is not None:
                     outputs.append(out)
         return outputs
+
+    def _end_turn(self, st: RequestState, turn: TurnEnd) -> RequestOutput | None:
+        """The output ending a session's turn; starts the next turn if an input was queued."""
+        session = st.session
+        assert session is not None
+        session.last_reason = turn_reason(turn)
+        out = st.make_output(False, session.last_reason)
+        if st.request.status is RequestStatus.WAITING:
+            st.start_turn(session.pending_prompts.popleft())
+        return out
 
     def _logprobs_by_id(self, es: EngineStep) -> dict[str, Sequence[object]]:
         lps = es.model_output.logprobs

@@ -111,6 +111,11 @@ class RequestOutput:
     # Not computed by llmsched; present so code written for vLLM reads None.
     prompt_logprobs: list | None = None
 
+    @property
+    def turn_finished(self) -> bool:
+        """True when a streaming-input session's turn ended (its finish_reason is set), or all ended."""
+        return self.finished or any(o.finish_reason is not None for o in self.outputs)
+
     def __repr__(self) -> str:
         o = self.outputs[0] if self.outputs else None
         return (

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from llmsched.core.request import Request
+from llmsched.core.request import FINISH_REASONS, Request
+from llmsched.core.session import TurnEnd
 from llmsched.engine.detokenizer import IncrementalDetokenizer
 from llmsched.engine.outputs import (
     CompletionOutput,
@@ -15,6 +17,7 @@ from llmsched.engine.outputs import (
     RequestOutputKind,
     SampleLogprobs,
 )
+from llmsched.engine.sessions import SessionState
 
 
 @dataclass(slots=True)
@@ -33,6 +36,8 @@ class RequestState:
     num_seen: int = 0
     # Output tokens / logprobs already returned (DELTA outputs).
     num_sent: int = 0
+    # Set for a streaming-input session (engine.sessions.SessionState).
+    session: SessionState | None = None
 
     def new_token_ids(self) -> list[int]:
         """Output tokens the scheduler appended since the last call."""
@@ -41,6 +46,26 @@ class RequestState:
         new = req.token_ids[start:]
         self.num_seen += len(new)
         return new
+
+    def turn_token_ids(self, turn: TurnEnd) -> list[int]:
+        """A session turn's output tokens not yet seen; the next turn's count starts from zero."""
+        new = turn.output_token_ids[self.num_seen :]
+        self.num_seen = 0
+        return new
+
+    def start_turn(self, prompt: str | None) -> None:
+        """A session resumed with its next input (``prompt``: its text, if given as text)."""
+        req = self.request
+        self.num_seen = 0
+        if self.session is not None:
+            self.session.prompt_token_ids = req.prompt_token_ids
+        self.detokenizer.new_context(req.prompt_token_ids)
+        if prompt is not None:
+            self.prompt = prompt if self.prompt is None else self.prompt + prompt
+        m = self.metrics
+        # Latencies are per turn; generated-token counts run on across the session.
+        m.arrival_time = req.arrival_time
+        m.first_scheduled_time = m.first_token_time = math.nan
 
     def add_logprobs(
         self, entries: Sequence[object], sampled: Sequence[int], decode_one: Callable[[int], str] | None
@@ -61,11 +86,18 @@ class RequestState:
             elif chosen is None:
                 self.cumulative_logprob = None
 
-    def make_output(self, finished: bool) -> RequestOutput | None:
-        """The RequestOutput to report now, or None when this kind reports nothing yet."""
+    def make_output(
+        self, finished: bool, reason: tuple[str | None, int | str | None] | None = None
+    ) -> RequestOutput | None:
+        """The RequestOutput to report now, or None when this kind reports nothing yet.
+
+        ``reason`` (finish_reason, stop_reason) ends a session's turn (or the
+        session, between turns) with that reason instead of the request's status.
+        """
         kind = self.output_kind
         if kind is RequestOutputKind.FINAL_ONLY and not finished:
             return None
+        ended = finished or reason is not None
         det = self.detokenizer
         req = self.request
         ids = det.token_ids
@@ -73,35 +105,42 @@ class RequestState:
         n_ids = len(ids)
         logprobs = self.logprobs[:n_ids] if self.logprobs is not None else None
         if kind is RequestOutputKind.DELTA:
-            text = det.delta_text(finished)
+            text = det.delta_text(ended)
             token_ids = ids[self.num_sent :]
             if logprobs is not None:
                 logprobs = logprobs[self.num_sent :]
             self.num_sent = n_ids
-            if not finished and not text and not token_ids:
+            if not ended and not text and not token_ids:
                 return None
         else:
-            text = det.output_text(finished)
+            text = det.output_text(ended)
             token_ids = list(ids)
+        if reason is None:
+            reason = (req.finish_reason, req.stop_reason) if finished else (None, None)
         completion = CompletionOutput(
             index=0,
             text=text,
             token_ids=token_ids,
             cumulative_logprob=self.cumulative_logprob,
             logprobs=logprobs,
-            finish_reason=req.finish_reason if finished else None,
-            stop_reason=req.stop_reason if finished else None,
+            finish_reason=reason[0],
+            stop_reason=reason[1],
         )
         self.metrics.num_preemptions = req.num_preemptions
         return RequestOutput(
             request_id=req.request_id,
             prompt=self.prompt,
-            prompt_token_ids=req.prompt_token_ids,
+            prompt_token_ids=req.prompt_token_ids if self.session is None else self.session.prompt_token_ids,
             outputs=[completion],
             finished=finished,
             metrics=self.metrics,
             num_cached_tokens=max(req.num_cached_tokens, 0),
         )
+
+
+def turn_reason(turn: TurnEnd) -> tuple[str | None, int | str | None]:
+    """(finish_reason, stop_reason) of a session's ended turn."""
+    return FINISH_REASONS.get(turn.status), turn.stop_reason
 
 
 def error_output(

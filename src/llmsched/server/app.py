@@ -15,6 +15,7 @@ from llmsched.server.errors import APIError, install_error_handlers
 from llmsched.server.lora_routes import load_adapter, lora_router
 from llmsched.server.openai_routes import openai_router
 from llmsched.server.ops_routes import ops_router
+from llmsched.server.session_routes import session_router
 from llmsched.server.state import ServerState
 from llmsched.server.tokenize_routes import tokenize_router
 
@@ -46,6 +47,7 @@ def build_app(state: ServerState) -> FastAPI:
     app.include_router(openai_router(state))
     app.include_router(ops_router(state))
     app.include_router(tokenize_router(state))
+    app.include_router(session_router(state))
     if state.loras is not None:
         app.include_router(lora_router(state))
     if state.args.api_key:

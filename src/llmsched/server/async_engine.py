@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
 from llmsched.core.sampling_params import SamplingParams
@@ -30,6 +31,7 @@ from llmsched.server.engine_messages import (
     Acks,
     Add,
     Dead,
+    EndInput,
     EngineInfo,
     EngineSnapshot,
     Failed,
@@ -47,6 +49,7 @@ from llmsched.server.request_stream import (
     RequestTimedOut,
     ServerShuttingDown,
 )
+from llmsched.server.session_stream import OnRejected, StreamingInput, session_outputs
 
 QUERY_TIMEOUT_S = 30.0
 # Loading an adapter reads its folder in the engine loop.
@@ -169,11 +172,14 @@ class AsyncEngine:
         kv_transfer_params: dict | None = None,
         lora_request: LoRARequest | None = None,
         images: list | None = None,
+        resumable: bool = False,
     ) -> RequestStream:
         """Queue a request; raises Overloaded past a queue limit, EngineDead if the engine stopped.
 
         Await ``stream.accepted`` before answering: it raises
         RequestRejectedByEngine when the scheduler refuses the request.
+        ``resumable=True`` opens a streaming-input session (``submit_input``,
+        ``end_input``; ``generate`` drives one from an async iterator).
         """
         if not self.is_running:
             raise EngineDead(self._dead or "the engine is not running")
@@ -189,6 +195,8 @@ class AsyncEngine:
         stream = RequestStream(request_id, prompt_len, now, self._loop.create_future())
         stream.max_tokens = params.max_tokens
         stream.tenant = tenant
+        if resumable:
+            stream.input_acks = deque()
         self._streams[request_id] = stream
         self.backend.send(
             Add(
@@ -202,11 +210,50 @@ class AsyncEngine:
                 kv_transfer_params=kv_transfer_params,
                 lora_request=lora_request,
                 images=images,
+                resumable=resumable,
             )
         )
-        if self.request_timeout_s is not None:
+        # A session lives as long as its client feeds it; the timeout bounds one-shot requests.
+        if self.request_timeout_s is not None and not resumable:
             stream.timer = self._loop.call_later(self.request_timeout_s, self._time_out, request_id)
         return stream
+
+    def submit_input(
+        self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None
+    ) -> asyncio.Future:
+        """Send an open session its next input; the future fails with RequestRejectedByEngine if refused.
+
+        ``params`` None keeps the session's sampling params.
+        """
+        st = self._streams.get(request_id)
+        if st is None or st.input_acks is None or st.finished:
+            raise RequestRejectedByEngine(f"request {request_id!r} is not an open session")
+        if not self.is_running:
+            raise EngineDead(self._dead or "the engine is not running")
+        assert self._loop is not None
+        ack = self._loop.create_future()
+        st.input_acks.append(ack)
+        ids = list(prompt_token_ids)
+        add = Add(request_id, ids, params, time.monotonic(), resumable=True, continues=True)  # type: ignore[arg-type]
+        self.backend.send(add)
+        return ack
+
+    def end_input(self, request_id: str) -> None:
+        """End a session's input: it finishes after its running turn. Safe from any thread."""
+        self.backend.send(EndInput(request_id))
+
+    def generate(
+        self,
+        inputs: AsyncIterator[StreamingInput],
+        params: SamplingParams,
+        request_id: str,
+        *,
+        tokenize: Callable[[str], list[int]] | None = None,
+        on_rejected: OnRejected | None = None,
+        **submit_kwargs: object,
+    ) -> AsyncIterator[OutputDelta]:
+        """Serve a session fed by ``inputs``; yields its output deltas (see ``server.session_stream``)."""
+        return session_outputs(self, inputs, params, request_id, tokenize, submit_kwargs, on_rejected)
 
     def _time_out(self, request_id: str) -> None:
         st = self._streams.get(request_id)
@@ -283,6 +330,16 @@ class AsyncEngine:
             st = streams.get(rid)
             if st is None:
                 continue
+            acks = st.input_acks
+            if acks and st.accepted.done():
+                # A session's later input: refusing it does not end the session.
+                ack = acks.popleft()
+                if not ack.done():
+                    if err is None:
+                        ack.set_result(None)
+                    else:
+                        ack.set_exception(RequestRejectedByEngine(err[1]))
+                continue
             if err is None:
                 if not st.accepted.done():
                     st.accepted.set_result(None)
@@ -310,6 +367,8 @@ class AsyncEngine:
                 admission.started(st.prompt_len)
             if observer is not None:
                 observer.on_output(st, out, token_time)
+            if out.finish_reason is not None and not out.finished:
+                st.turn_ended = True  # a session's turn
             st.put(out)
             if out.finished:
                 del streams[out.request_id]

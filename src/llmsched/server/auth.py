@@ -1,4 +1,4 @@
-"""API-key check for /v1 and /debug (health and metrics stay open, as in vLLM).
+"""API-key check for /v1 and /debug, WebSocket sessions included (health and metrics stay open, as in vLLM).
 
 A pure ASGI middleware rather than Starlette's BaseHTTPMiddleware, which
 would wrap every streamed chunk of every response in extra tasks.
@@ -25,12 +25,17 @@ class APIKeyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Check the key on protected HTTP paths, then pass the request on."""
-        if scope["type"] != "http" or scope.get("method") == "OPTIONS":
+        kind = scope["type"]
+        if kind not in ("http", "websocket") or scope.get("method") == "OPTIONS":
             await self.app(scope, receive, send)
             return
         path: str = scope.get("path", "")
         if not path.startswith(PROTECTED_PREFIXES) or self._authorized(scope):
             await self.app(scope, receive, send)
+            return
+        if kind == "websocket":
+            # Closing before accepting refuses the handshake (HTTP 403).
+            await send({"type": "websocket.close", "code": 1008, "reason": "invalid or missing API key"})
             return
         body = json.dumps(
             error_body(401, "invalid or missing API key (send 'Authorization: Bearer KEY')")

@@ -32,6 +32,7 @@ from llmsched.server.engine_messages import (
     Acks,
     Add,
     Dead,
+    EndInput,
     EngineInfo,
     EngineSnapshot,
     Failed,
@@ -56,7 +57,7 @@ log = logging.getLogger("llmsched.server")
 # How often an otherwise idle loop looks whether a grammar finished compiling.
 GRAMMAR_POLL_S = 0.002
 
-Command = Add | Abort | Query | LoRAOp | Stop
+Command = Add | Abort | EndInput | Query | LoRAOp | Stop
 Emit = Callable[[object], None]
 
 
@@ -169,6 +170,8 @@ class EngineLoop:
                     self._held.remove(held)
                     self._add(held, acks)
                 aborts.append(cmd.request_id)
+            elif isinstance(cmd, EndInput):
+                self._end_input(cmd, acks, outputs)
             elif isinstance(cmd, Query):
                 steps = [r.to_json(cmd.explain) for r in self.step_log.last(cmd.last)]
                 self.emit(Reply(cmd.token, steps))
@@ -201,6 +204,10 @@ class EngineLoop:
             held.clear()
 
     def _add(self, cmd: Add, acks: Acks) -> None:
+        if cmd.continues and cmd.request_id not in self._live:
+            # Its session ended (aborted, failed) while this input travelled.
+            acks.items.append((cmd.request_id, (REJECTED, f"session {cmd.request_id!r} has ended")))
+            return
         try:
             prompt: dict = {"prompt_token_ids": cmd.prompt_token_ids}
             if cmd.images:
@@ -216,6 +223,7 @@ class EngineLoop:
                 tenant=cmd.tenant,
                 kv_transfer_params=cmd.kv_transfer_params,
                 lora_request=cmd.lora_request,
+                resumable=cmd.resumable,
             )
         except (RequestRejected, ValueError) as e:
             acks.items.append((cmd.request_id, (REJECTED, str(e))))
@@ -227,6 +235,20 @@ class EngineLoop:
         self._live.add(cmd.request_id)
         self._added.append(cmd.request_id)
         acks.items.append((cmd.request_id, None))
+
+    def _end_input(self, cmd: EndInput, acks: Acks, outputs: list[OutputDelta]) -> None:
+        # Adds still held by the admission window go first, keeping the session's order.
+        if any(a.request_id == cmd.request_id for a in self._held):
+            self._held, held = [], self._held
+            for add in held:
+                self._add(add, acks)
+        try:
+            ended = self.engine.end_session(cmd.request_id)
+        except RequestRejected:
+            return  # already finished (aborted, failed): nothing to end
+        for out in ended:
+            self._live.discard(out.request_id)
+            outputs.append(OutputDelta.of(out))
 
     # ---- the step ------------------------------------------------------------
 

@@ -33,6 +33,10 @@ class Add:
     # Decoded images (PIL), one per image placeholder of the prompt.
     images: list | None = None
     lora_request: LoRARequest | None = None
+    # A streaming-input session's input (the first opens it; later ones resume it).
+    resumable: bool = False
+    # A later input: refused if its session has ended meanwhile, never opening a new one.
+    continues: bool = False
 
 
 @dataclass(slots=True)
@@ -55,6 +59,13 @@ class LoRAReply:
 @dataclass(slots=True)
 class Abort:
     """Abort a request; a no-op once it finished."""
+
+    request_id: str
+
+
+@dataclass(slots=True)
+class EndInput:
+    """End a session's input: it finishes after its running turn (at once between turns)."""
 
     request_id: str
 

@@ -164,8 +164,9 @@ class ServerMetrics:
                 # As vLLM: prompt tokens count once the prefill produced a token.
                 self.prompt_tokens += stream.prompt_len
                 self.prompt_tokens_cached += min(out.num_cached_tokens, stream.prompt_len)
-            else:
+            elif not stream.turn_ended:
                 self.itl.observe(token_time - stream.last_token_time)
+            stream.turn_ended = False
             stream.last_token_time = token_time
             stream.num_tokens += num_new
             self.generation_tokens += num_new

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 from llmsched.server.engine_messages import OutputDelta
@@ -80,6 +81,10 @@ class RequestStream:
     tenant: str | None = None
     # The --request-timeout-s timer, cancelled when the request ends.
     timer: asyncio.TimerHandle | None = None
+    # A streaming-input session: the acknowledgements its later inputs await, in order.
+    input_acks: deque[asyncio.Future] | None = None
+    # A session's turn just ended: the wait for its next input is no inter-token gap.
+    turn_ended: bool = False
 
     def end_timer(self) -> None:
         """Cancel the timeout timer, if any."""
@@ -105,6 +110,11 @@ class RequestStream:
             self.accepted.set_exception(error)
             # Marks it retrieved: a handler that has gone never will, and asyncio would warn.
             self.accepted.exception()
+        while self.input_acks:
+            ack = self.input_acks.popleft()
+            if not ack.done():
+                ack.set_exception(error)
+                ack.exception()
         self._wake()
 
     def _wake(self) -> None:
