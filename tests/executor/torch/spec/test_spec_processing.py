@@ -84,9 +84,16 @@ def drive(
     return Run(outs, [lps[r.request_id][: len(o)] for r, o in zip(reqs, outs)], drafts, accepted)
 
 
-def both(model: object, prompts: list[list[int]], params: list[SamplingParams], async_scheduling: bool):
+def both(
+    model: object,
+    prompts: list[list[int]],
+    params: list[SamplingParams],
+    async_scheduling: bool,
+    spec: dict = NGRAM,
+) -> tuple[Run, Run]:
+    """The same requests without and with speculation; drafts were verified and some kept."""
     off = drive(model, prompts, params, spec=None, async_scheduling=async_scheduling)
-    on = drive(model, prompts, params, spec=NGRAM, async_scheduling=async_scheduling)
+    on = drive(model, prompts, params, spec=spec, async_scheduling=async_scheduling)
     assert on.drafts > 0 and on.accepted > 0
     assert off.drafts == 0
     return off, on
@@ -139,7 +146,10 @@ def test_min_tokens_masks_stops_at_drafted_positions(tiny_models, async_scheduli
         SamplingParams(max_tokens=24, temperature=0.0, stop_token_ids=out[2:5], min_tokens=10 + k)
         for k, out in enumerate(long)
     ]
-    off, on = both(model, prompts, params, async_scheduling)
+    # The model drafting for itself proposes the stop tokens it prefers unmasked:
+    # kept unless the drafted rows hold them back too.
+    self_draft = {"model": str(model), "num_speculative_tokens": 3}
+    off, on = both(model, prompts, params, async_scheduling, spec=self_draft)
     assert on.outputs == off.outputs
     for out, p in zip(on.outputs, params):
         assert len(out) > p.min_tokens
