@@ -130,6 +130,11 @@ def test_penalties_with_drafts_equal_non_speculative(tiny_models, async_scheduli
     params = [SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, **kw) for kw in kinds]
     off, on = both(model, prompts, params, async_scheduling)
     assert on.outputs == off.outputs
+    # The model drafting for itself proposes its unpenalised choice at every position.
+    self_draft = {"model": str(model), "num_speculative_tokens": 3}
+    on = drive(model, prompts, params, spec=self_draft, async_scheduling=async_scheduling)
+    assert on.drafts > on.accepted > 0
+    assert on.outputs == off.outputs
     plain = [SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)] * len(prompts)
     unpenalised = drive(model, prompts, plain, spec=None, async_scheduling=async_scheduling)
     # The penalties change what these requests generate (else equality would prove little).
