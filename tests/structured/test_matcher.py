@@ -60,6 +60,40 @@ def test_a_new_matcher_replays_the_tokens_already_generated(manager) -> None:
     assert m.accept_token(ord("c")) and m.is_completed()
 
 
+def _allowed(row: torch.Tensor) -> set[int]:
+    return set(torch.isfinite(row).nonzero().flatten().tolist())
+
+
+def test_draft_rows_get_the_mask_after_the_drafts_before_them(manager) -> None:
+    """Row i masks as the grammar after drafts 0..i-1; the matcher ends where it started."""
+    m = new_matcher(compiled(manager, regex="a[0-9]b"), [])
+    logits = torch.zeros(4, VOCAB)
+    TokenBitmask(4, VOCAB).apply_with_drafts(logits, [(0, m, list(b"a5b"))])
+    assert _allowed(logits[0]) == {ord("a")}
+    assert _allowed(logits[1]) == set(b"0123456789")
+    assert _allowed(logits[2]) == {ord("b")}
+    # After "a5b" only EOS (the stop token, accepted, terminates the grammar; rolled back too).
+    assert _allowed(logits[3]) == {EOS}
+    assert m.accept_token(ord("a")) and not m.accept_token(ord("x"))
+
+
+def test_rows_after_a_refused_draft_stay_unmasked(manager) -> None:
+    m = new_matcher(compiled(manager, regex="a[0-9]b"), [])
+    logits = torch.zeros(4, VOCAB)
+    TokenBitmask(4, VOCAB).apply_with_drafts(logits, [(0, m, [ord("a"), ord("x"), ord("b")])])
+    # The refused "x" is masked out of its own row, where verification stops.
+    assert ord("x") not in _allowed(logits[1])
+    assert _allowed(logits[2]) == _allowed(logits[3]) == set(range(VOCAB))
+    # Terminated inside the drafts: EOS drafted, so nothing after it is constrained.
+    m.accept_token(ord("a"))
+    m.accept_token(ord("1"))
+    logits = torch.zeros(3, VOCAB)
+    TokenBitmask(3, VOCAB).apply_with_drafts(logits, [(0, m, [ord("b"), EOS])])
+    assert _allowed(logits[1]) == {EOS}
+    assert _allowed(logits[2]) == set(range(VOCAB))
+    assert not m.is_terminated() and m.accept_token(ord("b"))
+
+
 class _RandomMask:
     """A stand-in matcher that writes a seeded random mask row (all-allowed when ``full``)."""
 

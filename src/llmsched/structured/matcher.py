@@ -42,9 +42,40 @@ class TokenBitmask:
         """Fill the rows' masks from their matchers and set every disallowed logit to -inf."""
         bitmask = self._bitmask
         # Rows whose grammar allows every token need no masking.
-        masked = [row for row, m in zip(rows, matchers) if m.fill_next_token_bitmask(bitmask, row)]
+        self._mask(logits, [row for row, m in zip(rows, matchers) if m.fill_next_token_bitmask(bitmask, row)])
+
+    def apply_with_drafts(self, logits: torch.Tensor, spans: list[tuple[int, Any, list[int]]]) -> None:
+        """Mask the rows ``first .. first + len(drafts)`` of each span (first, matcher, drafts).
+
+        Row ``first + i`` allows what the grammar allows after drafts
+        ``0..i-1``: the matcher is advanced through the drafts to fill the
+        masks, then rolled back, so it is left where it was. Rows after a
+        draft the grammar refuses stay unmasked: that draft's own row masks
+        it out, so verification never keeps a token past it. A grammar that
+        terminates (accepts its stop token) constrains the rows after it no
+        more, as a terminated grammar constrains nothing without drafts.
+        """
+        bitmask = self._bitmask
+        masked: list[int] = []
+        for first, m, drafts in spans:
+            accepted = 0
+            for i in range(len(drafts) + 1):
+                if m.is_terminated():
+                    break
+                if m.fill_next_token_bitmask(bitmask, first + i):
+                    masked.append(first + i)
+                if i == len(drafts) or not m.accept_token(drafts[i]):
+                    break
+                accepted += 1
+            if accepted:
+                m.rollback(accepted)
+        self._mask(logits, masked)
+
+    def _mask(self, logits: torch.Tensor, masked: list[int]) -> None:
+        """Set the logits each filled row of ``masked`` disallows to -inf."""
         if not masked:
             return
+        bitmask = self._bitmask
         if self._penalty is None or logits.device.type != "cpu":
             n = logits.shape[0]
             self._xgr.apply_token_bitmask_inplace(logits, bitmask[:n].to(logits.device), indices=masked)

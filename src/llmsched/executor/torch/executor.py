@@ -30,9 +30,10 @@ from llmsched.executor.torch.layers import can_prepack_linears
 from llmsched.executor.torch.lora import LoRAManager
 from llmsched.executor.torch.model import DecoderModel
 from llmsched.executor.torch.rope import RotaryEmbedding
-from llmsched.executor.torch.sampler import Sampler
+from llmsched.executor.torch.sampler import Sampler, TokenLogprobs
 from llmsched.executor.torch.spec.decoder import SpecDecoder
 from llmsched.executor.torch.spec.draft_model import DraftModelProposer
+from llmsched.executor.torch.spec.draft_rows import DraftRowProcessor, kept_logprobs
 from llmsched.executor.torch.spec.verify import DraftVerifier
 from llmsched.executor.torch.step_thread import StepThread
 from llmsched.executor.torch.weights import load_weights
@@ -203,6 +204,7 @@ class TorchExecutor:
                 )
             self.spec = SpecDecoder(sc, self.max_model_len, draft)
             self.verifier = DraftVerifier(self.sampler)
+            self.draft_rows = DraftRowProcessor(max_num_seqs * (sc.num_speculative_tokens + 1))
         self._max_num_seqs = max_num_seqs
         self._bitmask = None
         self._has_grammars = False
@@ -351,7 +353,10 @@ class TorchExecutor:
                 for j, lp in zip(plain, lps):
                     logprobs[step.sample_sched_index[j]] = lp
         if drafts is not None and len(plain) < len(states):
-            self._verify(logits, step, drafts, sampled)
+            for i, lp in self._verify(logits, step, drafts, sampled):
+                if logprobs is None:
+                    logprobs = [None] * step.num_scheduled
+                logprobs[i] = lp
         proposed = self.spec.propose(states, self.batch)  # type: ignore[union-attr]
         draft_ids: list[list[int]] = [[] for _ in range(step.num_scheduled)]
         for i, d in zip(step.sample_sched_index, proposed):
@@ -370,23 +375,35 @@ class TorchExecutor:
 
     def _verify(
         self, logits: torch.Tensor, step: StepInputs, drafts: list[list[int]], sampled: list[list[int]]
-    ) -> None:
-        """Check the drafting requests' drafts against their rows of ``logits``; record what they keep."""
+    ) -> list[tuple[int, list[TokenLogprobs]]]:
+        """Check the drafting requests' drafts against their rows of ``logits``; record what they keep.
+
+        Returns (schedule index, logprobs of each kept token) for those that asked for logprobs.
+        """
         owned = step.sample_logit_rows
         assert owned is not None
         js = [j for j, d in enumerate(drafts) if d]
         rows = [r for j in js for r in owned[j]]
         sub = logits.index_select(0, torch.tensor(rows, device=logits.device))
         vstates = [step.sample_states[j] for j in js]
+        vdrafts = [drafts[j] for j in js]
+        sub, raw = self.draft_rows.process(sub, vstates, vdrafts)
         kept = self.verifier.verify(
             sub,
-            [drafts[j] for j in js],
+            vdrafts,
             [st.request.sampling_params for st in vstates],
             [len(st.generated) for st in vstates],
         )
-        for j, st, toks in zip(js, vstates, kept):
-            sampled[step.sample_sched_index[j]] = toks
+        lps: list[tuple[int, list[TokenLogprobs]]] = []
+        for k, (j, st, toks) in enumerate(zip(js, vstates, kept)):
+            i = step.sample_sched_index[j]
+            sampled[i] = toks
             st.generated.extend(toks)
+            if st.matcher is not None:
+                self._advance_grammars([st] * len(toks), toks)
+            if raw is not None and raw[k] is not None:
+                lps.append((i, kept_logprobs(raw[k], toks, st.request.sampling_params.logprobs or 0)))
+        return lps
 
     def _apply_grammars(self, logits: torch.Tensor, states: list[RequestState]) -> None:
         """Mask each constrained row's logits to the tokens its grammar allows next."""

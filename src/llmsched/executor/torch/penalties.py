@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from llmsched.core.sampling_params import SamplingParams
 from llmsched.executor.torch.input_batch import RequestState
 
 
@@ -65,12 +66,40 @@ def apply_penalties(logits: torch.Tensor, rows: list[int], states: list[RequestS
     vocab = logits.shape[1]
     dev = logits.device
     counts = torch.stack([_refresh_counts(states[r], vocab, dev) for r in rows])
-    params = [states[r].request.sampling_params for r in rows]
+    prompts = [_prompt_mask(states[r], vocab, dev) for r in rows]
+    penalize_rows(logits, rows, counts, prompts, [states[r].request.sampling_params for r in rows])
+
+
+def apply_penalties_with_drafts(
+    logits: torch.Tensor, first: int, state: RequestState, drafts: list[int]
+) -> None:
+    """Penalise rows ``first .. first + len(drafts)``: row ``i`` counts drafts ``0..i-1`` as generated."""
+    vocab = logits.shape[1]
+    dev = logits.device
+    base = _refresh_counts(state, vocab, dev)
+    counts = base.unsqueeze(0).repeat(len(drafts) + 1, 1)
+    for i, d in enumerate(drafts):
+        if 0 <= d < vocab:
+            counts[i + 1 :, d] += 1
+    rows = list(range(first, first + len(drafts) + 1))
+    prompt = _prompt_mask(state, vocab, dev)
+    penalize_rows(logits, rows, counts, [prompt] * len(rows), [state.request.sampling_params] * len(rows))
+
+
+def penalize_rows(
+    logits: torch.Tensor,
+    rows: list[int],
+    counts: torch.Tensor,
+    prompt_masks: list[torch.Tensor],
+    params: list[SamplingParams],
+) -> None:
+    """The penalties on ``rows`` given each row's output-token counts and prompt token set (in place)."""
+    dev = logits.device
     idx = torch.tensor(rows, dtype=torch.int64, device=dev)
     sub = logits.index_select(0, idx)
     rep = [p.repetition_penalty for p in params]
     if any(x != 1.0 for x in rep):
-        seen = torch.stack([_prompt_mask(states[r], vocab, dev) for r in rows]) | (counts > 0)
+        seen = torch.stack(prompt_masks) | (counts > 0)
         penalty = torch.tensor(rep, dtype=sub.dtype, device=dev)[:, None]
         scaled = torch.where(sub > 0, sub / penalty, sub * penalty)
         sub = torch.where(seen, scaled, sub)

@@ -12,9 +12,9 @@ a draft slot with no draft behind it is simply rejected (the scheduler
 rolls it back like any other), so speculation costs nothing where the
 proposer finds nothing.
 
-Requests whose sampling depends on each token before it within the step
-(penalties, logprobs, a grammar, min_tokens still masking stop tokens) get
-no drafts and decode one token at a time.
+Every request drafts: penalties, min_tokens, grammars and logprobs are
+applied to each drafted row as if the drafts before it had been generated
+(see spec.draft_rows).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import torch
 from llmsched.core.output import SchedulerOutput
 from llmsched.core.speculative import SpeculativeConfig
 from llmsched.executor.torch.input_batch import InputBatch, RequestState, StepInputs, StepPlan
-from llmsched.executor.torch.penalties import has_penalties, needs_stop_mask
 from llmsched.executor.torch.spec.draft_model import DraftModelProposer
 from llmsched.executor.torch.spec.ngram import NgramProposer
 
@@ -73,24 +72,13 @@ class SpecDecoder:
                 any_drafts = True
         plan.verify = verify if any_drafts else None
 
-    @staticmethod
-    def can_speculate(st: RequestState) -> bool:
-        """True when the request's next tokens can be verified in one step."""
-        req = st.request
-        return (
-            st.matcher is None
-            and req.sampling_params.logprobs is None
-            and not has_penalties(st)
-            and not needs_stop_mask(st)
-        )
-
     def propose(self, states: list[RequestState], batch: InputBatch) -> list[list[int]]:
         """Drafts for each state that just sampled (also kept on the state)."""
         for st in states:
             st.decoding = True
             st.drafts = []
         # Drafts past max_tokens would only be cut off by the scheduler.
-        able = [st for st in states if self.can_speculate(st) and len(st.generated) < st.request.max_tokens]
+        able = [st for st in states if len(st.generated) < st.request.max_tokens]
         if self.ngram is not None:
             for st in able:
                 left = st.request.max_tokens - len(st.generated)
