@@ -75,6 +75,7 @@ def plan_kv_cache(
     num_gpu_blocks: int | None,
     kv_cache_memory: int | None,
     gpu_memory_utilization: float,
+    state_bytes_per_block: int = 0,
 ) -> KVCachePlan:
     """Decide the block count (null block included) and check one max_model_len request fits.
 
@@ -85,7 +86,8 @@ def plan_kv_cache(
     default never allocates more than max_num_seqs requests at
     max_model_len could use.
     """
-    per_block = bytes_per_block(config, block_size, dtype)
+    # A hybrid model's block may hold a Mamba state instead of KV: room for both.
+    per_block = bytes_per_block(config, block_size, dtype) + state_bytes_per_block
     useful_max = max_num_seqs * cdiv(max_model_len, block_size) + 1
     if num_gpu_blocks is not None:
         if not isinstance(num_gpu_blocks, int) or num_gpu_blocks < 2:

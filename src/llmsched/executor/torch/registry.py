@@ -30,6 +30,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         ArchSpec("MistralForCausalLM", qkv_bias=None, qk_norm=False),
         ArchSpec("Qwen2ForCausalLM", qkv_bias=True, qk_norm=False),
         ArchSpec("Qwen3ForCausalLM", qkv_bias=None, qk_norm=True),
+        # Hybrid: Mamba2 layers beside Llama-like attention (see executor/torch/hybrid).
+        ArchSpec("BambaForCausalLM", qkv_bias=None, qk_norm=False),
     )
 }
 
