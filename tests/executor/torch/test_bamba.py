@@ -150,22 +150,22 @@ def test_plain_prefill_and_decode(tiny: Tiny) -> None:
     assert len({tuple(o) for o in got["outputs"][0]}) > 1
 
 
-def test_chunked_prefill_resumes_conv_and_ssm_states(tiny: Tiny) -> None:
+def test_chunked_prefill_resumes_conv_and_ssm_states(tiny: Tiny, async_scheduling: bool) -> None:
     # A 12-token budget cuts the longer prompts into block-aligned chunks.
     passes = [prompts([30, 17, 9, 26], seed=2)]
-    got = run(tiny, passes, max_num_batched_tokens=12)
+    got = run(tiny, passes, max_num_batched_tokens=12, async_scheduling=async_scheduling)
     assert got["chunks"] > 0
     assert got["outputs"] == expected(tiny, passes)
 
 
-def test_prefix_hits_resume_from_cached_states(tiny: Tiny) -> None:
+def test_prefix_hits_resume_from_cached_states(tiny: Tiny, async_scheduling: bool) -> None:
     # The second pass repeats the shared prefix: its requests start from the
     # state cached at the last full block of the hit, not from zeros.
     shared = prompts([14], seed=3)[0]
     first = prompts([5, 8, 3], seed=4, prefix=shared)
     second = [*prompts([6, 9, 2, 7], seed=5, prefix=shared), first[1]]
     passes = [first, second]
-    got = run(tiny, passes, max_num_batched_tokens=16)
+    got = run(tiny, passes, max_num_batched_tokens=16, async_scheduling=async_scheduling)
     assert got["hits"] >= len(second)
     assert got["outputs"] == expected(tiny, passes)
 
@@ -180,10 +180,45 @@ def test_prefix_caching_off(tiny: Tiny) -> None:
 
 
 @pytest.mark.parametrize("caching", [True, False], ids=["prefix-caching", "no-prefix-caching"])
-def test_preemption_recomputes_states(tiny: Tiny, caching: bool) -> None:
+def test_preemption_recomputes_states(tiny: Tiny, caching: bool, async_scheduling: bool) -> None:
     # 14 blocks of 4 tokens for six requests that each grow past 5 blocks,
     # each holding state blocks too: some must be preempted and recompute.
     passes = [prompts([12, 15, 9, 14, 11, 13], seed=9)]
-    got = run(tiny, passes, num_gpu_blocks=14, max_model_len=32, enable_prefix_caching=caching)
+    got = run(
+        tiny,
+        passes,
+        num_gpu_blocks=14,
+        max_model_len=32,
+        enable_prefix_caching=caching,
+        async_scheduling=async_scheduling,
+    )
     assert got["preempted"] > 0
     assert got["outputs"] == expected(tiny, passes)
+
+
+def test_llm_turns_on_the_mamba_state_group(tiny: Tiny) -> None:
+    from llmsched import LLM, SamplingParams
+
+    llm = LLM(
+        model=str(tiny.path),
+        dtype="float32",
+        skip_tokenizer_init=True,
+        block_size=BLOCK,
+        num_gpu_blocks_override=64,
+        max_model_len=64,
+    )
+    try:
+        assert llm.llm_engine.scheduler_config.mamba
+        ps = prompts([11, 6], seed=10)
+        sp = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+        outs = llm.generate([{"prompt_token_ids": p} for p in ps], sp, use_tqdm=False)
+    finally:
+        llm.close()
+    assert [list(o.outputs[0].token_ids) for o in outs] == [tiny.greedy(p) for p in ps]
+
+
+def test_hybrid_model_refuses_lora(tiny: Tiny) -> None:
+    from llmsched.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="hybrid"):
+        TorchExecutor(tiny.path, dtype="float32", num_gpu_blocks=16, max_model_len=32, enable_lora=True)
