@@ -15,7 +15,8 @@ import pytest
 import torch
 from transformers import BambaConfig, BambaForCausalLM
 
-from llmsched.core import Request, SchedulerConfig
+from llmsched.core import Request, SchedulerConfig, SchedulerOutput
+from llmsched.core.output import ModelRunnerOutput
 from llmsched.engine import EngineCore
 from llmsched.executor.torch import TorchExecutor
 
@@ -222,3 +223,72 @@ def test_hybrid_model_refuses_lora(tiny: Tiny) -> None:
 
     with pytest.raises(ConfigError, match="hybrid"):
         TorchExecutor(tiny.path, dtype="float32", num_gpu_blocks=16, max_model_len=32, enable_lora=True)
+
+
+class PoisonHits:
+    """Passes steps on to the executor after filling an admission's hit (KV and Mamba state) with noise."""
+
+    def __init__(self, inner: TorchExecutor, rid: str, tell: bool) -> None:
+        self.inner = inner
+        self.rid = rid
+        # False: poison, but keep recompute_from from the executor.
+        self.tell = tell
+        self.poisoned: list[int] = []
+
+    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        """Poison the chosen admission's hit, then run the step."""
+        for req, blocks, hit in zip(so.admitted, so.admitted_block_ids, so.admitted_num_cached_tokens):
+            if req.request_id == self.rid and hit:
+                assert so.mamba_state_ids is not None
+                state = so.mamba_state_ids[req.request_id][0]
+                g = torch.Generator().manual_seed(1)
+                with torch.inference_mode():
+                    states = self.inner.model.states  # type: ignore[attr-defined]
+                    states.conv[:, state] = 5.0 * torch.randn(states.conv[:, state].shape, generator=g)
+                    states.ssm[:, state] = 5.0 * torch.randn(states.ssm[:, state].shape, generator=g)
+                    for layer in self.inner.kv_cache.blocks:
+                        ids = blocks[: hit // BLOCK]
+                        layer[:, :, ids] = 30.0 * torch.randn(layer[:, :, ids].shape, generator=g)
+                self.poisoned.append(state)
+                if self.tell:
+                    so.recompute_from[req.request_id] = BLOCK
+        return self.inner.execute(so)
+
+    def close(self) -> None:
+        """Close the wrapped executor."""
+        self.inner.close()
+
+
+@pytest.mark.parametrize("tell", [True, False], ids=["recompute", "no-recompute"])
+def test_recompute_from_rebuilds_the_hit_state(tiny: Tiny, tell: bool) -> None:
+    # A hit whose blocks were never computed (recompute_from): the chunk is
+    # recomputed from position 0 and the hit's state block rewritten, so a
+    # third request hitting the same state gets the right tokens too.
+    shared = prompts([16], seed=11)[0]
+    first, late, third = prompts([3, 5, 6], seed=12, prefix=shared)
+    ex = TorchExecutor(tiny.path, dtype="float32", block_size=BLOCK, max_model_len=64, num_gpu_blocks=64)
+    wrapper = PoisonHits(ex, "late", tell)
+    cfg = SchedulerConfig(
+        num_gpu_blocks=ex.num_gpu_blocks, max_model_len=64, block_size=BLOCK, mamba=True, debug=True
+    )
+    engine = EngineCore(cfg, wrapper)
+    reqs = [
+        Request(rid, p, greedy(MAX_TOKENS)) for rid, p in (("first", first), ("late", late), ("third", third))
+    ]
+    try:
+        for r in reqs:
+            engine.add_request(r)
+            while engine.has_requests():
+                engine.step()
+    finally:
+        wrapper.close()
+    assert len(wrapper.poisoned) == 1
+    outs = [r.output_token_ids for r in reqs]
+    want = [tiny.greedy(p) for p in (first, late, third)]
+    if tell:
+        assert outs == want
+    else:
+        # The poison has teeth: without the recompute both later requests go wrong.
+        assert outs[0] == want[0]
+        assert outs[1] != want[1]
+        assert outs[2] != want[2]

@@ -100,6 +100,9 @@ def plan_step(so: SchedulerOutput, verifies_drafts: bool = False) -> StepPlan:
         start = req.num_computed_tokens - n
         if recompute:
             p = recompute.get(req.request_id)
+            if p is not None and so.mamba_state_ids is not None:
+                # A hybrid model's Mamba state at p is in no block: recompute from 0.
+                p = 0
             if p is not None and p < start:
                 # Its prefix-cache hit covers blocks a withdrawn chunk
                 # registered but never wrote: the KV there is garbage, so

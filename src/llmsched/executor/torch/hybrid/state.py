@@ -8,7 +8,9 @@ position (none at position 0) and writes its final state into the block of
 its own last position. With prefix caching, a cached block's state is the
 state at that block's end, so a request whose prefix hit ends there starts
 from it; nothing about a request lives outside the block ids, so a
-preempted request simply recomputes.
+preempted request simply recomputes. A hit whose blocks were never computed
+(``recompute_from``) is recomputed from position 0, the state at the hit
+rewritten into the hit's state block on the way.
 """
 
 from __future__ import annotations
@@ -68,15 +70,20 @@ def plan_mamba_step(
     ddst: list[int] = []
     for req, start, n, scheduled, row in zip(so.scheduled, starts, counts, so.num_scheduled_tokens, rows):
         src, dst = ids[req.request_id]
-        if n != scheduled or (start == 0) != (src < 0):
-            # A chunk grown back to recompute positions (see recompute_from)
-            # would need the state at its new start, which no block holds.
-            raise NotImplementedError(
-                f"request {req.request_id!r}: recomputing a chunk from position {start} is not "
-                "supported for hybrid (Mamba) models"
-            )
         if dst == 0 or src == 0:
             raise RuntimeError(f"request {req.request_id!r}: its Mamba state maps to the null block")
+        if n != scheduled:
+            # Grown back to 0 (see recompute_from and plan_step): the hit's
+            # state block was never computed either, so it is rewritten on
+            # the way, for whoever hits it next.
+            hit = n - scheduled
+            if start != 0 or src < 0:
+                raise RuntimeError(f"request {req.request_id!r}: a recomputed chunk must start at 0")
+            step.prefills.append((row, row + hit, -1, src))
+            step.prefills.append((row + hit, row + n, src, dst))
+            continue
+        if (start == 0) != (src < 0):
+            raise RuntimeError(f"request {req.request_id!r}: its Mamba source block disagrees with its start")
         if n == 1 and start > 0:
             drows.append(row)
             dsrc.append(src)
