@@ -292,3 +292,33 @@ def test_recompute_from_rebuilds_the_hit_state(tiny: Tiny, tell: bool) -> None:
         assert outs[0] == want[0]
         assert outs[1] != want[1]
         assert outs[2] != want[2]
+
+
+def test_config_counts_attention_layers_for_the_kv_cache(tiny: Tiny) -> None:
+    from llmsched.executor.torch.config import ModelConfig
+
+    cfg = ModelConfig.from_folder(tiny.path)
+    spec = cfg.hybrid
+    assert spec is not None
+    assert cfg.architecture == "BambaForCausalLM"
+    assert cfg.num_layers == 1
+    assert spec.attn_layers == (1,)
+    assert spec.mamba_layers == (0, 2, 3)
+    assert (spec.num_heads, spec.head_dim, spec.num_groups, spec.state_size) == (8, 16, 2, 16)
+    assert spec.conv_dim == 128 + 2 * 2 * 16
+    # Bamba rotates half of each attention head.
+    assert spec.rotary_dim == cfg.head_dim // 2
+    assert spec.dt_max == float("inf")
+
+
+def test_config_rejects_mamba_heads_that_do_not_split_the_width(tiny: Tiny) -> None:
+    import json
+
+    from llmsched.executor.torch.config import ModelConfig
+    from llmsched.executor.torch.errors import ModelLoadError
+
+    raw = json.loads((tiny.path / "config.json").read_text())
+    raw["mamba_n_heads"] = 6
+    raw["mamba_d_head"] = "auto"
+    with pytest.raises(ModelLoadError, match="mamba_n_heads=6"):
+        ModelConfig.from_dict(raw, tiny.path)
