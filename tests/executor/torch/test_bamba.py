@@ -322,3 +322,10 @@ def test_config_rejects_mamba_heads_that_do_not_split_the_width(tiny: Tiny) -> N
     raw["mamba_d_head"] = "auto"
     with pytest.raises(ModelLoadError, match="mamba_n_heads=6"):
         ModelConfig.from_dict(raw, tiny.path)
+
+
+def test_a_cache_too_small_for_states_suggests_larger_blocks(tiny: Tiny) -> None:
+    from llmsched.executor.torch.errors import KVCacheTooSmall
+
+    with pytest.raises(KVCacheTooSmall, match=r"Mamba state .* a larger block_size"):
+        TorchExecutor(tiny.path, dtype="float32", block_size=4, max_model_len=64, kv_cache_memory=200_000)

@@ -128,6 +128,12 @@ def plan_kv_cache(
             f"needs {need} blocks of {block_size} tokens, but {source} gives {max(blocks - 1, 0)} usable "
             f"blocks ({per_block} bytes each); lower max_model_len to at most "
             f"{max(blocks - 1, 0) * block_size} or give the cache more memory"
+            + (
+                f"; each block also reserves room for one Mamba state ({state_bytes_per_block} bytes), "
+                "so a larger block_size needs fewer of them"
+                if state_bytes_per_block
+                else ""
+            )
         )
     return KVCachePlan(num_blocks=blocks, block_size=block_size, bytes_per_block=per_block, source=source)
 
