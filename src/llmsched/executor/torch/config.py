@@ -22,6 +22,7 @@ _ARCH_BY_MODEL_TYPE = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "bamba": "BambaForCausalLM",
 }
 ROPE_TYPES = ("default", "linear", "llama3")
 
