@@ -60,6 +60,10 @@ class SchedulerOutput:
     # encoder cache, whose outputs executors drop.
     encoder_inputs: dict[str, list[int]] | None = None
     freed_encoder_ids: list[str] | None = None
+    # Hybrid (Mamba) models only (None otherwise): per scheduled request, the
+    # block holding the state its chunk starts from (-1: position 0, no
+    # state) and the block its final state goes to (may be the same).
+    mamba_state_ids: dict[str, tuple[int, int]] | None = None
 
     def chunks(self) -> list[tuple[Request, int, int]]:
         """(request, first position, token count) for each scheduled request."""

@@ -461,6 +461,9 @@ class Scheduler:
                     self._prefill_capacity_bound = self.num_waiting > len(self._set_aside)
 
         out.total_num_scheduled_tokens = total = self._max_tokens_budget - budget
+        if self._hybrid:
+            ids = kv.mamba.state_ids
+            out.mamba_state_ids = {r.request_id: ids(r.request_id, s, s + n) for r, s, n in out.chunks()}
         if enc is not None:
             out.encoder_inputs = enc.scheduled
             out.freed_encoder_ids = enc.take_evicted()

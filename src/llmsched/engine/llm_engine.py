@@ -13,6 +13,7 @@ outputs with finish_reason "error".
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -103,6 +104,9 @@ class LLMEngine:
                 platform=self.platform,
                 max_tokens_per_mm_item=spec.vision.num_image_tokens if spec is not None else 0,
             )
+            if getattr(executor, "is_hybrid", False):
+                # Mamba layers keep per-request states on the block pool (core/kv/hybrid.py).
+                config = dataclasses.replace(config, mamba=True)
             self.engine_core = EngineCore(config, executor, connector=self.kv_connector)
         except BaseException:
             executor.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from llmsched.core.kv.hybrid import HybridKVCacheManager
+from llmsched.core.output import ModelRunnerOutput
 from support.scheduling import make_req, make_sched, run_step
 
 
@@ -56,3 +57,50 @@ def test_without_prefix_caching_states_slide_with_the_last_token() -> None:
     assert states_held(s, "A") == 8
     run_step(s)
     assert states_held(s, "A") == 1
+
+
+def test_each_step_names_the_state_a_chunk_reads_and_the_block_it_writes() -> None:
+    s = make_sched(mamba=True, max_num_batched_tokens=10, max_num_seqs=4)
+    s.add_request(make_req("A", 13, max_tokens=6))
+    plain = make_sched(max_num_batched_tokens=10, max_num_seqs=4)
+    plain.add_request(make_req("A", 13, max_tokens=6))
+    assert plain.schedule().mamba_state_ids is None
+    written: list[int] = []
+    sizes: list[int] = []
+    while "A" in s.requests:
+        out = s.schedule()
+        (req,) = out.scheduled
+        n = out.num_scheduled_tokens[0]
+        start = req.num_computed_tokens - n
+        src, dst = out.mamba_state_ids["A"]
+        table = s.kv.mamba.tables["A"]
+        sampled = [[7]] if req.num_computed_tokens >= req.num_tokens else [[]]
+        s.update_from_output(out, ModelRunnerOutput(sampled))
+        # The destination is the block of the chunk's last position.
+        assert table[(start + n - 1) // 4].block_id == dst
+        if start == 0:
+            assert src == -1
+        else:
+            # The source is the block the previous chunk wrote, in place within a block.
+            assert src == written[-1]
+            assert (src == dst) == (start % 4 != 0)
+        written.append(dst)
+        sizes.append(n)
+    # Prefill chunks of 8 and 4 (aligned), the prompt's last token, then five decodes.
+    assert sizes == [8, 4, 1, 1, 1, 1, 1, 1]
+
+
+def test_a_prefix_hit_reads_the_cached_state_block() -> None:
+    s = make_sched(mamba=True, max_num_batched_tokens=64)
+    s.add_request(make_req("A", 22, max_tokens=1))
+    first, _ = run_step(s)
+    run_step(s)
+    b = make_req("A", 22, max_tokens=1)
+    b.request_id = "B"
+    s.add_request(b)
+    out, _ = run_step(s)
+    assert out.admitted_num_cached_tokens == [20]
+    src, dst = out.mamba_state_ids["B"]
+    # A's prefill (one chunk up to the boundary at 20) cached its state in its 5th slot.
+    assert src == first.mamba_state_ids["A"][1]
+    assert dst != src

@@ -48,7 +48,8 @@ def test_missing_weights(tiny_models, tmp_path):
 def test_unsupported_architecture(tiny_models, tmp_path):
     d = copy_model(tiny_models["llama"].path, tmp_path / "m", architectures=["GPTNeoXForCausalLM"])
     with pytest.raises(
-        UnsupportedModel, match=r"GPTNeoXForCausalLM is not supported; supported: LlamaForCausalLM"
+        UnsupportedModel,
+        match=r"GPTNeoXForCausalLM is not supported; supported: BambaForCausalLM, LlamaForCausalLM",
     ):
         TorchExecutor(d)
 

@@ -10,6 +10,7 @@ from llmsched.executor.torch.registry import ARCHITECTURES, lookup
 
 def test_supported_architectures():
     assert supported_architectures() == [
+        "BambaForCausalLM",
         "LlamaForCausalLM",
         "MistralForCausalLM",
         "Qwen2ForCausalLM",

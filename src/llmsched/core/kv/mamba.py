@@ -212,6 +212,13 @@ class MambaGroup:
             null = self.pool.null_block
             self.pool.free_blocks([b for b in reversed(table) if b is not null])
 
+    def state_ids(self, request_id: str, start: int, end: int) -> tuple[int, int]:
+        """(block id of the state at ``start`` or -1 at 0, block id the state at ``end`` goes to)."""
+        table = self.tables[request_id]
+        bs = self.block_size
+        src = table[cdiv(start, bs) - 1].block_id if start else -1
+        return src, table[cdiv(end, bs) - 1].block_id
+
     def held_blocks(self) -> list[list[KVBlock]]:
         """Every table's real blocks (for invariant checks)."""
         null = self.pool.null_block

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from llmsched.executor.torch.errors import ModelLoadError, UnsupportedModel
+from llmsched.executor.torch.hybrid.spec import HYBRID_ARCHITECTURES, MambaSpec
 from llmsched.executor.torch.registry import ArchSpec, lookup
 
 # Older folders sometimes omit ``architectures``; model_type still says what it is.
@@ -21,6 +22,7 @@ _ARCH_BY_MODEL_TYPE = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "bamba": "BambaForCausalLM",
 }
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -57,6 +59,9 @@ class ModelConfig:
     # A vision-language model's whole config.json (LLaVA): its text model is
     # what the fields above describe.
     multimodal: dict | None = field(default=None, compare=False)
+    # A hybrid model's Mamba2 layout (None otherwise); ``num_layers`` then
+    # counts only its attention layers, the ones holding KV.
+    hybrid: MambaSpec | None = field(default=None, compare=False)
 
     @property
     def q_size(self) -> int:
@@ -118,7 +123,8 @@ class ModelConfig:
         act = raw.get("hidden_act", "silu")
         if act not in ("silu", "swish"):
             raise UnsupportedModel(f"{where}: hidden_act={act!r} is not supported (only silu)")
-        theta, scaling = _rope(raw, where)
+        hybrid = spec.name in HYBRID_ARCHITECTURES
+        theta, scaling = _rope(raw, where, allow_partial=hybrid)
         attn_bias = bool(raw.get("attention_bias", False))
         qkv_bias = spec.qkv_bias if spec.qkv_bias is not None else attn_bias
         # Qwen2's fixed q/k/v bias never extends to o_proj; attention_bias does.
@@ -128,7 +134,7 @@ class ModelConfig:
         if not eos:
             eos = _eos_ids(raw.get("eos_token_id"))
         bos = raw.get("bos_token_id")
-        return cls(
+        cfg = cls(
             path=path,
             architecture=spec.name,
             model_type=str(raw.get("model_type", "")),
@@ -155,6 +161,10 @@ class ModelConfig:
             eos_token_ids=eos,
             bos_token_id=bos if isinstance(bos, int) else None,
         )
+        if hybrid:
+            mamba = MambaSpec.from_bamba(raw, head_dim, where)
+            cfg = replace(cfg, num_layers=len(mamba.attn_layers), hybrid=mamba)
+        return cfg
 
 
 def _read_json(file: Path, required: bool) -> dict | None:
@@ -173,7 +183,7 @@ def _read_json(file: Path, required: bool) -> dict | None:
     return data
 
 
-def _rope(raw: dict, where: str) -> tuple[float, dict]:
+def _rope(raw: dict, where: str, allow_partial: bool = False) -> tuple[float, dict]:
     """(theta, normalised scaling dict) from either config layout."""
     params = raw.get("rope_parameters")
     if isinstance(params, dict) and "rope_theta" not in params and "rope_type" not in params:
@@ -187,7 +197,7 @@ def _rope(raw: dict, where: str) -> tuple[float, dict]:
             f"{where}: RoPE scaling type {rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}"
         )
     partial = float(scaling.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
-    if partial != 1.0:
+    if partial != 1.0 and not allow_partial:
         raise UnsupportedModel(f"{where}: partial_rotary_factor={partial} is not supported (only 1.0)")
     if rope_type == "llama3":
         for key in ("factor", "low_freq_factor", "high_freq_factor"):

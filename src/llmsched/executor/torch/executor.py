@@ -24,6 +24,9 @@ from llmsched.executor.torch.device import (
 )
 from llmsched.executor.torch.encoder_outputs import EncoderOutputs, plan_mm
 from llmsched.executor.torch.gguf import model_folder
+from llmsched.executor.torch.hybrid.model import HybridModel
+from llmsched.executor.torch.hybrid.state import MambaStatePool, plan_mamba_step
+from llmsched.executor.torch.hybrid.weights import load_hybrid_weights
 from llmsched.executor.torch.input_batch import InputBatch, RequestState, StepInputs, plan_step
 from llmsched.executor.torch.kv_cache import KVCache, KVCachePlan, cdiv, plan_kv_cache
 from llmsched.executor.torch.layers import can_prepack_linears
@@ -102,6 +105,13 @@ class TorchExecutor:
         self.max_model_len = self._resolve_max_model_len(cfg, max_model_len)
         self.block_size = default_block_size(self.device) if block_size is None else block_size
         self.speculative_config = SpeculativeConfig.parse(speculative_config)
+        # A hybrid (Mamba) model: the engine turns on the scheduler's Mamba state group.
+        self.is_hybrid = cfg.hybrid is not None
+        if self.is_hybrid and (enable_lora or self.speculative_config is not None):
+            raise ConfigError(
+                f"{cfg.architecture} is a hybrid (Mamba) model: enable_lora and speculative_config "
+                "are not supported for it"
+            )
         # The last step submitted: speculative steps are prepared only once it ran.
         self._last_future: Future[ModelRunnerOutput] | None = None
         self.lora: LoRAManager | None = None
@@ -150,9 +160,12 @@ class TorchExecutor:
             self.num_threads = configure_threads(num_threads)
             tune_cpu_allocator()
         with torch.inference_mode():
-            self.weights = load_weights(cfg, self.dtype, self.device)
-            if can_prepack_linears(self.device, self.dtype):
-                self.weights.prepack_linears()
+            if cfg.hybrid is None:
+                self.weights = load_weights(cfg, self.dtype, self.device)
+                if can_prepack_linears(self.device, self.dtype):
+                    self.weights.prepack_linears()
+            else:
+                self.weights = load_hybrid_weights(cfg, self.dtype, self.device)  # type: ignore[assignment]
             self.kv_plan: KVCachePlan = plan_kv_cache(
                 cfg,
                 device=self.device,
@@ -164,12 +177,21 @@ class TorchExecutor:
                 num_gpu_blocks=num_gpu_blocks,
                 kv_cache_memory=kv_cache_memory,
                 gpu_memory_utilization=gpu_memory_utilization,
+                state_bytes_per_block=0 if cfg.hybrid is None else cfg.hybrid.state_bytes(self.dtype),
             )
             self.num_gpu_blocks = self.kv_plan.num_blocks
             keys_transposed = use_transposed_keys(self.device)
             self.kv_cache = KVCache(cfg, self.kv_plan, self.dtype, self.device, keys_transposed)
             rope = RotaryEmbedding(cfg, self.max_model_len, self.dtype, self.device)
-            self.model = DecoderModel(cfg, self.weights, rope, self.kv_cache, threads=self.num_threads or 1)
+            if cfg.hybrid is None:
+                self.model = DecoderModel(
+                    cfg, self.weights, rope, self.kv_cache, threads=self.num_threads or 1
+                )
+            else:
+                states = MambaStatePool(cfg.hybrid, self.num_gpu_blocks, self.dtype, self.device)
+                self.model = HybridModel(  # type: ignore[assignment]
+                    cfg, self.weights, self.kv_cache, states, self.max_model_len, self.dtype, self.device
+                )
             self._load_vision()
         elem = torch.empty((), dtype=self.dtype).element_size()
         self.batch = InputBatch(
@@ -282,6 +304,11 @@ class TorchExecutor:
             if spec is not None:
                 spec.resolve(plan, self.batch.states)
             step = self.batch.prepare(plan)
+            if self.is_hybrid:
+                assert step.sched_rows is not None
+                step.mamba = plan_mamba_step(
+                    scheduler_output, plan.starts, plan.counts, step.sched_rows, self.device
+                )
             if self.mm is not None and step.sched_rows is not None:
                 freed, self._mm_freed = self._mm_freed, []
                 step.mm = plan_mm(scheduler_output, plan.starts, plan.counts, step.sched_rows, freed)
@@ -300,8 +327,15 @@ class TorchExecutor:
                 assert self.lora is not None, "a LoRA step reached an executor without enable_lora"
                 lora = self.lora.prepare_step(step.lora_spans, input_ids.shape[0])
             mm_embeds = self.mm.step(step.mm) if step.mm is not None else None  # type: ignore[union-attr]
+            hybrid = {"mamba": step.mamba} if step.mamba is not None else {}
             logits = self.model.forward(
-                input_ids, step.positions, step.attn, step.logits_indices, lora=lora, mm_embeds=mm_embeds
+                input_ids,
+                step.positions,
+                step.attn,
+                step.logits_indices,
+                lora=lora,
+                mm_embeds=mm_embeds,
+                **hybrid,
             )
             if self.spec is not None:
                 self.spec.observe(input_ids, step)

@@ -100,6 +100,9 @@ def plan_step(so: SchedulerOutput, verifies_drafts: bool = False) -> StepPlan:
         start = req.num_computed_tokens - n
         if recompute:
             p = recompute.get(req.request_id)
+            if p is not None and so.mamba_state_ids is not None:
+                # A hybrid model's Mamba state at p is in no block: recompute from 0.
+                p = 0
             if p is not None and p < start:
                 # Its prefix-cache hit covers blocks a withdrawn chunk
                 # registered but never wrote: the KV there is garbage, so
@@ -148,6 +151,8 @@ class StepInputs:
     # the step's encoder work (an encoder_outputs.MMStep).
     sched_rows: list[int] | None = None
     mm: Any = None
+    # Hybrid models only: the step's Mamba state reads and writes (a hybrid.state.MambaStep).
+    mamba: Any = None
 
     def input_ids(self, device: torch.device) -> torch.Tensor:
         """The input tokens, holes filled from the executor's own samples (call once the step before ran)."""
@@ -288,7 +293,8 @@ class InputBatch:
         sample_rows: list[tuple[int, int, RequestState]] = []  # (row, scheduled index, state)
         tokens, samples = plan.tokens, plan.samples
         nd = len(decodes)
-        sched_rows = [0] * len(so.scheduled) if so.encoder_inputs is not None else None
+        need_rows = so.encoder_inputs is not None or so.mamba_state_ids is not None
+        sched_rows = [0] * len(so.scheduled) if need_rows else None
         for row, (pos, i, st) in enumerate(decodes):
             if sched_rows is not None:
                 sched_rows[i] = row

@@ -75,6 +75,7 @@ def plan_kv_cache(
     num_gpu_blocks: int | None,
     kv_cache_memory: int | None,
     gpu_memory_utilization: float,
+    state_bytes_per_block: int = 0,
 ) -> KVCachePlan:
     """Decide the block count (null block included) and check one max_model_len request fits.
 
@@ -85,7 +86,8 @@ def plan_kv_cache(
     default never allocates more than max_num_seqs requests at
     max_model_len could use.
     """
-    per_block = bytes_per_block(config, block_size, dtype)
+    # A hybrid model's block may hold a Mamba state instead of KV: room for both.
+    per_block = bytes_per_block(config, block_size, dtype) + state_bytes_per_block
     useful_max = max_num_seqs * cdiv(max_model_len, block_size) + 1
     if num_gpu_blocks is not None:
         if not isinstance(num_gpu_blocks, int) or num_gpu_blocks < 2:
@@ -126,6 +128,12 @@ def plan_kv_cache(
             f"needs {need} blocks of {block_size} tokens, but {source} gives {max(blocks - 1, 0)} usable "
             f"blocks ({per_block} bytes each); lower max_model_len to at most "
             f"{max(blocks - 1, 0) * block_size} or give the cache more memory"
+            + (
+                f"; each block also reserves room for one Mamba state ({state_bytes_per_block} bytes), "
+                "so a larger block_size needs fewer of them"
+                if state_bytes_per_block
+                else ""
+            )
         )
     return KVCachePlan(num_blocks=blocks, block_size=block_size, bytes_per_block=per_block, source=source)
 

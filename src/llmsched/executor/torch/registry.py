@@ -1,8 +1,10 @@
 """The architectures this executor implements, keyed by config.json's ``architectures`` name.
 
-All four are the same decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU);
-they differ only in which attention projections carry a bias and whether q
-and k are RMS-normalised per head.
+Llama, Mistral, Qwen2 and Qwen3 are the same decoder (RMSNorm, RoPE,
+grouped-query attention, SwiGLU); they differ only in which attention
+projections carry a bias and whether q and k are RMS-normalised per head.
+Bamba, a hybrid, has its own forward (executor/torch/hybrid) whose attention
+layers follow the same spec.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         ArchSpec("MistralForCausalLM", qkv_bias=None, qk_norm=False),
         ArchSpec("Qwen2ForCausalLM", qkv_bias=True, qk_norm=False),
         ArchSpec("Qwen3ForCausalLM", qkv_bias=None, qk_norm=True),
+        # Hybrid: Mamba2 layers beside Llama-like attention (see executor/torch/hybrid).
+        ArchSpec("BambaForCausalLM", qkv_bias=None, qk_norm=False),
     )
 }
 

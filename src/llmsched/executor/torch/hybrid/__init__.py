@@ -1,0 +1,1 @@
+"""Hybrid models: Mamba2 state-space layers beside attention layers (Bamba)."""
