@@ -21,6 +21,7 @@ from llmsched.core.sampling_params import SamplingParams
 from llmsched.engine.args import EngineArgs
 from llmsched.engine.chat_template import ContentFormat, render_chat_prompt
 from llmsched.engine.llm_engine import ExecutorFactory, LLMEngine, PromptType
+from llmsched.engine.llm_session import LLMSession
 from llmsched.engine.lora_request import LoRARequest
 from llmsched.engine.outputs import RequestOutput, RequestOutputKind
 from llmsched.engine.request_state import error_output
@@ -196,6 +197,26 @@ class LLM:
             # Token-id prompts come back without text; the rendered chat is the prompt's text.
             out.prompt = text
         return outputs
+
+    def session(
+        self,
+        sampling_params: SamplingParams | None = None,
+        *,
+        lora_request: LoRARequest | None = None,
+        priority: int = 0,
+    ) -> LLMSession:
+        """Open a multi-turn streaming-input session: ``send(prompt)`` runs a turn, ``close()`` ends it.
+
+        The session keeps its KV cache between turns, so each turn prefills
+        only its new input. ``sampling_params`` (default: the model's) apply
+        to every turn unless ``send`` gives others; sessions cannot use stop
+        strings or n > 1. See ``llmsched.engine.llm_session``.
+        """
+        if lora_request is not None and not self.llm_engine.engine_args.enable_lora:
+            raise ValueError("lora_request needs LoRA enabled: build the LLM with enable_lora=True")
+        return LLMSession(
+            self, f"session-{next(self._ids)}", sampling_params, lora_request=lora_request, priority=priority
+        )
 
     def _params_list(
         self, sampling_params: SamplingParams | Sequence[SamplingParams] | None, n: int
