@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import BambaConfig, BambaForCausalLM
+from transformers import BambaForCausalLM
 
 from llmsched.core import Request, SchedulerConfig, SchedulerOutput
 from llmsched.core.output import ModelRunnerOutput
 from llmsched.engine import EngineCore
 from llmsched.executor.torch import TorchExecutor
+from support.tiny_bamba import VOCAB, build_tiny_bamba
 
-from .conftest import greedy, randomize
+from .conftest import greedy
 
-VOCAB = 256
 MAX_TOKENS = 8
 BLOCK = 4
 
@@ -52,34 +52,9 @@ class Tiny:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
-    """Four layers (attention at 1), two SSM groups, SSD chunks of 8 so prompts span several."""
-    config = BambaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        attn_layer_indices=[1],
-        mamba_n_heads=8,
-        mamba_n_groups=2,
-        mamba_d_state=16,
-        mamba_d_conv=4,
-        mamba_expand=2,
-        mamba_chunk_size=8,
-        max_position_embeddings=256,
-        pad_token_id=None,
-        bos_token_id=None,
-        eos_token_id=None,
-    )
-    torch.manual_seed(0)
-    model = BambaForCausalLM(config).eval()
-    randomize(model, 7)
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
+    """The shared tiny Bamba (tests/support/tiny_bamba.py)."""
     folder = tmp_path_factory.mktemp("bamba")
-    model.save_pretrained(folder)
-    return Tiny(folder, model, {})
+    return Tiny(folder, build_tiny_bamba(folder), {})
 
 
 def prompts(lengths: list[int], seed: int, prefix: list[int] | None = None) -> list[list[int]]:
