@@ -6,6 +6,9 @@ The client sends JSON text messages: ``{"type": "input", "prompt": "..."}``
 ``stop_token_ids``, ``ignore_eos``, ...; a later input without them keeps
 the session's), and ``{"type": "session.end"}`` to end the input. Each
 input is the session's next turn; the KV of the turns before is kept.
+The first input's ``model`` picks the model as in /v1/completions: a LoRA
+adapter's name runs the whole session with that adapter; a later input may
+repeat that name or leave ``model`` out, but not name another.
 
 The server answers ``session.created`` (the session's id), then for each
 turn ``output.delta`` messages (``text``, ``token_ids``) and a
@@ -30,6 +33,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import Field, ValidationError
 
 from llmsched.core.sampling_params import SamplingParams
+from llmsched.engine.lora_request import LoRARequest
 from llmsched.server.admission import Overloaded
 from llmsched.server.async_engine import EngineDead
 from llmsched.server.engine_messages import OutputDelta
@@ -87,6 +91,8 @@ class SessionSocket:
         self.request_id = state.engine.new_request_id("session")
         self._send_lock = asyncio.Lock()
         self._first = True
+        # The adapter the first input's ``model`` named (None: the base model), for all turns.
+        self._lora: LoRARequest | None = None
         # Inputs sent whose turn has not ended yet, and the current turn's token count.
         self._turns_open = 0
         self._turn_tokens = 0
@@ -207,6 +213,12 @@ class SessionSocket:
     def _input(self, req: SessionInput) -> StreamingInput:
         state = self.state
         state.check_model(req.model)
+        lora = state.lora_for(req.model)
+        if not self._first and req.model is not None and lora != self._lora:
+            running = self._lora.lora_name if self._lora is not None else state.model_name
+            raise APIError(
+                400, f"the session runs {running!r}; an input cannot switch it to {req.model!r}", "model"
+            )
         if (req.prompt is None) == (req.prompt_token_ids is None):
             raise APIError(400, "an input needs exactly one of 'prompt' and 'prompt_token_ids'", "prompt")
         if req.prompt is not None:
@@ -224,7 +236,13 @@ class SessionSocket:
         if self._first or set(req.model_fields_set) - _INPUT_KEYS:
             params = self._params(req)
         if self._first:
-            self._submit_options.update(tenant=req.user, priority=req.priority, cache_salt=req.cache_salt)
+            self._lora = lora
+            self._submit_options.update(
+                tenant=req.user,
+                priority=req.priority,
+                cache_salt=req.cache_salt,
+                lora_request=lora,
+            )
         self._first = False
         return StreamingInput(ids, params)
 
