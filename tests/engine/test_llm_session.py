@@ -14,6 +14,8 @@ FIRST = list(range(40, 60))
 SECOND = list(range(70, 80))
 THIRD = list(range(90, 97))
 
+pytestmark = pytest.mark.usefixtures("scheduling_mode")
+
 
 def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
@@ -146,3 +148,24 @@ def test_an_interrupted_turn_aborts_the_session(llm: LLM, monkeypatch: pytest.Mo
     for _ in range(3):
         engine.step()
     assert free_blocks(llm) == free0 and not engine.has_unfinished_requests()
+
+
+def test_a_turn_that_cannot_get_blocks_fails_at_once_instead_of_hanging(use_embedded: Path) -> None:
+    llm = LLM(model=None, num_gpu_blocks_override=10, max_model_len=128, block_size=16)
+    try:
+        kv = llm.llm_engine.scheduler.kv
+        a = llm.session(greedy(4))
+        a.send({"prompt_token_ids": [7] * 100})  # holds 7 of the 9 usable blocks between turns
+        free = kv.num_free_blocks
+        b = llm.session(greedy(4))
+        with pytest.raises(
+            RuntimeError, match=r"cannot be scheduled: 2 KV blocks are free.*other open sessions"
+        ):
+            b.send({"prompt_token_ids": [8] * 60})
+        assert b.closed and kv.num_free_blocks == free
+        a.close()
+        # With a's blocks back, the same input runs.
+        with llm.session(greedy(4)) as c:
+            assert len(c.send({"prompt_token_ids": [8] * 60}).outputs[0].token_ids) == 4
+    finally:
+        llm.close()

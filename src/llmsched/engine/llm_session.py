@@ -18,11 +18,13 @@ from llmsched.engine.outputs import CompletionOutput, RequestOutput, RequestOutp
 
 if TYPE_CHECKING:
     from llmsched.engine.llm import LLM
-    from llmsched.engine.llm_engine import PromptType
+    from llmsched.engine.llm_engine import LLMEngine, PromptType
     from llmsched.engine.lora_request import LoRARequest
 
-# A turn ends within max_tokens decode steps; this only stops a runaway loop.
-_MAX_STEPS_PER_TURN = 1_000_000
+# Steps in a row that schedule nothing before a turn counts as stalled. Offline,
+# nothing can free blocks while ``send`` runs, so a turn that waits for KV
+# blocks held by sessions between turns would wait forever.
+_STALLED_STEPS = 16
 
 
 class SessionClosedError(RuntimeError):
@@ -90,21 +92,31 @@ class LLMSession:
         """Step the engine until this session's turn ends; its deltas merged into one output."""
         engine = self._llm.llm_engine
         deltas: list[RequestOutput] = []
+        idle = 0
         try:
-            for _ in range(_MAX_STEPS_PER_TURN):
-                for out in engine.step():
-                    if out.request_id == self.request_id:
-                        deltas.append(out)
+            while True:
+                got = [out for out in engine.step() if out.request_id == self.request_id]
+                deltas += got
                 if deltas and deltas[-1].turn_finished:
                     self._finished = deltas[-1].finished
                     return _merge(deltas)
-            raise RuntimeError(f"session {self.request_id!r}: the turn did not end")
+                idle = 0 if got or _scheduled_any(engine) else idle + 1
+                if idle >= _STALLED_STEPS:
+                    raise RuntimeError(self._stalled_message())
         except BaseException:
-            # Interrupted mid-turn: do not leave a half-run turn holding KV blocks.
+            # Interrupted or stalled mid-turn: do not leave a half-run turn holding KV blocks.
             if not self._finished:
                 engine.abort_request(self.request_id)
                 self._finished = True
             raise
+
+    def _stalled_message(self) -> str:
+        free = self._llm.llm_engine.scheduler.kv.num_free_blocks
+        return (
+            f"session {self.request_id!r}: its turn cannot be scheduled: {free} KV blocks are free and "
+            "the rest are held by other open sessions waiting for input; the session was aborted. "
+            "Close sessions you no longer need, or give the engine more KV blocks"
+        )
 
     def close(self) -> RequestOutput | None:
         """End the session and free its KV blocks.
@@ -127,6 +139,12 @@ class LLMSession:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _scheduled_any(engine: LLMEngine) -> bool:
+    """Whether the engine's last step scheduled tokens (a step put in flight counts as progress)."""
+    es = engine.last_step
+    return es is None or sum(es.scheduler_output.num_scheduled_tokens) > 0
 
 
 def _merge(deltas: list[RequestOutput]) -> RequestOutput:
