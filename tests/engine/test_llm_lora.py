@@ -147,3 +147,19 @@ def test_lora_with_ngram_speculation_keeps_greedy_outputs(lora_model) -> None:
     assert stats is not None and stats.num_draft_tokens > 0
     for p, a, out in zip(ps, which, outs):
         assert list(out.outputs[0].token_ids) == hf_greedy(refs[a], p, MAX_TOKENS)
+
+
+def test_an_offline_session_runs_every_turn_with_its_adapter(lora_model) -> None:
+    path, _, loras, refs = lora_model
+    llm = LLM(model=str(path), max_loras=1, **ENGINE)
+    sp = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    first, second = prompts(2)
+    try:
+        with llm.session(sp, lora_request=loras[1]) as s:
+            out1 = s.send({"prompt_token_ids": first}).outputs[0].token_ids
+            out2 = s.send({"prompt_token_ids": second}).outputs[0].token_ids
+    finally:
+        llm.close()
+    assert out1 == hf_greedy(refs[2], first, MAX_TOKENS)
+    assert out2 == hf_greedy(refs[2], first + out1[:-1] + second, MAX_TOKENS)
+    assert out1 != hf_greedy(refs[0], first, MAX_TOKENS)  # the adapter changes the output
