@@ -143,7 +143,7 @@ def test_an_interrupted_turn_aborts_the_session(llm: LLM, monkeypatch: pytest.Mo
         s.send({"prompt_token_ids": SECOND})
     monkeypatch.setattr(engine, "step", real_step)
     assert s.closed
-    with pytest.raises(SessionClosedError, match="has finished"):
+    with pytest.raises(SessionClosedError, match="has ended"):
         s.send("x")
     for _ in range(3):
         engine.step()

@@ -54,7 +54,7 @@ class LLMSession:
 
     @property
     def closed(self) -> bool:
-        """True once closed, or once an interrupted turn aborted the session."""
+        """True once closed, or once the session ended on its own (an interrupted or stalled turn)."""
         return self._closed or self._finished
 
     def send(self, prompt: PromptType, sampling_params: SamplingParams | None = None) -> RequestOutput:
@@ -70,7 +70,7 @@ class LLMSession:
         as it was.
         """
         if self.closed:
-            state = "was closed" if self._closed else "has finished (a turn was interrupted)"
+            state = "was closed" if self._closed else "has ended (a turn was interrupted or stalled)"
             raise SessionClosedError(f"session {self.request_id!r} {state}; open another with llm.session()")
         engine = self._llm.llm_engine
         if not self._started:
