@@ -14,6 +14,8 @@ _LAZY = {
     "SamplingParams": "llmsched.core.sampling_params",
     "StructuredOutputsParams": "llmsched.core.structured_params",
     "StreamingInput": "llmsched.engine.sessions",
+    "LLMSession": "llmsched.engine.llm_session",
+    "SessionClosedError": "llmsched.engine.llm_session",
 }
 
 __all__ = ["__version__", *_LAZY]
