@@ -35,6 +35,7 @@ def snapshot(s: Scheduler) -> dict:
             for h, v in pool._cached.items()
         ),
         "usage": s.kv_usage,
+        "finished_ids": list(s._finished_ids),
     }
 
 
@@ -64,7 +65,8 @@ def feed(scheds: list[Scheduler], rng: random.Random, n: int, shared: list[int])
         {"max_num_batched_tokens": 8, "max_num_seqs": 8, "plain_steps_expected": False},
     ],
 )
-def test_plain_decode_steps_equal_scheduled_steps(seed, overrides):
+@pytest.mark.parametrize("unread", [False, True])
+def test_plain_decode_steps_equal_scheduled_steps(seed, overrides, unread):
     overrides = dict(overrides)
     expected = overrides.pop("plain_steps_expected", True)
     rng = random.Random(seed)
@@ -75,8 +77,11 @@ def test_plain_decode_steps_equal_scheduled_steps(seed, overrides):
         if rng.random() < 0.3:
             feed([stepped, skipped], random.Random(rng.random()), rng.randrange(1, 4), shared)
         limit = rng.randrange(1, 30)
-        k = skipped.plain_decode_steps(7, limit)
+        had_finished = bool(skipped._finished_ids)
+        k = skipped.plain_decode_steps(7, limit, finished_ids_unread=unread)
         assert k <= limit
+        if had_finished and not unread:
+            assert k == 0
         if k:
             for _ in range(k):
                 out, res = run_step(stepped)
@@ -108,6 +113,17 @@ def test_no_plain_steps_while_anything_else_may_happen():
     run_step(stop, token=8)
     assert stop.plain_decode_steps(7, 100) == 0  # would sample its stop token
     assert stop.plain_decode_steps(8, 100) == 7
+    # A finish is reported in the next batch: not plain, unless nobody reads it.
+    both = make_sched()
+    both.add_request(make_req("e", 10, max_tokens=2))
+    both.add_request(make_req("f", 10, max_tokens=8))
+    run_step(both)
+    run_step(both)
+    assert both._finished_ids == ["e"]
+    assert both.plain_decode_steps(7, 100) == 0
+    assert both.plain_decode_steps(7, 100, finished_ids_unread=True) == 5
+    both.advance_decode_steps(5, 7)
+    assert both._finished_ids == []
     async_sched = make_sched(async_scheduling=True)
     async_sched.add_request(make_req("d", 10))
     run_step(async_sched)

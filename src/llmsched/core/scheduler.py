@@ -485,7 +485,7 @@ class Scheduler:
         """The number the next scheduled step will carry."""
         return self._step
 
-    def plain_decode_steps(self, token_id: int, limit: int) -> int:
+    def plain_decode_steps(self, token_id: int, limit: int, finished_ids_unread: bool = False) -> int:
         """How many of the next steps (at most ``limit``) are plain decodes, if every sample is ``token_id``.
 
         A plain decode step schedules one token for every running request
@@ -495,7 +495,11 @@ class Scheduler:
         token, and the free blocks cover every table's growth. Such steps
         are exactly what ``advance_decode_steps`` applies. 0 whenever the
         next step might be anything else (sync mode without a connector,
-        drafts, lookahead or a trace only).
+        drafts, lookahead or a trace only). Requests finished since the
+        last step are reported in the next batch's ``finished_req_ids``, so
+        they make that step not plain, unless ``finished_ids_unread`` says
+        the executor never reads them (the simulator's): then the first
+        plain step drops them as schedule() would hand them over.
         """
         running = self.running
         if (
@@ -504,7 +508,7 @@ class Scheduler:
             or self._has_drafts
             or self._lookahead
             or self._trace_enabled
-            or self._finished_ids
+            or (self._finished_ids and not finished_ids_unread)
             or len(self.waiting)
             or len(self.holding)
             or self._hybrid
@@ -555,6 +559,8 @@ class Scheduler:
             heapq.heappush(events, (kv.next_decode_event(r) - base[i] - 1, i))
         for i, r in enumerate(running):
             _catch_up(r, base[i] + num_steps, token_id)
+        # The first step's finished_req_ids (see plain_decode_steps).
+        self._finished_ids = []
         self._step += num_steps
         self._num_executed_steps += num_steps
         # What an admitting step with an empty queue sets.

@@ -209,7 +209,8 @@ class OneEngine:
         sched, ex, tally = self.sched, self.ex, self.tally
         limit = self.max_steps - self.turns if self.max_steps is not None else _PLAIN_RUN
         token = ex.sample_token_id
-        k = sched.plain_decode_steps(token, limit)
+        # The simulated executor keeps no per-request state, so it never reads finished ids.
+        k = sched.plain_decode_steps(token, limit, finished_ids_unread=True)
         running = sched.running
         prev_end = self.prev_end
         if not k or any(r.last_token_time != prev_end for r in running):

@@ -36,7 +36,13 @@ from typing import Any
 
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput
 from llmsched.core.request import Request
-from llmsched.executor.sim.cost_model import BatchShape, StepCostModel, decode_step_parts_of, step_parts_of
+from llmsched.executor.sim.cost_model import (
+    BatchShape,
+    DecodeRunFn,
+    StepCostModel,
+    decode_run_of,
+    step_parts_of,
+)
 
 _NONE: tuple[int, ...] = ()
 
@@ -88,6 +94,7 @@ class SimExecutor:
     ) -> None:
         self.cost_model = cost_model
         self._parts = step_parts_of(cost_model)
+        self._decode_runs: dict[int, DecodeRunFn] = {}
         # Only a cost model with a LoRA rank prices adapter tokens (a second pass over the batch).
         self.prices_lora = bool(getattr(cost_model, "lora_rank", 0))
         self.now = start_time
@@ -191,25 +198,15 @@ class SimExecutor:
         if self.async_scheduling:
             raise ValueError("run_decodes() clocks sync steps only")
         d = num_decodes
-        price = decode_step_parts_of(self.cost_model, d)
+        clock = self._decode_runs.get(d)
+        if clock is None:
+            # Kept per batch size: a simulation runs thousands of short runs of few sizes.
+            clock = self._decode_runs[d] = decode_run_of(self.cost_model, d)
         run = DecodeRun()
-        # Bound appends: this loop runs once per plain decode step.
-        end_at, total_at = run.ends.append, run.totals.append
-        host_at, model_at = run.hosts.append, run.models.append
-        start = now = self.now
-        ctx = decode_context
-        n = 0
-        while n < num_steps and now < until:
-            ctx += d
-            total, host, model = price(ctx)
-            start = now
-            # _serial's arithmetic: a step ends its price after it starts.
-            now = start + total
-            end_at(now)
-            total_at(total)
-            host_at(host)
-            model_at(model)
-            n += 1
+        # _serial's arithmetic per step: a step ends its price after it starts.
+        n, start, now, ctx = clock(
+            decode_context, self.now, until, num_steps, run.ends, run.totals, run.hosts, run.models
+        )
         if n:
             # The last step again through _run, so the clock's state is exactly execute()'s.
             self.now = start
