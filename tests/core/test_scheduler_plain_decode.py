@@ -65,30 +65,36 @@ def feed(scheds: list[Scheduler], rng: random.Random, n: int, shared: list[int])
         {"max_num_batched_tokens": 8, "max_num_seqs": 8, "plain_steps_expected": False},
     ],
 )
-@pytest.mark.parametrize("unread", [False, True])
-def test_plain_decode_steps_equal_scheduled_steps(seed, overrides, unread):
+@pytest.mark.parametrize("mode", ["plain", "unread", "through_finish"])
+def test_plain_decode_steps_equal_scheduled_steps(seed, overrides, mode):
+    unread = mode != "plain"
+    through = mode == "through_finish"
     overrides = dict(overrides)
     expected = overrides.pop("plain_steps_expected", True)
     rng = random.Random(seed)
     stepped, skipped = make_sched(**overrides), make_sched(**overrides)
     shared = [900_000 + j for j in range(64)]
-    num_plain = 0
+    num_plain = num_finishing = 0
     for _ in range(60):
         if rng.random() < 0.3:
             feed([stepped, skipped], random.Random(rng.random()), rng.randrange(1, 4), shared)
         limit = rng.randrange(1, 30)
         had_finished = bool(skipped._finished_ids)
-        k = skipped.plain_decode_steps(7, limit, finished_ids_unread=unread)
+        k = skipped.plain_decode_steps(7, limit, finished_ids_unread=unread, through_finish=through)
         assert k <= limit
         if had_finished and not unread:
             assert k == 0
         if k:
-            for _ in range(k):
+            for j in range(k):
                 out, res = run_step(stepped)
-                # A plain step: everyone runs one token, nothing is admitted, preempted or finished.
+                # A plain step: everyone runs one token, nothing is admitted, preempted or finished
+                # (but the last one of a run through a finish).
                 assert out.num_scheduled_tokens == [1] * len(out.scheduled) and not out.admitted
-                assert not out.preempted and not res.finished
-            skipped.advance_decode_steps(k, 7)
+                assert not out.preempted and (not res.finished or (through and j == k - 1))
+            finished = skipped.advance_decode_steps(k, 7)
+            assert [r.request_id for r in finished] == [r.request_id for r in res.finished]
+            assert all(r.status == res.finished[i].status for i, r in enumerate(finished))
+            num_finishing += bool(finished)
             num_plain += k
         else:
             run_step(stepped)
@@ -96,6 +102,9 @@ def test_plain_decode_steps_equal_scheduled_steps(seed, overrides, unread):
         assert snapshot(skipped) == snapshot(stepped)
     # Under KV or budget pressure a queue usually waits, and no step is plain.
     assert num_plain or not expected
+    # Only a run through a finish finishes anything, and such runs do.
+    assert not num_finishing or through
+    assert num_finishing or not (through and expected)
 
 
 def test_no_plain_steps_while_anything_else_may_happen():
