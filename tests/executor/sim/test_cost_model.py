@@ -417,8 +417,12 @@ def test_decode_run_clocks_decode_step_parts_bit_for_bit(model, d):
             last = run(d * 700, 1.25, 1.25 + 0.5, 40, ends, totals, hosts, mods)
             runs.append((last, list(ends), list(totals), list(hosts), list(mods)))
         assert runs[0] == runs[1]
-        (n, start, end, ctx), ends, *_ = runs[0]
+        (n, start, end, ctx), ends, totals, hosts, mods = runs[0]
         assert 0 < n <= 40 and end == ends[-1] and ctx == d * (700 + n)
+        # Each step priced exactly as execute() prices its batch.
+        for j in range(n):
+            batch = BatchShape(d, d, 0, 0, 0, d, d * (701 + j), 0)
+            assert cost.step_parts(batch) == (totals[j], hosts[j], mods[j])
         # Each step starts before the limit; a shorter run stopped at it.
         assert start < 1.75 and (n == 40 or end >= 1.75)
 
