@@ -204,7 +204,8 @@ class OneEngine:
         applies them (``advance_decode_steps``); the executor prices and
         clocks each as ``execute()`` would. Every running request sampled at
         the last step's end, so each step adds one token and one gap per
-        request, as ``_count_tokens`` counts them.
+        request, as ``_count_tokens`` counts them; requests the last step
+        finishes are counted as ``step()`` counts them.
         """
         sched, ex, tally = self.sched, self.ex, self.tally
         limit = self.max_steps - self.turns if self.max_steps is not None else _PLAIN_RUN
