@@ -35,6 +35,7 @@ def snapshot(s: Scheduler) -> dict:
             for h, v in pool._cached.items()
         ),
         "usage": s.kv_usage,
+        "finished_ids": list(s._finished_ids),
     }
 
 
@@ -64,26 +65,36 @@ def feed(scheds: list[Scheduler], rng: random.Random, n: int, shared: list[int])
         {"max_num_batched_tokens": 8, "max_num_seqs": 8, "plain_steps_expected": False},
     ],
 )
-def test_plain_decode_steps_equal_scheduled_steps(seed, overrides):
+@pytest.mark.parametrize("mode", ["plain", "unread", "through_finish"])
+def test_plain_decode_steps_equal_scheduled_steps(seed, overrides, mode):
+    unread = mode != "plain"
+    through = mode == "through_finish"
     overrides = dict(overrides)
     expected = overrides.pop("plain_steps_expected", True)
     rng = random.Random(seed)
     stepped, skipped = make_sched(**overrides), make_sched(**overrides)
     shared = [900_000 + j for j in range(64)]
-    num_plain = 0
+    num_plain = num_finishing = 0
     for _ in range(60):
         if rng.random() < 0.3:
             feed([stepped, skipped], random.Random(rng.random()), rng.randrange(1, 4), shared)
         limit = rng.randrange(1, 30)
-        k = skipped.plain_decode_steps(7, limit)
+        had_finished = bool(skipped._finished_ids)
+        k = skipped.plain_decode_steps(7, limit, finished_ids_unread=unread, through_finish=through)
         assert k <= limit
+        if had_finished and not unread:
+            assert k == 0
         if k:
-            for _ in range(k):
+            for j in range(k):
                 out, res = run_step(stepped)
-                # A plain step: everyone runs one token, nothing is admitted, preempted or finished.
+                # A plain step: everyone runs one token, nothing is admitted, preempted or finished
+                # (but the last one of a run through a finish).
                 assert out.num_scheduled_tokens == [1] * len(out.scheduled) and not out.admitted
-                assert not out.preempted and not res.finished
-            skipped.advance_decode_steps(k, 7)
+                assert not out.preempted and (not res.finished or (through and j == k - 1))
+            finished = skipped.advance_decode_steps(k, 7)
+            assert [r.request_id for r in finished] == [r.request_id for r in res.finished]
+            assert all(r.status == res.finished[i].status for i, r in enumerate(finished))
+            num_finishing += bool(finished)
             num_plain += k
         else:
             run_step(stepped)
@@ -91,6 +102,9 @@ def test_plain_decode_steps_equal_scheduled_steps(seed, overrides):
         assert snapshot(skipped) == snapshot(stepped)
     # Under KV or budget pressure a queue usually waits, and no step is plain.
     assert num_plain or not expected
+    # Only a run through a finish finishes anything, and such runs do.
+    assert not num_finishing or through
+    assert num_finishing or not (through and expected)
 
 
 def test_no_plain_steps_while_anything_else_may_happen():
@@ -108,6 +122,17 @@ def test_no_plain_steps_while_anything_else_may_happen():
     run_step(stop, token=8)
     assert stop.plain_decode_steps(7, 100) == 0  # would sample its stop token
     assert stop.plain_decode_steps(8, 100) == 7
+    # A finish is reported in the next batch: not plain, unless nobody reads it.
+    both = make_sched()
+    both.add_request(make_req("e", 10, max_tokens=2))
+    both.add_request(make_req("f", 10, max_tokens=8))
+    run_step(both)
+    run_step(both)
+    assert both._finished_ids == ["e"]
+    assert both.plain_decode_steps(7, 100) == 0
+    assert both.plain_decode_steps(7, 100, finished_ids_unread=True) == 5
+    both.advance_decode_steps(5, 7)
+    assert both._finished_ids == []
     async_sched = make_sched(async_scheduling=True)
     async_sched.add_request(make_req("d", 10))
     run_step(async_sched)

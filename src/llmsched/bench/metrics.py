@@ -200,15 +200,25 @@ class MetricsCollector:
         """
         origin = self.origin
         buckets = self._token_buckets
-        bucket = buckets.get
         itl = self._itl
         gaps = itl.get
+        # Ends only grow, so a run's steps fill one second's bucket after
+        # another: counted here and added once per bucket.
+        k = -1
+        tokens = 0
         for end in ends:
-            k = int(end - origin)
-            buckets[k] = bucket(k, 0) + count
+            b = int(end - origin)
+            if b != k:
+                if tokens:
+                    buckets[k] = buckets.get(k, 0) + tokens
+                    tokens = 0
+                k = b
+            tokens += count
             gap = end - prev_end
             itl[gap] = gaps(gap, 0) + count
             prev_end = end
+        if tokens:
+            buckets[k] = buckets.get(k, 0) + tokens
         return prev_end
 
     def add_failed(self, prompt_len: int = 0) -> None:

@@ -488,7 +488,9 @@ class Scheduler:
         """The number the next scheduled step will carry."""
         return self._step
 
-    def plain_decode_steps(self, token_id: int, limit: int) -> int:
+    def plain_decode_steps(
+        self, token_id: int, limit: int, finished_ids_unread: bool = False, through_finish: bool = False
+    ) -> int:
         """How many of the next steps (at most ``limit``) are plain decodes, if every sample is ``token_id``.
 
         A plain decode step schedules one token for every running request
@@ -498,7 +500,14 @@ class Scheduler:
         token, and the free blocks cover every table's growth. Such steps
         are exactly what ``advance_decode_steps`` applies. 0 whenever the
         next step might be anything else (sync mode without a connector,
-        drafts, lookahead or a trace only).
+        drafts, lookahead or a trace only). Requests finished since the
+        last step are reported in the next batch's ``finished_req_ids``, so
+        they make that step not plain, unless ``finished_ids_unread`` says
+        the executor never reads them (the simulator's): then the first
+        plain step drops them as schedule() would hand them over. With
+        ``through_finish`` the steps may end with the one whose update
+        finishes the requests it brings to their stop length (not a session's
+        turn, without encoder inputs): ``advance_decode_steps`` finishes them.
         """
         running = self.running
         if (
@@ -507,7 +516,7 @@ class Scheduler:
             or self._has_drafts
             or self._lookahead
             or self._trace_enabled
-            or self._finished_ids
+            or (self._finished_ids and not finished_ids_unread)
             or len(self.waiting)
             or len(self.holding)
             or self._hybrid
@@ -524,6 +533,15 @@ class Scheduler:
             left = r.stop_length - r.num_tokens - 1
             if left < k:
                 k = left
+        # Step k + 1 finishes those with k plain steps left, as update_from_output would.
+        if (
+            through_finish
+            and 0 <= k < limit
+            and self._enc is None
+            and not self._declined
+            and not any(r.resumable for r in running if r.stop_length - r.num_tokens - 1 == k)
+        ):
+            k += 1
         if k <= 0:
             return 0
         kv = self.kv
@@ -532,14 +550,15 @@ class Scheduler:
             need += kv.decode_blocks_needed(r, k)
         return k if need <= kv.num_free_blocks else 0
 
-    def advance_decode_steps(self, num_steps: int, token_id: int) -> None:
+    def advance_decode_steps(self, num_steps: int, token_id: int) -> list[Request]:
         """Apply ``num_steps`` plain decode steps (see ``plain_decode_steps``) with ``token_id`` sampled.
 
         Each step leaves the state ``schedule()`` then ``update_from_output()``
         would: the step counters advance, every running request computes one
         token (its KV slots allocated in running order, as schedule() does,
         wherever the allocation adds or registers a block) and appends the
-        sampled token.
+        sampled token. Returns the requests the last step finished, in
+        running order (only a run ``through_finish`` ends finishing any).
         """
         kv = self.kv
         running = self.running
@@ -558,10 +577,19 @@ class Scheduler:
             heapq.heappush(events, (kv.next_decode_event(r) - base[i] - 1, i))
         for i, r in enumerate(running):
             _catch_up(r, base[i] + num_steps, token_id)
+        # The first step's finished_req_ids (see plain_decode_steps).
+        self._finished_ids = []
         self._step += num_steps
         self._num_executed_steps += num_steps
         # What an admitting step with an empty queue sets.
         self._prefill_capacity_bound = False
+        finished = [r for r in running if r.num_tokens >= r.stop_length]
+        if finished:
+            # update_from_output's stop check and removal, in its order.
+            for r in finished:
+                check_stop(r, token_id)
+            self._remove_stopped(finished, set())
+        return finished
 
     def _mark_in_flight(self, out: SchedulerOutput) -> None:
         """Async mode: count the batch in flight and give each sampling request its placeholders."""

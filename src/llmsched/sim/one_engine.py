@@ -204,12 +204,15 @@ class OneEngine:
         applies them (``advance_decode_steps``); the executor prices and
         clocks each as ``execute()`` would. Every running request sampled at
         the last step's end, so each step adds one token and one gap per
-        request, as ``_count_tokens`` counts them.
+        request, as ``_count_tokens`` counts them; requests the last step
+        finishes are counted as ``step()`` counts them.
         """
         sched, ex, tally = self.sched, self.ex, self.tally
         limit = self.max_steps - self.turns if self.max_steps is not None else _PLAIN_RUN
         token = ex.sample_token_id
-        k = sched.plain_decode_steps(token, limit)
+        # The simulated executor keeps no per-request state, so it never reads finished ids.
+        # Without a trace or series, a run may end with the step that finishes requests.
+        k = sched.plain_decode_steps(token, limit, finished_ids_unread=True, through_finish=not self.keep)
         running = sched.running
         prev_end = self.prev_end
         if not k or any(r.last_token_time != prev_end for r in running):
@@ -228,8 +231,9 @@ class OneEngine:
             return 0
         self.prev_end = prev_end = tally.metrics.add_steps(run.ends, prev_end, d)
         self.costs.add_serial(run.hosts, run.models)
+        finished = None
         if not self.keep:
-            sched.advance_decode_steps(n, token)
+            finished = sched.advance_decode_steps(n, token)
         else:
             t = StepTiming()
             for j in range(n):
@@ -245,6 +249,11 @@ class OneEngine:
                 _record_plain(sched, t, run.ends[j], tally, self.turns + j, ns, in_frontend)
         for r in running:
             r.last_token_time = prev_end
+        if finished:
+            # As step() counts a step's finished requests (running may have lost them already).
+            for r in finished:
+                r.last_token_time = prev_end
+                tally.finished(r, prev_end)
         self.turns += n
         tally.num_steps += n
         tally.num_busy += n

@@ -399,3 +399,51 @@ def test_step_parts_by_shape_equal_the_op_by_op_sums_bit_for_bit(model, hw, tp, 
         # Twice: the second call is served from the per-shape figures.
         assert cm.step_parts(batch) == (t, host, dev) == cm.step_parts(batch)
         assert cm.step_time(batch) == t
+
+
+@pytest.mark.parametrize("model", ["llama-3-8b", "bamba-9b"])
+@pytest.mark.parametrize("d", [1, 3, 64, 300])
+def test_decode_run_clocks_decode_step_parts_bit_for_bit(model, d):
+    from array import array
+
+    from llmsched.executor.sim.cost_model import decode_run_of
+
+    cm = CostModel(load_model(model), load_hardware("h100"))
+    models = [cm, ConstantCostModel(0.004, host_seconds=0.001)]
+    for cost in models:
+        runs = []
+        for run in (decode_run_of(cost, d), _stepped_run(cost, d)):
+            ends, totals, hosts, mods = array("d"), array("d"), array("d"), array("d")
+            last = run(d * 700, 1.25, 1.25 + 0.5, 40, ends, totals, hosts, mods)
+            runs.append((last, list(ends), list(totals), list(hosts), list(mods)))
+        assert runs[0] == runs[1]
+        (n, start, end, ctx), ends, totals, hosts, mods = runs[0]
+        assert 0 < n <= 40 and end == ends[-1] and ctx == d * (700 + n)
+        # Each step priced exactly as execute() prices its batch.
+        for j in range(n):
+            batch = BatchShape(d, d, 0, 0, 0, d, d * (701 + j), 0)
+            assert cost.step_parts(batch) == (totals[j], hosts[j], mods[j])
+        # Each step starts before the limit; a shorter run stopped at it.
+        assert start < 1.75 and (n == 40 or end >= 1.75)
+
+
+def _stepped_run(cost, d):
+    """decode_run's contract, one decode_step_parts call per step."""
+    from llmsched.executor.sim.cost_model import decode_step_parts_of
+
+    price = decode_step_parts_of(cost, d)
+
+    def run(ctx, now, until, num_steps, ends, totals, hosts, models):
+        start, n = now, 0
+        while n < num_steps and now < until:
+            ctx += d
+            total, host, model = price(ctx)
+            start, now = now, now + total
+            ends.append(now)
+            totals.append(total)
+            hosts.append(host)
+            models.append(model)
+            n += 1
+        return n, start, now, ctx
+
+    return run

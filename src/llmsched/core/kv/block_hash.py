@@ -119,7 +119,7 @@ def _mm_extra_keys(request: Request, start: int, end: int) -> bytes:
 class BlockHasher:
     """Computes request block hashes lazily, only as far as they are needed."""
 
-    __slots__ = ("_digest16", "_pack", "_packers", "block_size", "hash_fn")
+    __slots__ = ("_digest16", "_pack", "_pack1", "_packers", "block_size", "hash_fn")
 
     def __init__(self, block_size: int, algo: str = "sha256") -> None:
         self.block_size = block_size
@@ -127,6 +127,7 @@ class BlockHasher:
         self._pack = struct.Struct(f"<{block_size}q").pack
         # Packers by number of blocks packed at once (at most max_model_len / block_size of them).
         self._packers: dict[int, Callable[..., bytes]] = {}
+        self._pack1 = _packer(1, block_size)
         # xxh3_128's unpadded digest, called directly in extend()'s loop:
         # the padding lambda is a Python call per block, which costs more
         # than the hash itself.
@@ -153,6 +154,12 @@ class BlockHasher:
         parent = hashes[-1] if hashes else ROOT_HASH
         if request.lora_name is None and not request.cache_salt and not request.mm_items:
             n = num_blocks - i
+            digest16 = self._digest16
+            if n == 1 and digest16 is not None:
+                # A decode step's block: _extend_plain's arithmetic for one block, inline.
+                d = digest16(parent + self._pack1(*tokens[i * bs : num_blocks * bs]))
+                hashes.append(d + d)
+                return hashes
             pack = self._packers.get(n)
             if pack is None:
                 pack = self._packers[n] = _packer(n, bs)

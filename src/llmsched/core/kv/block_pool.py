@@ -69,6 +69,15 @@ class BlockPool:
 
     def get_new_blocks(self, n: int) -> list[KVBlock]:
         """Take ``n`` blocks from the head of the free queue, evicting their hashes."""
+        if n == 1:
+            # A decode step's new block: the steps below for one block, without the lists.
+            block = self.free_queue.popleft()
+            block.ref_cnt = 1
+            if block.block_hash is not None:
+                self._uncache(block)
+            if self.residency is not None:
+                self.residency.on_handed_out(block.block_id)
+            return [block]
         blocks = self.free_queue.popleft_n(n)
         # A 1024-token prompt takes 64 blocks, nearly all still carrying an
         # earlier request's hash: those are dropped from the map together.

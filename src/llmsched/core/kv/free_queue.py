@@ -30,10 +30,16 @@ class FreeBlockQueue:
 
     def popleft(self) -> KVBlock:
         """Remove and return the head block."""
-        block = self._head.next_free
+        head = self._head
+        block = head.next_free
         if block is self._tail or block is None:
             raise IndexError("no free blocks")
-        self.remove(block)
+        # remove(block), knowing it is linked after the head.
+        nxt = block.next_free
+        head.next_free = nxt
+        nxt.prev_free = head
+        block.prev_free = block.next_free = None
+        self.num_free -= 1
         return block
 
     def popleft_n(self, n: int) -> list[KVBlock]:

@@ -69,6 +69,7 @@ for the engine's thread.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from typing import Protocol
@@ -298,6 +299,45 @@ def step_parts_of(cost_model: StepCostModel) -> Callable[[BatchShape], StepParts
         return t, 0.0, t
 
     return model_only
+
+
+# run(ctx, now, until, num_steps, ends, totals, hosts, models) -> (steps, last start, last end, last ctx)
+DecodeRunFn = Callable[[int, float, float, int, array, array, array, array], tuple[int, float, float, int]]
+
+
+def decode_run_of(cost_model: StepCostModel, num_decodes: int) -> DecodeRunFn:
+    """``StepCostModel.decode_run`` for any cost model (stepping ``decode_step_parts_of``' prices)."""
+    fast = getattr(cost_model, "decode_run", None)
+    if fast is not None:
+        return fast(num_decodes)
+    price = decode_step_parts_of(cost_model, num_decodes)
+    d = num_decodes
+
+    def run(
+        ctx: int,
+        now: float,
+        until: float,
+        num_steps: int,
+        ends: array,
+        totals: array,
+        hosts: array,
+        models: array,
+    ) -> tuple[int, float, float, int]:
+        start = now
+        n = 0
+        while n < num_steps and now < until:
+            ctx += d
+            total, host, model = price(ctx)
+            start = now
+            now = start + total
+            ends.append(now)
+            totals.append(total)
+            hosts.append(host)
+            models.append(model)
+            n += 1
+        return n, start, now, ctx
+
+    return run
 
 
 def decode_step_parts_of(cost_model: StepCostModel, num_decodes: int) -> Callable[[int], StepParts]:
@@ -789,33 +829,9 @@ class CostModel:
         of the work.
         """
         d = num_decodes
-        batch = BatchShape(d, d, 0, 0, 0, d, 0, 0)
-        mode = self.launch_mode(batch)
-        key = (d, d, d, mode)
-        ops = self._shape_ops.get(key)
-        if ops is None:
-            ops = self._shape_ops[key] = self._split_ops(batch, mode)
-        before, after = ops
-        pair_flops, kv_bytes, qo_bytes = self.decode_pair_flops, self.kv_token_bytes, self.qo_token_bytes
-        # A hybrid model's mixers cost the same at every context.
-        mixer = (
-            _roof_seconds(*self._mamba_mixer(batch), self.attn_rate, self.mem_rate)
-            if self.mamba_linear_params
-            else None
+        head, host, tail_all, tail_model, mixer, pair_flops, kv_bytes, qo_bytes, rate, kv_rate = (
+            self._decode_terms(d)
         )
-        rate, kv_rate = self.attn_rate, self.kv_read_rate
-        # The sums that do not involve the attention time are the same at
-        # every context: taken once, in step_parts' order. Up to the attention
-        # core the step and model sums add the same terms, so they are equal.
-        head = 0.0
-        for s in before:
-            head += s
-        host = 0.0
-        for s, on_host in after:
-            if on_host:
-                host += s
-        tail_all = tuple(s for s, _ in after)
-        tail_model = tuple(s for s, on_host in after if not on_host)
 
         def parts(decode_context: int) -> StepParts:
             # _decode_attention and _roof_seconds, in the same arithmetic order.
@@ -831,6 +847,100 @@ class CostModel:
             return t, host, model
 
         return parts
+
+    def decode_run(self, num_decodes: int) -> DecodeRunFn:
+        """A clock for runs of ``num_decodes`` one-token decodes: ``decode_step_parts``' figures, stepped.
+
+        ``run(ctx, now, until, num_steps, ends, totals, hosts, models)``
+        prices up to ``num_steps`` steps, each starting before ``until``
+        (``ctx``: the summed context before the first; each step adds
+        ``num_decodes``), appends each one's end and parts, and returns
+        ``(steps, last start, last end, last context)``. The arithmetic of
+        ``decode_step_parts`` inline, without a call per step.
+        """
+        d = num_decodes
+        head, host, tail_all, tail_model, mixer, pair_flops, kv_bytes, qo_bytes, rate, kv_rate = (
+            self._decode_terms(d)
+        )
+        qo = d * qo_bytes
+        hosts1 = array("d", (host,))
+
+        def run(
+            ctx: int,
+            now: float,
+            until: float,
+            num_steps: int,
+            ends: array,
+            totals: array,
+            hosts: array,
+            models: array,
+        ) -> tuple[int, float, float, int]:
+            end_at, total_at, model_at = ends.append, totals.append, models.append
+            start = now
+            n = 0
+            while n < num_steps and now < until:
+                ctx += d
+                # parts(ctx) of decode_step_parts, term for term.
+                tc = ctx * pair_flops / rate
+                tm = ((ctx + d) * kv_bytes + qo) / kv_rate
+                t = model = head + (tc if tc > tm else tm)
+                if mixer is not None:
+                    t = model = t + mixer
+                for s in tail_all:
+                    t += s
+                for s in tail_model:
+                    model += s
+                start = now
+                now = start + t
+                end_at(now)
+                total_at(t)
+                model_at(model)
+                n += 1
+            # The host path is the same at every context.
+            hosts.extend(hosts1 * n)
+            return n, start, now, ctx
+
+        return run
+
+    def _decode_terms(self, d: int) -> tuple:
+        """What a one-token decode step of ``d`` requests costs apart from its attention core."""
+        batch = BatchShape(d, d, 0, 0, 0, d, 0, 0)
+        mode = self.launch_mode(batch)
+        key = (d, d, d, mode)
+        ops = self._shape_ops.get(key)
+        if ops is None:
+            ops = self._shape_ops[key] = self._split_ops(batch, mode)
+        before, after = ops
+        # A hybrid model's mixers cost the same at every context.
+        mixer = (
+            _roof_seconds(*self._mamba_mixer(batch), self.attn_rate, self.mem_rate)
+            if self.mamba_linear_params
+            else None
+        )
+        # The sums that do not involve the attention time are the same at
+        # every context: taken once, in step_parts' order. Up to the attention
+        # core the step and model sums add the same terms, so they are equal.
+        head = 0.0
+        for s in before:
+            head += s
+        host = 0.0
+        for s, on_host in after:
+            if on_host:
+                host += s
+        tail_all = tuple(s for s, _ in after)
+        tail_model = tuple(s for s, on_host in after if not on_host)
+        return (
+            head,
+            host,
+            tail_all,
+            tail_model,
+            mixer,
+            self.decode_pair_flops,
+            self.kv_token_bytes,
+            self.qo_token_bytes,
+            self.attn_rate,
+            self.kv_read_rate,
+        )
 
     def _split_ops(self, batch: BatchShape, mode: int) -> _ShapeOps:
         """The seconds of the ops before the attention cores, and (seconds, host?) of those after."""

@@ -36,7 +36,13 @@ from typing import Any
 
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput
 from llmsched.core.request import Request
-from llmsched.executor.sim.cost_model import BatchShape, StepCostModel, decode_step_parts_of, step_parts_of
+from llmsched.executor.sim.cost_model import (
+    BatchShape,
+    DecodeRunFn,
+    StepCostModel,
+    decode_run_of,
+    step_parts_of,
+)
 
 _NONE: tuple[int, ...] = ()
 
@@ -88,6 +94,7 @@ class SimExecutor:
     ) -> None:
         self.cost_model = cost_model
         self._parts = step_parts_of(cost_model)
+        self._decode_runs: dict[int, DecodeRunFn] = {}
         # Only a cost model with a LoRA rank prices adapter tokens (a second pass over the batch).
         self.prices_lora = bool(getattr(cost_model, "lora_rank", 0))
         self.now = start_time
@@ -191,50 +198,48 @@ class SimExecutor:
         if self.async_scheduling:
             raise ValueError("run_decodes() clocks sync steps only")
         d = num_decodes
-        price = decode_step_parts_of(self.cost_model, d)
+        clock = self._decode_runs.get(d)
+        if clock is None:
+            # Kept per batch size: a simulation runs thousands of short runs of few sizes.
+            clock = self._decode_runs[d] = decode_run_of(self.cost_model, d)
         run = DecodeRun()
-        # Bound appends: this loop runs once per plain decode step.
-        end_at, total_at = run.ends.append, run.totals.append
-        host_at, model_at = run.hosts.append, run.models.append
-        start = now = self.now
-        ctx = decode_context
-        n = 0
-        while n < num_steps and now < until:
-            ctx += d
-            total, host, model = price(ctx)
-            start = now
-            # _serial's arithmetic: a step ends its price after it starts.
-            now = start + total
-            end_at(now)
-            total_at(total)
-            host_at(host)
-            model_at(model)
-            n += 1
+        # _serial's arithmetic per step: a step ends its price after it starts.
+        n, start, _end, ctx = clock(
+            decode_context, self.now, until, num_steps, run.ends, run.totals, run.hosts, run.models
+        )
         if n:
-            # The last step again through _run, so the clock's state is exactly execute()'s.
+            # The last step's timing kept as _run keeps execute()'s (its price
+            # is step_parts' bit for bit: decode_step_parts is tested to be).
             self.now = start
-            t = self._run(first_step + n - 1, BatchShape(d, d, 0, 0, 0, d, ctx, 0))
-            if t.end != now:
-                raise AssertionError(f"a plain decode step priced twice differently: {t.end} != {now}")
+            self._clock(
+                first_step + n - 1,
+                BatchShape(d, d, 0, 0, 0, d, ctx, 0),
+                run.totals[-1],
+                run.hosts[-1],
+                run.models[-1],
+            )
             self.last_sampled = []
         return run
 
     def _run(self, step: int, batch: BatchShape, encoder_s: float = 0.0, host_s: float = 0.0) -> StepTiming:
         """Clock one executed batch (plus ``encoder_s`` on the device, ``host_s`` on the host); its timing."""
-        num_tokens = batch.num_tokens
-        t = self._prev
-        self._prev = self._last
-        self._last = t
-        t.step = step
-        t.batch = batch
-        if num_tokens:
+        if batch.num_tokens:
             total, host, model = self._parts(batch)
             total += encoder_s + host_s
             model += encoder_s
             host += host_s
         else:
             total = host = model = 0.0
-        if self.async_scheduling and num_tokens:
+        return self._clock(step, batch, total, host, model)
+
+    def _clock(self, step: int, batch: BatchShape, total: float, host: float, model: float) -> StepTiming:
+        """Clock batch ``step`` priced (``total``, ``host``, ``model``); its timing, kept for ``timing()``."""
+        t = self._prev
+        self._prev = self._last
+        self._last = t
+        t.step = step
+        t.batch = batch
+        if self.async_scheduling and batch.num_tokens:
             self._pipeline(t, host, model)
         else:
             self._serial(t, total, host, model)
