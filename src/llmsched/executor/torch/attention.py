@@ -158,9 +158,15 @@ class PagedAttention:
         cache[1].view(kvh, -1, d).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
         out = torch.empty((q.shape[0], self.num_heads * d), dtype=q.dtype, device=q.device)
         if meta.num_decodes:
-            decode = self._decode_bags if self.keys_transposed else self._decode_sdpa
+            qd = q[: meta.num_decodes]
+            if self.keys_transposed:
+                # The bags take the scaled queries as weights: scaled once for
+                # every group (the same elementwise product per group).
+                qd, decode = qd.mul(self.scale), self._decode_bags
+            else:
+                decode = self._decode_sdpa
             # [kv_heads, decodes, group, head_dim]: each KV head's queries together.
-            qd = q[: meta.num_decodes].view(-1, kvh, grp, d).transpose(0, 1)
+            qd = qd.reshape(-1, kvh, grp, d).transpose(0, 1)
             for g in meta.decode_groups:
                 decode(qd, cache, g, out)
         scale = self.scale
@@ -192,8 +198,8 @@ class PagedAttention:
         if g.key_rows is None:
             self._bag_rows(g, cache.shape[2], n, nb)
         # One weight per (KV head, request, query, block, K row): the scaled
-        # query repeated over the request's blocks.
-        w = qd[:, g.start : g.end].mul(self.scale).unsqueeze(3).expand(kvh, n, grp, nb, d)
+        # query (``qd`` comes scaled) repeated over the request's blocks.
+        w = qd[:, g.start : g.end].unsqueeze(3).expand(kvh, n, grp, nb, d)
         scores = F.embedding_bag(
             g.key_rows, cache.view(-1, bs), mode="sum", per_sample_weights=w.reshape(-1, d)
         ).view(kvh, n, grp, nb * bs)
