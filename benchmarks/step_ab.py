@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     trees = [s.split("=", 1) for s in args.src]
     runs: dict[str, list[dict]] = {label: [] for label, _ in trees}
-    passthrough = [a for a in (argv if argv is not None else sys.argv[1:])]
+    passthrough = list(argv if argv is not None else sys.argv[1:])
     for rnd in range(args.rounds):
         for label, src in trees:
             env = dict(os.environ, PYTHONPATH=str(Path(src).resolve()), PYTHONHASHSEED="0")
@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             runs[label].append(r)
             print(
                 f"round {rnd} {label:>8}: prefill {r['prefill_s']:.3f} s ({r['prefill_steps']} steps), "
-                f"decode {r['decode_ms']:.2f} ms/step ({r['decode_steps']} steps) [{time.perf_counter() - t:.0f} s]",
+                f"decode {r['decode_ms']:.2f} ms/step ({r['decode_steps']} steps) "
+                f"[{time.perf_counter() - t:.0f} s]",
                 flush=True,
             )
     base = trees[0][0]
