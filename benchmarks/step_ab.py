@@ -10,8 +10,11 @@ warms up, queues ``--batch`` greedy requests of ``--prompt-len`` random
 tokens and ``--output-len`` outputs and steps them to completion through
 EngineCore, timing the executor alone: the summed prefill steps (the
 prompts, chunked to the 8192-token step budget) and each batch-``--batch``
-decode step. A tree's figures are the best over rounds of each child's
-prefill total and median decode step; ratios are against the first tree.
+decode step. The workload is the same every round, so a tree's figures
+take each step's fastest time over the rounds, then sum the prefill steps
+and take the decode steps' median; ratios are against the first tree.
+``--threads 1`` keeps the OpenMP stalls of a shared machine (a parallel
+region waits for its descheduled thread) out of the comparison.
 
     python benchmarks/step_ab.py --model DIR --src base=/tmp/base/src --src new=src
 """
@@ -42,7 +45,14 @@ def child(args: argparse.Namespace) -> dict:
     from llmsched.executor.torch import TorchExecutor
 
     torch.manual_seed(0)
-    ex = TorchExecutor(args.model, dtype="bfloat16", seed=0, max_num_batched_tokens=8192, max_num_seqs=256)
+    ex = TorchExecutor(
+        args.model,
+        dtype="bfloat16",
+        seed=0,
+        max_num_batched_tokens=8192,
+        max_num_seqs=256,
+        num_threads=args.threads,
+    )
     config = SchedulerConfig(
         block_size=ex.block_size,
         num_gpu_blocks=ex.num_gpu_blocks,
@@ -76,13 +86,7 @@ def child(args: argparse.Namespace) -> dict:
         run(8, 300, 4, "w")  # oneDNN kernels built, buffers grown
         prefill, decode, tokens = run(args.batch, args.prompt_len, args.output_len, "r")
         box.append(
-            {
-                "prefill_s": sum(prefill) / 1e3,
-                "prefill_steps": len(prefill),
-                "decode_ms": statistics.median(decode),
-                "decode_steps": len(decode),
-                "tokens_hash": hash(tuple(map(tuple, tokens))),
-            }
+            {"prefill_ms": prefill, "decode_ms": decode, "tokens_hash": hash(tuple(map(tuple, tokens)))}
         )
 
     # The executor runs its steps on a thread of its own; so does this (see e2e_cpu.on_a_thread).
@@ -91,6 +95,13 @@ def child(args: argparse.Namespace) -> dict:
     t.join()
     ex.close()
     return box[0]
+
+
+def best_of_rounds(rounds: list[dict]) -> dict:
+    """Each step's fastest time over the rounds (the same steps every round), then summed / the median."""
+    prefill = [min(steps) for steps in zip(*(r["prefill_ms"] for r in rounds))]
+    decode = [min(steps) for steps in zip(*(r["decode_ms"] for r in rounds))]
+    return {"prefill_s": sum(prefill) / 1e3, "decode_ms": statistics.median(decode)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -104,6 +115,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=384)
     p.add_argument("--output-len", type=int, default=24)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: the executor's)")
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -131,16 +143,14 @@ def main(argv: list[str] | None = None) -> int:
             r = json.loads(out.strip().splitlines()[-1])
             runs[label].append(r)
             print(
-                f"round {rnd} {label:>8}: prefill {r['prefill_s']:.3f} s ({r['prefill_steps']} steps), "
-                f"decode {r['decode_ms']:.2f} ms/step ({r['decode_steps']} steps) "
-                f"[{time.perf_counter() - t:.0f} s]",
+                f"round {rnd} {label:>8}: prefill {sum(r['prefill_ms']) / 1e3:.3f} s "
+                f"({len(r['prefill_ms'])} steps), decode median "
+                f"{statistics.median(r['decode_ms']):.2f} ms/step "
+                f"({len(r['decode_ms'])} steps) [{time.perf_counter() - t:.0f} s]",
                 flush=True,
             )
     base = trees[0][0]
-    best = {
-        label: {"prefill_s": min(r["prefill_s"] for r in rs), "decode_ms": min(r["decode_ms"] for r in rs)}
-        for label, rs in runs.items()
-    }
+    best = {label: best_of_rounds(rs) for label, rs in runs.items()}
     same = len({r["tokens_hash"] for rs in runs.values() for r in rs}) == 1
     print(f"greedy tokens identical across trees: {same}")
     for label, b in best.items():
