@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from llmsched.core import Request, SamplingParams, SchedulerOutput
-from llmsched.executor.torch.attention import AttentionMetadata, PagedAttention, PrefillChunk, write_runs
+from llmsched.executor.torch.attention import PagedAttention
 from llmsched.executor.torch.input_batch import InputBatch, plan_step
 from llmsched.executor.torch.kv_cache import key_view
 
@@ -126,35 +126,3 @@ def test_bfloat16_decode_is_close_to_float32():
     half = attn.forward(q.bfloat16(), k.bfloat16(), v.bfloat16(), cache.bfloat16(), meta)
     assert half.dtype is torch.bfloat16
     assert torch.allclose(half.float(), exact, atol=0.05)
-
-
-def test_write_runs_cut_at_block_ends_and_slot_jumps():
-    # Rows 0-1 are decodes; then 3 slots ending block 2, block 5 from offset 0, and a jump within block 7.
-    slots = torch.tensor([41, 3, 9, 10, 11, 20, 21, 22, 23, 28, 30, 31])
-    assert write_runs(slots, 2, BS) == [(2, 5, 2, 1), (5, 9, 5, 0), (9, 10, 7, 0), (10, 12, 7, 2)]
-    assert write_runs(slots, 12, BS) == []
-
-
-@pytest.mark.parametrize("num_decodes", [0, 3])
-def test_block_writes_match_per_slot_writes(num_decodes):
-    kvh, ntok = 2, 17
-    g = torch.Generator().manual_seed(3)
-    slots = torch.cat(
-        [
-            torch.tensor([57, 6, 90][:num_decodes], dtype=torch.int64),
-            torch.arange(13, 13 + ntok - num_decodes),
-        ]
-    )
-    ntok = slots.shape[0]
-    k = torch.randn(ntok, kvh, D, generator=g)
-    v = torch.randn(ntok, kvh, D, generator=g)
-    prefills = [PrefillChunk(num_decodes, ntok, 13)] if ntok > num_decodes else []
-    meta = AttentionMetadata(slot_mapping=slots, num_decodes=num_decodes, prefills=prefills)
-    meta.slot_blocks, meta.slot_offsets = slots // BS, slots % BS
-    cache = torch.zeros(2, kvh, NB // 4, BS, D)
-    PagedAttention(kvh, kvh, D, BS, keys_transposed=True)._write_blocks(k, v, cache, meta)
-    for row, slot in enumerate(slots.tolist()):
-        blk, off = divmod(slot, BS)
-        assert torch.equal(cache[0].view(kvh, -1, D, BS)[:, blk, :, off], k[row])
-        assert torch.equal(cache[1][:, blk, off], v[row])
-    assert int((cache != 0).sum()) == 2 * ntok * kvh * D

@@ -82,28 +82,6 @@ class AttentionMetadata:
     # With transposed K blocks: slot_mapping split into block and offset.
     slot_blocks: torch.Tensor | None = None
     slot_offsets: torch.Tensor | None = None
-    # With transposed K blocks, made by the first layer and reused by the
-    # others: the prefill rows' writes as runs of consecutive slots in one
-    # block, (first row, end row, block, first offset).
-    write_runs: list[tuple[int, int, int, int]] | None = None
-
-
-def write_runs(
-    slot_mapping: torch.Tensor, first_row: int, block_size: int
-) -> list[tuple[int, int, int, int]]:
-    """Rows [first_row, tokens) cut where the next row's slot is not the next one in the same block."""
-    slots = slot_mapping[first_row:]
-    n = slots.shape[0]
-    if n == 0:
-        return []
-    cut = torch.ones(n, dtype=torch.bool)
-    torch.ne(slots[1:], slots[:-1] + 1, out=cut[1:])
-    cut[1:] |= slots[1:] % block_size == 0
-    starts = cut.nonzero().view(-1)
-    firsts = slots.index_select(0, starts).tolist()
-    rows = [first_row + s for s in starts.tolist()]
-    ends = [*rows[1:], first_row + n]
-    return [(r, e, f // block_size, f % block_size) for r, e, f in zip(rows, ends, firsts)]
 
 
 class PagedAttention:
@@ -174,10 +152,10 @@ class PagedAttention:
         """Attention output [tokens, heads * head_dim] for q [tokens, heads, head_dim] and new k, v."""
         kvh, d, grp = self.num_kv_heads, self.head_dim, self.group
         if self.keys_transposed:
-            self._write_blocks(k, v, cache, meta)
+            cache[0].view(kvh, -1, d, self.block_size)[:, meta.slot_blocks, :, meta.slot_offsets] = k
         else:
             cache[0].view(kvh, -1, d).index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
-            cache[1].view(kvh, -1, d).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+        cache[1].view(kvh, -1, d).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
         out = torch.empty((q.shape[0], self.num_heads * d), dtype=q.dtype, device=q.device)
         if meta.num_decodes:
             qd = q[: meta.num_decodes]
@@ -212,40 +190,6 @@ class PagedAttention:
                 )
             out[c.start : c.end].view(-1, self.num_heads, d).copy_(o[0].transpose(0, 1))
         return out
-
-    def _write_blocks(
-        self, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata
-    ) -> None:
-        """The step's new K/V into a cache with transposed K blocks.
-
-        Decode rows (one slot each, scattered) go by index; prefill rows as
-        one slice copy per run of consecutive slots in a block. Scattered
-        element writes into the transposed K blocks (and index_copy_ along
-        the token dim) cost tens of ns per element, which made a prefill
-        step's cache writes ~15% of its time; runs copy at memory speed.
-        """
-        kvh, d, bs = self.num_kv_heads, self.head_dim, self.block_size
-        keys = cache[0].view(kvh, -1, d, bs)
-        values = cache[1].view(kvh, -1, bs, d)
-        ntok = k.shape[0]
-        nd = meta.num_decodes if meta.prefills else ntok
-        if nd:
-            blocks, offsets, slots = meta.slot_blocks, meta.slot_offsets, meta.slot_mapping
-            if nd != ntok:
-                blocks, offsets, slots = blocks[:nd], offsets[:nd], slots[:nd]  # type: ignore[index]
-            keys[:, blocks, :, offsets] = k[:nd]
-            values.view(kvh, -1, d).index_copy_(1, slots, v[:nd].transpose(0, 1))
-        if nd == ntok:
-            return
-        runs = meta.write_runs
-        if runs is None:
-            runs = meta.write_runs = write_runs(meta.slot_mapping, nd, bs)
-        kt = k.permute(1, 2, 0)  # [kv_heads, head_dim, tokens], as K blocks hold them
-        vt = v.transpose(0, 1)
-        for r0, r1, blk, off in runs:
-            end = off + r1 - r0
-            keys[:, blk, :, off:end].copy_(kt[:, :, r0:r1])
-            values[:, blk, off:end].copy_(vt[:, r0:r1])
 
     def _decode_bags(self, qd: torch.Tensor, cache: torch.Tensor, g: DecodeGroup, out: torch.Tensor) -> None:
         kvh, d, grp, bs = self.num_kv_heads, self.head_dim, self.group, self.block_size
