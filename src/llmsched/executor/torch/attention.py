@@ -52,9 +52,12 @@ class DecodeGroup:
     # visible, -inf not). CUDA path: bool [G, 1, 1, nb * block_size].
     mask: torch.Tensor
     # CPU path, made by the first layer and reused by the others: the cache
-    # rows each score bag and each output bag reads (see PagedAttention).
+    # rows each score bag and each output bag reads (see PagedAttention),
+    # flattened, with each bag's first index (equal-sized bags).
     key_rows: torch.Tensor | None = None
     value_rows: torch.Tensor | None = None
+    key_offsets: torch.Tensor | None = None
+    value_offsets: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -200,13 +203,15 @@ class PagedAttention:
         # One weight per (KV head, request, query, block, K row): the scaled
         # query (``qd`` comes scaled) repeated over the request's blocks.
         w = qd[:, g.start : g.end].unsqueeze(3).expand(kvh, n, grp, nb, d)
+        # 1-D rows with precomputed offsets: the same bags as 2-D rows, without
+        # embedding_bag building the offsets (and reshaping) on every call.
         scores = F.embedding_bag(
-            g.key_rows, cache.view(-1, bs), mode="sum", per_sample_weights=w.reshape(-1, d)
+            g.key_rows, cache.view(-1, bs), g.key_offsets, mode="sum", per_sample_weights=w.reshape(-1)
         ).view(kvh, n, grp, nb * bs)
         probs = torch.softmax(scores.add_(g.mask), -1)
         # Padded keys read the zero null block at weight 0.
         o = F.embedding_bag(
-            g.value_rows, cache.view(-1, d), mode="sum", per_sample_weights=probs.view(kvh * n * grp, -1)
+            g.value_rows, cache.view(-1, d), g.value_offsets, mode="sum", per_sample_weights=probs.view(-1)
         )
         out[g.start : g.end].view(n, kvh, grp, d).copy_(o.view(kvh, n, grp, d).transpose(0, 1))
 
@@ -220,11 +225,13 @@ class PagedAttention:
         # (h * num_blocks + b) * head_dim + [0, head_dim).
         kblock = (table + heads) * d  # [kvh, n, 1, nb]
         g.key_rows = (
-            (kblock.unsqueeze(-1) + torch.arange(d, device=dev)).expand(kvh, n, grp, nb, d).reshape(-1, d)
+            (kblock.unsqueeze(-1) + torch.arange(d, device=dev)).expand(kvh, n, grp, nb, d).reshape(-1)
         )
+        g.key_offsets = torch.arange(0, g.key_rows.numel(), d, device=dev)
         # V plane (after the kv_heads K planes), viewed as rows of head_dim.
         vtok = ((table + heads + kvh * num_blocks) * bs).unsqueeze(-1) + torch.arange(bs, device=dev)
-        g.value_rows = vtok.expand(kvh, n, grp, nb, bs).reshape(kvh * n * grp, nb * bs)
+        g.value_rows = vtok.expand(kvh, n, grp, nb, bs).reshape(-1)
+        g.value_offsets = torch.arange(0, g.value_rows.numel(), nb * bs, device=dev)
 
     def _decode_sdpa(self, qd: torch.Tensor, cache: torch.Tensor, g: DecodeGroup, out: torch.Tensor) -> None:
         kvh, d, grp = self.num_kv_heads, self.head_dim, self.group
