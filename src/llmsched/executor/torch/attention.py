@@ -58,6 +58,9 @@ class DecodeGroup:
     value_rows: torch.Tensor | None = None
     key_offsets: torch.Tensor | None = None
     value_offsets: torch.Tensor | None = None
+    # The visible entries of the flattened probabilities, in output-bag
+    # order (None when every request fills the group's blocks).
+    visible_probs: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -208,15 +211,16 @@ class PagedAttention:
         scores = F.embedding_bag(
             g.key_rows, cache.view(-1, bs), g.key_offsets, mode="sum", per_sample_weights=w.reshape(-1)
         ).view(kvh, n, grp, nb * bs)
-        probs = torch.softmax(scores.add_(g.mask), -1)
-        # Padded keys read the zero null block at weight 0.
+        probs = torch.softmax(scores.add_(g.mask), -1).view(-1)
+        if g.visible_probs is not None:
+            probs = probs.index_select(0, g.visible_probs)
         o = F.embedding_bag(
-            g.value_rows, cache.view(-1, d), g.value_offsets, mode="sum", per_sample_weights=probs.view(-1)
+            g.value_rows, cache.view(-1, d), g.value_offsets, mode="sum", per_sample_weights=probs
         )
         out[g.start : g.end].view(n, kvh, grp, d).copy_(o.view(kvh, n, grp, d).transpose(0, 1))
 
     def _bag_rows(self, g: DecodeGroup, num_blocks: int, n: int, nb: int) -> None:
-        """Fill in the group's score-bag rows ([bags, head_dim]) and output-bag rows ([bags, tokens])."""
+        """Fill in the group's flat score-bag rows (head_dim a bag) and output-bag rows (its context)."""
         kvh, d, bs, grp = self.num_kv_heads, self.head_dim, self.block_size, self.group
         dev = g.block_table.device
         table = g.block_table.view(1, n, 1, nb)
@@ -230,8 +234,20 @@ class PagedAttention:
         g.key_offsets = torch.arange(0, g.key_rows.numel(), d, device=dev)
         # V plane (after the kv_heads K planes), viewed as rows of head_dim.
         vtok = ((table + heads + kvh * num_blocks) * bs).unsqueeze(-1) + torch.arange(bs, device=dev)
-        g.value_rows = vtok.expand(kvh, n, grp, nb, bs).reshape(-1)
-        g.value_offsets = torch.arange(0, g.value_rows.numel(), nb * bs, device=dev)
+        vtok = vtok.view(kvh, n, 1, nb * bs).expand(kvh, n, grp, nb * bs)
+        # Output bags read only each request's context, not the rest of its
+        # last block nor padding blocks: those rows had weight 0, and the bag
+        # sums its rows in order, so dropping trailing zero-weight rows keeps
+        # every sum as it was, with fewer V bytes read.
+        visible = (g.mask.view(1, n, 1, nb * bs) == 0).expand(kvh, n, grp, nb * bs)
+        lens = visible.sum(-1).view(-1)
+        if int(lens.min()) == nb * bs:
+            g.value_rows = vtok.reshape(-1)
+            g.visible_probs = None
+        else:
+            g.value_rows = vtok[visible]
+            g.visible_probs = visible.reshape(-1).nonzero().view(-1)
+        g.value_offsets = lens.cumsum(0) - lens
 
     def _decode_sdpa(self, qd: torch.Tensor, cache: torch.Tensor, g: DecodeGroup, out: torch.Tensor) -> None:
         kvh, d, grp = self.num_kv_heads, self.head_dim, self.group
