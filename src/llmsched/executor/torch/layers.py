@@ -19,10 +19,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     var = xf.square().mean(-1, keepdim=True)
     var.add_(eps).rsqrt_()
     xf = xf * var if xf is x else xf.mul_(var)
-    y = xf.to(x.dtype)
-    # In place on the fresh cast (y * w == w * y exactly): one allocation
-    # fewer. The weight ([dim], or per head) always broadcasts into y.
-    return y.mul_(weight) if weight.dtype == y.dtype else weight * y
+    return weight * xf.to(x.dtype)
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
