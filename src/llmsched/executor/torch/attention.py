@@ -40,6 +40,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+# Decode output bags skip the unused rows of requests' last blocks only
+# when the group's visible share of its rows is below this: selecting the
+# visible probabilities costs ~0.6 ns per kept row, a skipped V row saves
+# ~2.5 ns (one thread, SmolLM2's shapes).
+SKIP_UNUSED_ROWS_BELOW = 0.8
+
 
 @dataclass(slots=True)
 class DecodeGroup:
@@ -241,7 +247,10 @@ class PagedAttention:
         # every sum as it was, with fewer V bytes read.
         visible = (g.mask.view(1, n, 1, nb * bs) == 0).expand(kvh, n, grp, nb * bs)
         lens = visible.sum(-1).view(-1)
-        if int(lens.min()) == nb * bs:
+        if int(lens.sum()) >= SKIP_UNUSED_ROWS_BELOW * lens.numel() * nb * bs:
+            # Mostly full blocks: selecting the visible probabilities would
+            # cost more than the few V rows it saves.
+            lens.fill_(nb * bs)
             g.value_rows = vtok.reshape(-1)
             g.visible_probs = None
         else:
