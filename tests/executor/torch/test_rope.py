@@ -85,3 +85,18 @@ def test_rotation_matches_transformers(dtype, tmp_path):
     )
     assert torch.equal(rotated[:, :heads], ref_q[0].transpose(0, 1))
     assert torch.equal(rotated[:, heads:], ref_k[0].transpose(0, 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_full_width_rotate_matches_apply_bit_for_bit(dtype, tmp_path):
+    ours, _ = configs("llama3", tmp_path)
+    table = RotaryEmbedding(ours, 1024, dtype, torch.device("cpu"))
+    g = torch.Generator().manual_seed(1)
+    n, heads, d = 11, 6, ours.head_dim
+    # A strided view of a fused projection (q and k heads, then v heads), as the model passes it.
+    qkv = torch.randn(n, heads + 2, d, generator=g).to(dtype)
+    qk = qkv[:, :heads]
+    positions = torch.tensor([0, 1, 2, 63, 64, 65, 200, 511, 512, 700, 1023])
+    cos, sin = table.lookup(positions)
+    cos_full, sin_signed = table.lookup_full(positions)
+    assert torch.equal(table.rotate(qk, cos_full, sin_signed), table.apply(qk, cos, sin))

@@ -126,7 +126,13 @@ class DecoderModel:
         ntok = input_ids.shape[0]
         rope = self.rope
         caches = self.kv.blocks
-        cos, sin = rope.lookup(positions)
+        # Small steps rotate in fewer, wider ops; prefill-sized ones in fewer bytes (see rope.py).
+        if ntok <= NARROW_STEP_TOKENS:
+            cos, sin = rope.lookup_full(positions)
+            rotate = rope.rotate
+        else:
+            cos, sin = rope.lookup(positions)
+            rotate = rope.apply
         x = F.embedding(input_ids, w.embed)
         if mm_embeds is not None:
             x.index_copy_(0, mm_embeds[0], mm_embeds[1].to(x.dtype))
@@ -139,7 +145,7 @@ class DecoderModel:
             qk = qkv[:, : nh + nkv]
             if lw.qk_norm is not None:
                 qk = rms_norm(qk, lw.qk_norm, eps)
-            qk = rope.apply(qk, cos, sin)
+            qk = rotate(qk, cos, sin)
             attn = attend(qk[:, :nh], qk[:, nh:], qkv[:, nh + nkv :], caches[i], meta)
             if lora is None:
                 x.add_(linear(attn, lw.o_proj, lw.o_bias))

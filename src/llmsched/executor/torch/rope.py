@@ -48,7 +48,7 @@ def _llama3(inv: torch.Tensor, scaling: dict) -> torch.Tensor:
 class RotaryEmbedding:
     """Cos/sin tables for every position below ``max_positions``, in the model dtype."""
 
-    __slots__ = ("cos", "half", "sin")
+    __slots__ = ("cos", "cos_full", "half", "sin", "sin_signed")
 
     def __init__(self, config: ModelConfig, max_positions: int, dtype: torch.dtype, device: torch.device):
         inv = inverse_frequencies(config)
@@ -56,6 +56,10 @@ class RotaryEmbedding:
         self.cos = angles.cos().to(dtype).to(device)
         self.sin = angles.sin().to(dtype).to(device)
         self.half = config.head_dim // 2
+        # Full-width tables for ``rotate``: cos repeated, sin negated on the
+        # first half (negation is exact, so x1 * -sin == -(x1 * sin) bit for bit).
+        self.cos_full = torch.cat((self.cos, self.cos), -1)
+        self.sin_signed = torch.cat((-self.sin, self.sin), -1)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) for a step's positions, shaped [tokens, 1, head_dim // 2] to broadcast over heads."""
@@ -77,3 +81,23 @@ class RotaryEmbedding:
         torch.mul(x2, cos, out=o2)
         o2.add_(x1 * sin)
         return out
+
+    def lookup_full(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, signed sin) full-width tables for ``rotate``: [tokens, 1, head_dim]."""
+        return self.cos_full.index_select(0, positions).unsqueeze(1), self.sin_signed.index_select(
+            0, positions
+        ).unsqueeze(1)
+
+    def rotate(self, x: torch.Tensor, cos_full: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+        """``apply`` in four full-width ops instead of seven half-width ones; the same bits.
+
+        Each half gets x * cos plus the other half times the (signed) sin,
+        rounded after each op as ``apply`` does: (x1 * cos) + (x2 * -sin)
+        equals (x1 * cos) - (x2 * sin) exactly. Fewer, larger ops suit small
+        (decode) steps, where per-op overhead dominates; ``apply`` moves
+        fewer bytes, which suits prefill-sized steps.
+        """
+        half = self.half
+        out = x * cos_full
+        swapped = torch.cat((x[..., half:], x[..., :half]), -1)
+        return out.add_(swapped.mul_(sin_signed))
