@@ -162,3 +162,26 @@ def test_leaving_between_turns_frees_the_blocks(client: TestClient, state) -> No
         read_turn(ws)
         assert free_blocks(state) < free0  # held for the next input that never comes
     wait_free(state, free0)
+
+
+def test_a_later_input_setting_some_fields_keeps_the_sessions_others(client: TestClient, state) -> None:
+    first, second = list(range(40, 60)), list(range(70, 80))
+    with client.websocket_connect("/v1/sessions") as ws:
+        ws.receive_json()
+        ws.send_json({"prompt_token_ids": first, "max_tokens": 5, "temperature": 0, "ignore_eos": True})
+        ids1, _, _ = read_turn(ws)
+        # Only max_tokens: temperature 0 and ignore_eos carry on, so the turn stays greedy.
+        ws.send_json({"prompt_token_ids": second, "max_tokens": 3})
+        ids2, _, done2 = read_turn(ws)
+        assert len(ids2) == 3 and done2["finish_reason"] == "length"
+        ws.send_json({"type": "session.end"})
+        assert ws.receive_json()["type"] == "session.done"
+    history = first + ids1[:-1] + second
+    resp = client.post(
+        "/v1/completions", json={"prompt": history, "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    )
+    assert resp.status_code == 200, resp.text
+    single = client.post(
+        "/tokenize", json={"prompt": resp.json()["choices"][0]["text"], "add_special_tokens": False}
+    )
+    assert single.json()["tokens"] == ids2

@@ -91,6 +91,10 @@ class SessionSocket:
         self.request_id = state.engine.new_request_id("session")
         self._send_lock = asyncio.Lock()
         self._first = True
+        # The sampling fields the inputs so far set: a later input that sets
+        # some fields keeps the others (it would otherwise fall back to the
+        # defaults, temperature 1.0 included, for every field it left out).
+        self._sampling: dict = {}
         # The adapter the first input's ``model`` named (None: the base model), for all turns.
         self._lora: LoRARequest | None = None
         # Inputs sent whose turn has not ended yet, and the current turn's token count.
@@ -233,7 +237,11 @@ class SessionSocket:
         if self._first:
             check_prompt_len(len(ids), state.limits, "prompt")
         params = None
-        if self._first or set(req.model_fields_set) - _INPUT_KEYS:
+        fields = {k: getattr(req, k) for k in req.model_fields_set - _INPUT_KEYS}
+        if self._first or fields:
+            self._sampling.update(fields)
+            if not self._first:
+                req = SessionInput.model_validate({**self._sampling, "prompt_token_ids": ids})
             params = self._params(req)
         if self._first:
             self._lora = lora
