@@ -169,3 +169,22 @@ def test_a_turn_that_cannot_get_blocks_fails_at_once_instead_of_hanging(use_embe
             assert len(c.send({"prompt_token_ids": [8] * 60}).outputs[0].token_ids) == 4
     finally:
         llm.close()
+
+
+def test_generate_blocked_by_open_sessions_fails_those_requests_not_hangs(use_embedded: Path) -> None:
+    llm = LLM(model=None, num_gpu_blocks_override=10, max_model_len=128, block_size=16)
+    try:
+        kv = llm.llm_engine.scheduler.kv
+        a = llm.session(greedy(4))
+        a.send({"prompt_token_ids": [7] * 100})  # holds 7 of the 9 usable blocks between turns
+        free = kv.num_free_blocks
+        small, large = {"prompt_token_ids": [5] * 10}, {"prompt_token_ids": [8] * 60}
+        outs = llm.generate([small, large], greedy(4), use_tqdm=False)
+        # The small prompt fits beside the session; the large one waits for blocks only a.close() frees.
+        assert len(outs[0].outputs[0].token_ids) == 4 and outs[0].error is None
+        assert outs[1].error is not None and "open session(s) waiting for input" in outs[1].error
+        assert kv.num_free_blocks == free and not a.closed
+        a.close()
+        assert len(llm.generate([large], greedy(4), use_tqdm=False)[0].outputs[0].token_ids) == 4
+    finally:
+        llm.close()

@@ -21,7 +21,7 @@ from llmsched.core.sampling_params import SamplingParams
 from llmsched.engine.args import EngineArgs
 from llmsched.engine.chat_template import ContentFormat, render_chat_prompt
 from llmsched.engine.llm_engine import ExecutorFactory, LLMEngine, PromptType
-from llmsched.engine.llm_session import LLMSession
+from llmsched.engine.llm_session import STALLED_STEPS, LLMSession, blocked_by_sessions, made_progress
 from llmsched.engine.lora_request import LoRARequest
 from llmsched.engine.outputs import RequestOutput, RequestOutputKind
 from llmsched.engine.request_state import error_output
@@ -105,8 +105,13 @@ class LLM:
         if bar is not None:
             bar.update(n - len(index))
         num_in = num_out = 0
+        idle = 0
         try:
             while index:
+                idle = 0 if made_progress(engine) else idle + 1
+                if idle > STALLED_STEPS and blocked_by_sessions(engine):
+                    _fail_blocked(engine, index, prompts, results, now)
+                    break
                 for out in engine.step():
                     i = index.pop(out.request_id, None)
                     if i is None or not out.finished:
@@ -252,6 +257,19 @@ def _lora_list(
         if lr is not None and not isinstance(lr, LoRARequest):
             raise ValueError(f"lora_request[{i}] must be a LoRARequest or None, not {type(lr).__name__}")
     return loras
+
+
+def _fail_blocked(engine: LLMEngine, index: dict[str, int], prompts: list, results: list, now: float) -> None:
+    """End the requests that wait for blocks only open sessions can free, each with an error saying so."""
+    n = engine.scheduler.sessions.num_waiting_for_input
+    message = (
+        f"cannot be scheduled: {n} open session(s) waiting for input hold the KV blocks or sequence "
+        "slots it needs; close sessions you no longer need, or give the engine more KV blocks"
+    )
+    engine.abort_request(list(index))
+    for rid, i in index.items():
+        results[i] = _failed(engine, rid, prompts[i], f"request {rid!r} {message}", now)
+    index.clear()
 
 
 def _failed(engine: LLMEngine, request_id: str, prompt: object, message: str, now: float) -> RequestOutput:

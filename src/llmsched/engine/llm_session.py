@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 # Steps in a row that schedule nothing before a turn counts as stalled. Offline,
 # nothing can free blocks while ``send`` runs, so a turn that waits for KV
 # blocks held by sessions between turns would wait forever.
-_STALLED_STEPS = 16
+STALLED_STEPS = 16
 
 
 class SessionClosedError(RuntimeError):
@@ -100,8 +100,8 @@ class LLMSession:
                 if deltas and deltas[-1].turn_finished:
                     self._finished = deltas[-1].finished
                     return _merge(deltas)
-                idle = 0 if got or _scheduled_any(engine) else idle + 1
-                if idle >= _STALLED_STEPS:
+                idle = 0 if got or made_progress(engine) else idle + 1
+                if idle >= STALLED_STEPS:
                     raise RuntimeError(self._stalled_message())
         except BaseException:
             # Interrupted or stalled mid-turn: do not leave a half-run turn holding KV blocks.
@@ -141,7 +141,23 @@ class LLMSession:
         self.close()
 
 
-def _scheduled_any(engine: LLMEngine) -> bool:
+def blocked_by_sessions(engine: LLMEngine) -> bool:
+    """Whether nothing can run until an open session is closed.
+
+    Nothing runs, no grammar compiles and no KV arrives from elsewhere, while
+    sessions waiting for input hold KV blocks and sequence slots: offline, only
+    the caller can free them, so the engine would step forever.
+    """
+    sched = engine.scheduler
+    return (
+        not sched.running
+        and sched.sessions.num_waiting_for_input > 0
+        and not engine._grammar_pending
+        and engine.kv_connector is None
+    )
+
+
+def made_progress(engine: LLMEngine) -> bool:
     """Whether the engine's last step scheduled tokens (a step put in flight counts as progress)."""
     es = engine.last_step
     return es is None or sum(es.scheduler_output.num_scheduled_tokens) > 0
