@@ -38,21 +38,29 @@ class GatedExecutor:
         self.gate.set()
         self.fail_next = False
         self.pause_after: int | None = None
+        self._pause_lock = threading.Lock()
         self.num_gpu_blocks = inner.num_gpu_blocks  # type: ignore[attr-defined]
         self.max_model_len = inner.max_model_len  # type: ignore[attr-defined]
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         """Block until the gate opens, then run (or fail) the step."""
         assert self.gate.wait(TIMEOUT)
-        if self.pause_after is not None:
-            self.pause_after -= 1
-            if self.pause_after <= 0:
-                self.pause_after = None
-                self.gate.clear()
+        with self._pause_lock:
+            if self.pause_after is not None:
+                self.pause_after -= 1
+                if self.pause_after <= 0:
+                    self.pause_after = None
+                    self.gate.clear()
         if self.fail_next and so.scheduled:
             self.fail_next = False
             raise RuntimeError("injected executor failure")
         return self.inner.execute(so)  # type: ignore[attr-defined]
+
+    def open_for_good(self) -> None:
+        """Open the gate and cancel a pending pause (it may not have closed the gate yet)."""
+        with self._pause_lock:
+            self.pause_after = None
+            self.gate.set()
 
     def close(self) -> None:
         """Close the wrapped executor."""
@@ -152,6 +160,14 @@ def test_abort_frees_kv_blocks_before_the_next_step(byte_model_dir: Path, fake_f
             outs = await collect(stream, first)
             assert outs[-1].finish_reason == "abort"
             assert kv.num_free_blocks == free_at_start
+            # An abort is logged with the next step scheduled after it. With
+            # async scheduling the step after the blocked one may already be
+            # scheduled (with "long") when the abort lands, and then nothing
+            # else runs: a later request makes that next step.
+            ex.open_for_good()
+            later = engine.submit("later", list(b"y" * 8), params(2))
+            await later.accepted
+            assert (await collect(later))[-1].finished
             recs = records(engine)
             abort_step = next(r for r in recs if "long" in r.aborted)
             # The step right after the abort no longer schedules it.
