@@ -10,7 +10,8 @@ import pytest
 from llmsched import LLM, LoRARequest, SamplingParams
 from llmsched.engine.args import EngineArgs
 from llmsched.engine.llm_engine import LLMEngine
-from support.lora import hf_greedy, make_adapter, tiny_llama
+from support.hf_reference import hf_greedy
+from support.lora import make_adapter, tiny_llama
 
 pytest.importorskip("peft")
 

@@ -15,7 +15,8 @@ from llmsched.engine.args import EngineArgs
 from llmsched.server.app import build_app
 from llmsched.server.args import ServerArgs
 from llmsched.server.state import ServerState, create_state
-from support.tiny_bamba import VOCAB, build_tiny_bamba, hf_greedy
+from support.hf_reference import hf_greedy
+from support.tiny_bamba import VOCAB, build_tiny_bamba
 
 MAX_TOKENS = 6
 

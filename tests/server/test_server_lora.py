@@ -13,7 +13,8 @@ from llmsched.server.args import ServerArgs
 from llmsched.server.engine_messages import Add
 from llmsched.server.launch import ServerThread
 from llmsched.server.lora_modules import LoRAModule, parse_lora_module
-from support.lora import hf_greedy, make_adapter, tiny_llama
+from support.hf_reference import hf_greedy
+from support.lora import make_adapter, tiny_llama
 
 pytest.importorskip("peft")
 

@@ -14,7 +14,8 @@ from llmsched.server.app import build_app
 from llmsched.server.args import ServerArgs
 from llmsched.server.lora_modules import LoRAModule
 from llmsched.server.state import create_state
-from support.lora import hf_greedy, make_adapter, tiny_llama
+from support.hf_reference import hf_greedy
+from support.lora import make_adapter, tiny_llama
 
 pytest.importorskip("peft")
 

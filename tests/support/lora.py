@@ -38,18 +38,6 @@ def make_adapter(
     return merged.eval()
 
 
-def hf_greedy(model: torch.nn.Module, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
-    """transformers' greedy generate() for one prompt."""
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([list(prompt)]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-        )
-    return out[0, len(prompt) :].tolist()
-
-
 def tiny_llama(folder: Path, seed: int = 0) -> torch.nn.Module:
     """Save a tiny random-weight Llama (vocab 320, 2 layers) to ``folder``; returns it (float32)."""
     from transformers import LlamaConfig, LlamaForCausalLM

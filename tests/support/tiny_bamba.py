@@ -1,26 +1,15 @@
-"""A tiny random Bamba (Mamba2 + attention) saved by transformers, and its greedy reference."""
+"""A tiny random Bamba (Mamba2 + attention) saved by transformers."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from transformers import BambaConfig, BambaForCausalLM
 
+from support.hf_reference import randomize
+
 VOCAB = 256
-
-
-def randomize(model: torch.nn.Module, seed: int) -> None:
-    """Redraw every parameter: norms around 1, everything else N(0, 0.2^2)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if "norm" in name:
-                p.copy_(1.0 + 0.3 * noise)
-            else:
-                p.copy_(0.2 * noise)
 
 
 def build_tiny_bamba(folder: Path, seed: int = 7) -> BambaForCausalLM:
@@ -51,15 +40,3 @@ def build_tiny_bamba(folder: Path, seed: int = 7) -> BambaForCausalLM:
     model.generation_config.pad_token_id = 0
     model.save_pretrained(folder)
     return model
-
-
-def hf_greedy(model: BambaForCausalLM, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
-    """transformers' greedy continuation of ``prompt``."""
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([list(prompt)]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-        )
-    return out[0, len(prompt) :].tolist()

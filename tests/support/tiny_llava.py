@@ -17,6 +17,7 @@ from transformers import (
 )
 
 from llmsched.executor.torch.embedded import tokenizer_json
+from support.hf_reference import randomize
 
 IMAGE = 264  # the image token id: the byte-level tokenizer's next added token
 N = 16  # image tokens per image: (28 / 7)^2 patches, class token dropped
@@ -24,15 +25,6 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
 )
-
-
-def randomize(model: torch.nn.Module, seed: int) -> None:
-    """Redraw every parameter: norms around 1, everything else N(0, 0.2^2)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            p.copy_(1.0 + 0.3 * noise if "norm" in name else 0.2 * noise)
 
 
 def build_tiny_llava(folder: Path, seed: int = 7) -> LlavaForConditionalGeneration:

@@ -28,6 +28,7 @@ from transformers import (
 from llmsched.core import Request, SamplingParams, SchedulerConfig
 from llmsched.engine import EngineCore
 from llmsched.executor.torch import TorchExecutor
+from support.hf_reference import randomize
 
 VOCAB = 320
 COMMON = {
@@ -66,18 +67,6 @@ FAMILIES = {
     "qwen3": (Qwen3ForCausalLM, lambda: Qwen3Config(**COMMON, head_dim=24)),
     "mistral": (MistralForCausalLM, lambda: MistralConfig(**COMMON, sliding_window=None)),
 }
-
-
-def randomize(model: torch.nn.Module, seed: int) -> None:
-    """Redraw every parameter: norms around 1, everything else N(0, 0.2^2)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if "norm" in name:
-                p.copy_(1.0 + 0.3 * noise)
-            else:
-                p.copy_(0.2 * noise)
 
 
 @dataclass

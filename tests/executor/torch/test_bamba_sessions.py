@@ -21,7 +21,8 @@ from llmsched.engine.llm_engine import LLMEngine
 from llmsched.engine.sessions import StreamingInput
 from llmsched.server.async_engine import AsyncEngine
 from llmsched.server.thread_backend import ThreadBackend
-from support.tiny_bamba import VOCAB, build_tiny_bamba, hf_greedy
+from support.hf_reference import hf_greedy
+from support.tiny_bamba import VOCAB, build_tiny_bamba
 
 BLOCK = 4
 # Turn inputs of lengths that leave the history on and off block boundaries.

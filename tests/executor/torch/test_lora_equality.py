@@ -18,7 +18,8 @@ from llmsched import LoRARequest
 from llmsched.core import Request, SchedulerConfig
 from llmsched.engine import EngineCore
 from llmsched.executor.torch import TorchExecutor
-from support.lora import hf_greedy, make_adapter
+from support.hf_reference import hf_greedy
+from support.lora import make_adapter
 
 from .conftest import TinyModel, greedy, prompts_of
 
