@@ -21,7 +21,7 @@ from llmsched.core.sampling_params import SamplingParams
 from llmsched.engine.args import EngineArgs
 from llmsched.engine.chat_template import ContentFormat, render_chat_prompt
 from llmsched.engine.llm_engine import ExecutorFactory, LLMEngine, PromptType
-from llmsched.engine.llm_session import STALLED_STEPS, LLMSession, blocked_by_sessions, made_progress
+from llmsched.engine.llm_session import STALLED_STEPS, LLMSession, made_progress
 from llmsched.engine.lora_request import LoRARequest
 from llmsched.engine.outputs import RequestOutput, RequestOutputKind
 from llmsched.engine.request_state import error_output
@@ -109,7 +109,7 @@ class LLM:
         try:
             while index:
                 idle = 0 if made_progress(engine) else idle + 1
-                if idle > STALLED_STEPS and blocked_by_sessions(engine):
+                if idle > STALLED_STEPS and engine.blocked_by_open_sessions():
                     _fail_blocked(engine, index, prompts, results, now)
                     break
                 for out in engine.step():

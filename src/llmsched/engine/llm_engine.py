@@ -473,6 +473,21 @@ class LLMEngine:
         """True while any request is queued or running (an open session waiting for input counts)."""
         return bool(self._states)
 
+    def blocked_by_open_sessions(self) -> bool:
+        """Whether nothing can run until an open session is closed.
+
+        Nothing runs, no grammar compiles and no KV arrives from elsewhere,
+        while sessions waiting for input hold KV blocks and sequence slots:
+        offline, only the caller can free them, so stepping would never end.
+        """
+        sched = self.scheduler
+        return (
+            not sched.running
+            and sched.sessions.num_waiting_for_input > 0
+            and not self._grammar_pending
+            and self.kv_connector is None
+        )
+
     def get_num_unfinished_requests(self) -> int:
         """How many requests are queued or running."""
         return len(self._states)

@@ -141,22 +141,6 @@ class LLMSession:
         self.close()
 
 
-def blocked_by_sessions(engine: LLMEngine) -> bool:
-    """Whether nothing can run until an open session is closed.
-
-    Nothing runs, no grammar compiles and no KV arrives from elsewhere, while
-    sessions waiting for input hold KV blocks and sequence slots: offline, only
-    the caller can free them, so the engine would step forever.
-    """
-    sched = engine.scheduler
-    return (
-        not sched.running
-        and sched.sessions.num_waiting_for_input > 0
-        and not engine._grammar_pending
-        and engine.kv_connector is None
-    )
-
-
 def made_progress(engine: LLMEngine) -> bool:
     """Whether the engine's last step scheduled tokens (a step put in flight counts as progress)."""
     es = engine.last_step
