@@ -30,14 +30,17 @@ import json
 import math
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from llmsched.executor.sim.hardware import HardwareProfile
+
+T = TypeVar("T")
 
 # A Llama with the attention core of common small models (64-wide heads,
 # two query heads per KV head) around a narrow residual stream, so linears,
@@ -216,13 +219,23 @@ def last_level_cache_bytes() -> int:
 
 
 def cache_flusher() -> Callable[[], None]:
-    """A call that evicts the caches by rewriting a buffer twice the last-level cache."""
+    """A call that evicts the caches by rewriting a buffer twice the last-level cache.
+
+    It runs single threaded on the caller's thread: a parallel op here would
+    give this thread an OpenMP team of its own beside the executor's, and
+    libgomp then cuts every team's spin-waiting short (see TorchExecutor), so
+    each of the probe's parallel ops would pay a wake-up that a serving
+    step, with one team in the process, does not.
+    """
     import torch
+
+    from llmsched.executor.torch.device import single_threaded
 
     buf = torch.zeros(2 * last_level_cache_bytes() // 4, dtype=torch.float32)
 
     def flush() -> None:
-        buf.add_(1.0)
+        with single_threaded():
+            buf.add_(1.0)
 
     return flush
 
@@ -332,6 +345,17 @@ def measure_executor(hardware: HardwareProfile) -> dict:
     }
 
 
+def on_own_thread(fn: Callable[..., T], *args: object) -> T:
+    """``fn(*args)`` on a thread that then exits, so its OpenMP team is gone before the probe's starts."""
+    box: list[T] = []
+    worker = threading.Thread(target=lambda: box.append(fn(*args)))
+    worker.start()
+    worker.join()
+    if not box:
+        raise RuntimeError(f"{getattr(fn, '__name__', fn)} failed on its thread")
+    return box[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Child-process entry: read the microbenchmark figures as JSON on stdin, print the fit as JSON."""
     from llmsched.executor.sim.hardware import HardwareProfile
@@ -358,9 +382,9 @@ def main(argv: list[str] | None = None) -> int:
 
     limits = Limits(**figures.get("limits", {}))
     n = figures.get("matmul_n", 1024)
-    before = measure("probe_peak_flops_before", *matmul_flops(n), limits)
+    before = on_own_thread(measure, "probe_peak_flops_before", *matmul_flops(n), limits)
     out = measure_executor(hw)
-    after = measure("probe_peak_flops_after", *matmul_flops(n), limits)
+    after = on_own_thread(measure, "probe_peak_flops_after", *matmul_flops(n), limits)
     out["readings"] = [before.to_dict(), after.to_dict()]
     print(json.dumps(out))
     return 0
