@@ -14,6 +14,12 @@ Seeded requests draw the token at output index ``i`` from the generator
 seeded with ``sample_seed(seed, i)`` (the plain sampler's stream, so a
 position without drafts samples as it would without speculation), and the
 acceptance test from the next draw of that generator.
+
+All sampled requests are verified together: one filter pass, one softmax,
+the drafts' probabilities gathered at once, kept lengths from a cumulative
+product over a padded [requests, positions] grid, and one inverse-CDF draw
+for every stop row (the rejected draft masked out there). Only the seeded
+requests' uniforms are drawn request by request, each from its own stream.
 """
 
 from __future__ import annotations
@@ -78,48 +84,76 @@ class DraftVerifier:
         jobs: list[tuple[int, int]],
         out: list[list[int]],
     ) -> None:
-        rows = [r for j, first in jobs for r in range(first, first + len(drafts[j]) + 1)]
-        idx = torch.tensor(rows, dtype=torch.int64, device=logits.device)
-        sub = logits.index_select(0, idx).float()
-        Sampler.apply_filters(sub, [params[j] for j, _ in jobs for _ in range(len(drafts[j]) + 1)])
+        """Rejection sampling of every sampled request's rows at once (see the module docstring)."""
+        lens = [len(drafts[j]) for j, _ in jobs]
+        rows = [r for (_, first), n in zip(jobs, lens) for r in range(first, first + n + 1)]
+        dev = logits.device
+        sub = logits.index_select(0, torch.tensor(rows, dtype=torch.int64, device=dev)).float()
+        Sampler.apply_filters(sub, [params[j] for (j, _), n in zip(jobs, lens) for _ in range(n + 1)])
         sub = sub.cpu()
-        probs = torch.softmax(sub, -1)
-        k = 0
-        for j, _ in jobs:
-            d = drafts[j]
-            out[j] = self._accept(
-                sub[k : k + len(d) + 1], probs[k : k + len(d) + 1], d, params[j].seed, first_output_index[j]
-            )
-            k += len(d) + 1
+        # Each row's draft (0 on bonus rows, whose test is never used) and its probability.
+        col = torch.tensor([t for j, _ in jobs for t in (*drafts[j], 0)], dtype=torch.int64)[:, None]
+        p_draft = torch.softmax(sub, -1).gather(1, col).squeeze(1)
+        finite = torch.isfinite(sub)
+        # Rounding can reject a draft holding all the mass: nothing else could come, so it stays.
+        alone = finite.sum(-1) == finite.gather(1, col).squeeze(1).long()
+        # A row keeps its draft when its acceptance uniform falls below this (2: always).
+        keep_below = torch.where(alone, 2.0, p_draft)
+        u = self._uniforms(jobs, lens, params, first_output_index, keep_below)
+        keep = u[:, 1] < keep_below
+        # Kept drafts per request: the leading run of kept rows (bonus and padding rows never count).
+        pad = torch.zeros((len(jobs), max(lens) + 1), dtype=torch.bool)
+        req = torch.tensor([k for k, n in enumerate(lens) for _ in range(n + 1)], dtype=torch.int64)
+        pos = torch.tensor([i for n in lens for i in range(n + 1)], dtype=torch.int64)
+        is_draft = pos < torch.tensor(lens, dtype=torch.int64).index_select(0, req)
+        pad[req, pos] = keep & is_draft
+        n_kept = pad.cumprod(1).sum(1)
+        stop = torch.tensor(_firsts(lens), dtype=torch.int64) + n_kept
+        # The stop row draws from its target, with the rejected draft taken out (none on a bonus row).
+        last = sub.index_select(0, stop)
+        c = col.index_select(0, stop)
+        rejected = is_draft.index_select(0, stop)[:, None]
+        last.scatter_(1, c, torch.where(rejected, _NEG_INF, last.gather(1, c)))
+        tokens = _inverse_cdf(last, u.index_select(0, stop)[:, 0].contiguous()).tolist()
+        for (j, _), n, t in zip(jobs, n_kept.tolist(), tokens):
+            out[j] = [*drafts[j][:n], t]
 
-    def _accept(
-        self, logits: torch.Tensor, probs: torch.Tensor, drafts: list[int], seed: int | None, first: int
-    ) -> list[int]:
-        """Rejection sampling for one request's rows (filtered float32 logits and their softmax)."""
-        kept: list[int] = []
-        for i, d in enumerate(drafts):
-            u_sample, u_accept = self._draws(seed, first + i)
-            if u_accept < float(probs[i, d]):
-                kept.append(d)
-                continue
-            row = logits[i : i + 1].clone()
-            row[0, d] = _NEG_INF
-            if bool(torch.isinf(row).all()):
-                # Rounding rejected a draft holding all the mass: nothing else can come.
-                kept.append(d)
-                continue
-            kept.append(int(_inverse_cdf(row, torch.tensor([u_sample]))[0]))
-            return kept
-        u_sample, _ = self._draws(seed, first + len(drafts), accept=False)
-        kept.append(int(_inverse_cdf(logits[len(drafts) :], torch.tensor([u_sample]))[0]))
-        return kept
+    def _uniforms(
+        self,
+        jobs: list[tuple[int, int]],
+        lens: list[int],
+        params: list[SamplingParams],
+        first_output_index: list[int],
+        keep_below: torch.Tensor,
+    ) -> torch.Tensor:
+        """(sampling, acceptance) uniforms per row; a seeded request's from its own stream per output index.
 
-    def _draws(self, seed: int | None, output_index: int, accept: bool = True) -> tuple[float, float]:
-        """(sampling uniform, acceptance uniform) for one output index."""
-        if seed is None:
-            g = self.generator
-        else:
-            g = self._row_generator
-            g.manual_seed(sample_seed(seed, output_index))
-        u = float(torch.rand(1, generator=g))
-        return u, float(torch.rand(1, generator=g)) if accept else 0.0
+        A seeded request's rows are drawn only up to its first rejection
+        (``keep_below``: the acceptance bound of each row), since no row
+        after it is read.
+        """
+        u = torch.rand((sum(lens) + len(lens), 2), generator=self.generator)
+        seeded = [k for k, (j, _) in enumerate(jobs) if params[j].seed is not None]
+        if not seeded:
+            return u
+        g = self._row_generator
+        rows = u.unbind(0)
+        bound = keep_below.tolist()
+        firsts = _firsts(lens)
+        for k in seeded:
+            j = jobs[k][0]
+            seed, out_index, r = params[j].seed, first_output_index[j], firsts[k]
+            for i in range(lens[k] + 1):
+                g.manual_seed(sample_seed(seed, out_index + i))  # type: ignore[arg-type]
+                rows[r + i].uniform_(generator=g)
+                if not float(rows[r + i][1]) < bound[r + i]:
+                    break
+        return u
+
+
+def _firsts(lens: list[int]) -> list[int]:
+    """Each request's first row, when request k owns ``lens[k] + 1`` rows."""
+    firsts = [0]
+    for n in lens[:-1]:
+        firsts.append(firsts[-1] + n + 1)
+    return firsts
