@@ -16,10 +16,12 @@ position without drafts samples as it would without speculation), and the
 acceptance test from the next draw of that generator.
 
 All sampled requests are verified together: one filter pass, one softmax,
-the drafts' probabilities gathered at once, kept lengths from a cumulative
-product over a padded [requests, positions] grid, and one inverse-CDF draw
-for every stop row (the rejected draft masked out there). Only the seeded
-requests' uniforms are drawn request by request, each from its own stream.
+the drafts' probabilities gathered at once, and one inverse-CDF draw for
+every stop row (the rejected draft masked out there). What is left per
+request is comparing a few floats (its kept run) and, for a seeded
+request, drawing its uniforms from its own stream. A step verifies a few
+rows per request, so fewer tensor ops beat padded-grid arithmetic here:
+each torch call costs microseconds whatever its size.
 """
 
 from __future__ import annotations
@@ -91,32 +93,34 @@ class DraftVerifier:
         sub = logits.index_select(0, torch.tensor(rows, dtype=torch.int64, device=dev)).float()
         Sampler.apply_filters(sub, [params[j] for (j, _), n in zip(jobs, lens) for _ in range(n + 1)])
         sub = sub.cpu()
-        # Each row's draft (0 on bonus rows, whose test is never used) and its probability.
-        col = torch.tensor([t for j, _ in jobs for t in (*drafts[j], 0)], dtype=torch.int64)[:, None]
-        p_draft = torch.softmax(sub, -1).gather(1, col).squeeze(1)
-        finite = torch.isfinite(sub)
-        # Rounding can reject a draft holding all the mass: nothing else could come, so it stays.
-        alone = finite.sum(-1) == finite.gather(1, col).squeeze(1).long()
-        # A row keeps its draft when its acceptance uniform falls below this (2: always).
-        keep_below = torch.where(alone, 2.0, p_draft)
-        u = self._uniforms(jobs, lens, params, first_output_index, keep_below)
-        keep = u[:, 1] < keep_below
-        # Kept drafts per request: the leading run of kept rows (bonus and padding rows never count).
-        pad = torch.zeros((len(jobs), max(lens) + 1), dtype=torch.bool)
-        req = torch.tensor([k for k, n in enumerate(lens) for _ in range(n + 1)], dtype=torch.int64)
-        pos = torch.tensor([i for n in lens for i in range(n + 1)], dtype=torch.int64)
-        is_draft = pos < torch.tensor(lens, dtype=torch.int64).index_select(0, req)
-        pad[req, pos] = keep & is_draft
-        n_kept = pad.cumprod(1).sum(1)
-        stop = torch.tensor(_firsts(lens), dtype=torch.int64) + n_kept
-        # The stop row draws from its target, with the rejected draft taken out (none on a bonus row).
-        last = sub.index_select(0, stop)
-        c = col.index_select(0, stop)
-        rejected = is_draft.index_select(0, stop)[:, None]
-        last.scatter_(1, c, torch.where(rejected, _NEG_INF, last.gather(1, c)))
-        tokens = _inverse_cdf(last, u.index_select(0, stop)[:, 0].contiguous()).tolist()
-        for (j, _), n, t in zip(jobs, n_kept.tolist(), tokens):
-            out[j] = [*drafts[j][:n], t]
+        # Each row's draft (0 on bonus rows, never tested) and its probability under the target.
+        # A draft holding all the mass has probability exactly 1.0, above any uniform: always kept.
+        col = torch.tensor([t for j, _ in jobs for t in (*drafts[j], 0)], dtype=torch.int64)
+        p_draft = torch.softmax(sub, -1).gather(1, col[:, None]).squeeze(1).tolist()
+        u = self._uniforms(jobs, lens, params, first_output_index, p_draft)
+        # Per request, the leading run of kept drafts (a few floats compared, no tensor op),
+        # then one batched draw at every stop row.
+        stops: list[int] = []
+        rejected: list[int] = []
+        first = 0
+        for (j, _), n in zip(jobs, lens):
+            k = 0
+            while k < n and u[first + k][1] < p_draft[first + k]:
+                k += 1
+            out[j] = drafts[j][:k]
+            if k < n:
+                rejected.append(len(stops))
+            stops.append(first + k)
+            first += n + 1
+        stop_rows = torch.tensor(stops, dtype=torch.int64)
+        last = sub.index_select(0, stop_rows)
+        if rejected:
+            # A rejected draft is drawn from its row with the draft taken out.
+            r = torch.tensor(rejected, dtype=torch.int64)
+            last[r, col.index_select(0, stop_rows.index_select(0, r))] = _NEG_INF
+        u_stop = torch.tensor([u[i][0] for i in stops], dtype=torch.float32)
+        for (j, _), t in zip(jobs, _inverse_cdf(last, u_stop).tolist()):
+            out[j].append(t)
 
     def _uniforms(
         self,
@@ -124,36 +128,25 @@ class DraftVerifier:
         lens: list[int],
         params: list[SamplingParams],
         first_output_index: list[int],
-        keep_below: torch.Tensor,
-    ) -> torch.Tensor:
+        p_draft: list[float],
+    ) -> list[list[float]]:
         """(sampling, acceptance) uniforms per row; a seeded request's from its own stream per output index.
 
         A seeded request's rows are drawn only up to its first rejection
-        (``keep_below``: the acceptance bound of each row), since no row
-        after it is read.
+        (a row keeps its draft when its acceptance uniform is below
+        ``p_draft``), since no row after it is read.
         """
-        u = torch.rand((sum(lens) + len(lens), 2), generator=self.generator)
-        seeded = [k for k, (j, _) in enumerate(jobs) if params[j].seed is not None]
-        if not seeded:
-            return u
+        u: list[list[float]] = torch.rand((sum(lens) + len(lens), 2), generator=self.generator).tolist()
         g = self._row_generator
-        rows = u.unbind(0)
-        bound = keep_below.tolist()
-        firsts = _firsts(lens)
-        for k in seeded:
-            j = jobs[k][0]
-            seed, out_index, r = params[j].seed, first_output_index[j], firsts[k]
-            for i in range(lens[k] + 1):
-                g.manual_seed(sample_seed(seed, out_index + i))  # type: ignore[arg-type]
-                rows[r + i].uniform_(generator=g)
-                if not float(rows[r + i][1]) < bound[r + i]:
-                    break
+        first = 0
+        for (j, _), n in zip(jobs, lens):
+            seed = params[j].seed
+            if seed is not None:
+                out_index = first_output_index[j]
+                for i in range(n + 1):
+                    g.manual_seed(sample_seed(seed, out_index + i))
+                    u[first + i] = v = torch.rand(2, generator=g).tolist()
+                    if not v[1] < p_draft[first + i]:
+                        break
+            first += n + 1
         return u
-
-
-def _firsts(lens: list[int]) -> list[int]:
-    """Each request's first row, when request k owns ``lens[k] + 1`` rows."""
-    firsts = [0]
-    for n in lens[:-1]:
-        firsts.append(firsts[-1] + n + 1)
-    return firsts
