@@ -7,6 +7,7 @@ import logging
 import os
 import weakref
 from concurrent.futures import Future
+from functools import partial
 
 import torch
 
@@ -27,7 +28,7 @@ from llmsched.executor.torch.gguf import model_folder
 from llmsched.executor.torch.hybrid.model import HybridModel
 from llmsched.executor.torch.hybrid.state import MambaStatePool, plan_mamba_step
 from llmsched.executor.torch.hybrid.weights import load_hybrid_weights
-from llmsched.executor.torch.input_batch import InputBatch, RequestState, StepInputs, plan_step
+from llmsched.executor.torch.input_batch import InputBatch, RequestState, StepInputs, StepPlan, plan_step
 from llmsched.executor.torch.kv_cache import KVCache, KVCachePlan, cdiv, plan_kv_cache
 from llmsched.executor.torch.layers import can_prepack_linears
 from llmsched.executor.torch.lora import LoRAManager
@@ -112,8 +113,6 @@ class TorchExecutor:
                 f"{cfg.architecture} is a hybrid (Mamba) model: enable_lora and speculative_config "
                 "are not supported for it"
             )
-        # The last step submitted: speculative steps are prepared only once it ran.
-        self._last_future: Future[ModelRunnerOutput] | None = None
         self.lora: LoRAManager | None = None
         if enable_lora:
             self.lora = LoRAManager(cfg, max_loras, max_lora_rank, self.device, self.dtype)
@@ -281,6 +280,8 @@ class TorchExecutor:
         inputs sampled by a step still running are filled in on the
         executor's thread. The preparation runs single-threaded, so that
         this thread never starts an OpenMP team of its own (see the class).
+        With speculative decoding the step is prepared on the executor's
+        thread instead, right after the step before it ran.
         """
         plan = plan_step(scheduler_output, verifies_drafts=self.spec is not None)
         if not self._has_grammars and any(r.grammar is not None for r in scheduler_output.admitted):
@@ -290,33 +291,36 @@ class TorchExecutor:
             # interpreter tears xgrammar down, or its C++ side aborts at exit.
             ref = weakref.ref(self)
             atexit.register(lambda: (ex := ref()) is not None and ex.close())
-        spec = self.spec
-        if spec is not None and self._last_future is not None:
-            # Drafts and true positions come from the step before (see spec.decoder).
-            self._last_future.exception()
-            self._last_future = None
-        with single_threaded(), torch.inference_mode():
+        assert self._thread is not None, "the executor is closed"
+        if self.spec is not None:
+            # Drafts and true positions come from the step before (see
+            # spec.decoder): prepared on the executor's thread right after it.
+            return self._thread.submit_deferred(partial(self._prepare_step, plan))
+        with single_threaded():
+            prepared = self._prepare_step(plan)
+        if isinstance(prepared, ModelRunnerOutput):
+            return prepared
+        return self._thread.submit(prepared)
+
+    def _prepare_step(self, plan: StepPlan) -> StepInputs | ModelRunnerOutput:
+        """Apply the step to the request states and build its inputs (its output if nothing is scheduled)."""
+        so = plan.so
+        with torch.inference_mode():
             self.batch.update(plan)
-            if self.mm is not None and scheduler_output.freed_encoder_ids:
-                self._mm_freed.extend(scheduler_output.freed_encoder_ids)
-            if not scheduler_output.scheduled:
+            if self.mm is not None and so.freed_encoder_ids:
+                self._mm_freed.extend(so.freed_encoder_ids)
+            if not so.scheduled:
                 return _NO_SAMPLES
-            if spec is not None:
-                spec.resolve(plan, self.batch.states)
+            if self.spec is not None:
+                self.spec.resolve(plan, self.batch.states)
             step = self.batch.prepare(plan)
             if self.is_hybrid:
                 assert step.sched_rows is not None
-                step.mamba = plan_mamba_step(
-                    scheduler_output, plan.starts, plan.counts, step.sched_rows, self.device
-                )
+                step.mamba = plan_mamba_step(so, plan.starts, plan.counts, step.sched_rows, self.device)
             if self.mm is not None and step.sched_rows is not None:
                 freed, self._mm_freed = self._mm_freed, []
-                step.mm = plan_mm(scheduler_output, plan.starts, plan.counts, step.sched_rows, freed)
-        assert self._thread is not None, "the executor is closed"
-        future = self._thread.submit(step)
-        if spec is not None:
-            self._last_future = future
-        return future
+                step.mm = plan_mm(so, plan.starts, plan.counts, step.sched_rows, freed)
+        return step
 
     def _run(self, step: StepInputs, input_ids: torch.Tensor) -> ModelRunnerOutput:
         """A prepared step's forward pass and sampling (on the executor's thread)."""

@@ -5,6 +5,11 @@ schedule time) and queued here. When another step is already queued, a
 step's output is handed back only as that step's forward starts: the engine
 wakes on the output and runs Python for a while, holding the GIL, and the
 next forward should be under way by then rather than wait for it.
+
+A step whose inputs depend on the outputs of the step before (speculative
+decoding: its drafts and true positions) is queued as a preparation
+instead, run here right after that step: no hand-off to the engine's thread
+and back between the two forwards.
 """
 
 from __future__ import annotations
@@ -37,13 +42,20 @@ class _Step:
     future: Future
 
 
+@dataclass(slots=True)
+class _Deferred:
+    # Builds the step on this thread: its inputs, or its whole output when nothing runs.
+    prepare: Callable[[], StepInputs | ModelRunnerOutput]
+    future: Future
+
+
 class StepThread:
     """One daemon thread that runs calls and steps in the order they were submitted."""
 
     def __init__(self, run_step: RunStep, device: torch.device, name: str = "llmsched-executor") -> None:
         self._run_step = run_step
         self._device = device
-        self._queue: SimpleQueue[_Call | _Step | None] = SimpleQueue()
+        self._queue: SimpleQueue[_Call | _Step | _Deferred | None] = SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -57,6 +69,14 @@ class StepThread:
         """Queue a step; its future completes with its output."""
         future: Future[ModelRunnerOutput] = Future()
         self._queue.put(_Step(step, future))
+        return future
+
+    def submit_deferred(
+        self, prepare: Callable[[], StepInputs | ModelRunnerOutput]
+    ) -> Future[ModelRunnerOutput]:
+        """Queue a step to prepare here once everything before it ran; its future gets its output."""
+        future: Future[ModelRunnerOutput] = Future()
+        self._queue.put(_Deferred(prepare, future))
         return future
 
     def close(self) -> None:
@@ -75,6 +95,15 @@ class StepThread:
                 _settle(item.future, item.fn, *item.args)
                 item = queue.get()
                 continue
+            if isinstance(item, _Deferred):
+                prepared = _prepare(item)
+                if not isinstance(prepared, _Step):
+                    if held is not None:
+                        held[0].set_result(held[1])
+                        held = None
+                    item = queue.get()
+                    continue
+                item = prepared
             step, future = item.step, item.future
             try:
                 if input_ids is None:
@@ -103,11 +132,24 @@ class StepThread:
                 future.set_result(output)
                 item = queue.get()
                 continue
-            if isinstance(item, _Step):
+            if isinstance(item, (_Step, _Deferred)):
                 # The next step's holes are this step's samples, just taken.
                 held = (future, output)
             else:
                 future.set_result(output)
+
+
+def _prepare(item: _Deferred) -> _Step | None:
+    """The deferred step ready to run, or None once its future is settled (nothing to run, or it failed)."""
+    try:
+        prepared = item.prepare()
+    except BaseException as e:
+        item.future.set_exception(e)
+        return None
+    if isinstance(prepared, ModelRunnerOutput):
+        item.future.set_result(prepared)
+        return None
+    return _Step(prepared, item.future)
 
 
 def _settle(future: Future, fn: Callable[..., Any], *args: Any) -> None:

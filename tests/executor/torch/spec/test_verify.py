@@ -97,3 +97,36 @@ def test_seeded_requests_are_reproducible_and_match_the_plain_sampler_without_dr
     st = RequestState(Request("r", [1, 2], params), 0, 0, [0] * 5)
     plain, _ = Sampler(torch.device("cpu"), 3).sample(logits[:1].clone(), [st])
     assert DraftVerifier(Sampler(torch.device("cpu"), 4)).verify(logits[:1], [[]], [params], [5]) == [plain]
+
+
+def test_batched_verification_equals_each_request_alone() -> None:
+    """Seeded requests keep the same tokens whichever requests share the batch (rows drawn per request)."""
+    gen = torch.Generator().manual_seed(5)
+    vocab = 40
+    drafts = [[3, 1, 4], [], [9], [2, 6, 5, 8], [7, 7]]
+    params = [
+        SamplingParams(temperature=1.0, seed=11),
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.6, seed=12, top_k=5),
+        SamplingParams(temperature=1.0, seed=13, top_p=0.9),
+        SamplingParams(temperature=1.0, seed=14),
+    ]
+    for trial in range(20):
+        logits = torch.randn(sum(len(d) + 1 for d in drafts), vocab, generator=gen) * 2
+        # Make roughly half the drafts likely, so both the keep and the redraw paths run.
+        row = 0
+        for d in drafts:
+            for i, t in enumerate(d):
+                if (trial + i) % 2 == 0:
+                    logits[row + i, t] += 8.0
+            row += len(d) + 1
+        firsts = [trial, 0, 3 * trial, 7, 1]
+        together = DraftVerifier(Sampler(torch.device("cpu"), 0)).verify(logits, drafts, params, firsts)
+        row = 0
+        for j, d in enumerate(drafts):
+            alone = DraftVerifier(Sampler(torch.device("cpu"), 1)).verify(
+                logits[row : row + len(d) + 1], [d], [params[j]], [firsts[j]]
+            )
+            assert together[j] == alone[0], (trial, j)
+            assert 1 <= len(together[j]) <= len(d) + 1 and together[j][:-1] == d[: len(together[j]) - 1]
+            row += len(d) + 1

@@ -14,6 +14,14 @@ Seeded requests draw the token at output index ``i`` from the generator
 seeded with ``sample_seed(seed, i)`` (the plain sampler's stream, so a
 position without drafts samples as it would without speculation), and the
 acceptance test from the next draw of that generator.
+
+All sampled requests are verified together: one filter pass, one softmax,
+the drafts' probabilities gathered at once, and one inverse-CDF draw for
+every stop row (the rejected draft masked out there). What is left per
+request is comparing a few floats (its kept run) and, for a seeded
+request, drawing its uniforms from its own stream. A step verifies a few
+rows per request, so fewer tensor ops beat padded-grid arithmetic here:
+each torch call costs microseconds whatever its size.
 """
 
 from __future__ import annotations
@@ -78,48 +86,67 @@ class DraftVerifier:
         jobs: list[tuple[int, int]],
         out: list[list[int]],
     ) -> None:
-        rows = [r for j, first in jobs for r in range(first, first + len(drafts[j]) + 1)]
-        idx = torch.tensor(rows, dtype=torch.int64, device=logits.device)
-        sub = logits.index_select(0, idx).float()
-        Sampler.apply_filters(sub, [params[j] for j, _ in jobs for _ in range(len(drafts[j]) + 1)])
+        """Rejection sampling of every sampled request's rows at once (see the module docstring)."""
+        lens = [len(drafts[j]) for j, _ in jobs]
+        rows = [r for (_, first), n in zip(jobs, lens) for r in range(first, first + n + 1)]
+        dev = logits.device
+        sub = logits.index_select(0, torch.tensor(rows, dtype=torch.int64, device=dev)).float()
+        Sampler.apply_filters(sub, [params[j] for (j, _), n in zip(jobs, lens) for _ in range(n + 1)])
         sub = sub.cpu()
-        probs = torch.softmax(sub, -1)
-        k = 0
-        for j, _ in jobs:
-            d = drafts[j]
-            out[j] = self._accept(
-                sub[k : k + len(d) + 1], probs[k : k + len(d) + 1], d, params[j].seed, first_output_index[j]
-            )
-            k += len(d) + 1
+        # Each row's draft (0 on bonus rows, never tested) and its probability under the target.
+        # A draft holding all the mass has probability exactly 1.0, above any uniform: always kept.
+        col = torch.tensor([t for j, _ in jobs for t in (*drafts[j], 0)], dtype=torch.int64)
+        p_draft = torch.softmax(sub, -1).gather(1, col[:, None]).squeeze(1).tolist()
+        u = self._uniforms(jobs, lens, params, first_output_index, p_draft)
+        # Per request, the leading run of kept drafts (a few floats compared, no tensor op),
+        # then one batched draw at every stop row.
+        stops: list[int] = []
+        rejected: list[int] = []
+        first = 0
+        for (j, _), n in zip(jobs, lens):
+            k = 0
+            while k < n and u[first + k][1] < p_draft[first + k]:
+                k += 1
+            out[j] = drafts[j][:k]
+            if k < n:
+                rejected.append(len(stops))
+            stops.append(first + k)
+            first += n + 1
+        stop_rows = torch.tensor(stops, dtype=torch.int64)
+        last = sub.index_select(0, stop_rows)
+        if rejected:
+            # A rejected draft is drawn from its row with the draft taken out.
+            r = torch.tensor(rejected, dtype=torch.int64)
+            last[r, col.index_select(0, stop_rows.index_select(0, r))] = _NEG_INF
+        u_stop = torch.tensor([u[i][0] for i in stops], dtype=torch.float32)
+        for (j, _), t in zip(jobs, _inverse_cdf(last, u_stop).tolist()):
+            out[j].append(t)
 
-    def _accept(
-        self, logits: torch.Tensor, probs: torch.Tensor, drafts: list[int], seed: int | None, first: int
-    ) -> list[int]:
-        """Rejection sampling for one request's rows (filtered float32 logits and their softmax)."""
-        kept: list[int] = []
-        for i, d in enumerate(drafts):
-            u_sample, u_accept = self._draws(seed, first + i)
-            if u_accept < float(probs[i, d]):
-                kept.append(d)
-                continue
-            row = logits[i : i + 1].clone()
-            row[0, d] = _NEG_INF
-            if bool(torch.isinf(row).all()):
-                # Rounding rejected a draft holding all the mass: nothing else can come.
-                kept.append(d)
-                continue
-            kept.append(int(_inverse_cdf(row, torch.tensor([u_sample]))[0]))
-            return kept
-        u_sample, _ = self._draws(seed, first + len(drafts), accept=False)
-        kept.append(int(_inverse_cdf(logits[len(drafts) :], torch.tensor([u_sample]))[0]))
-        return kept
+    def _uniforms(
+        self,
+        jobs: list[tuple[int, int]],
+        lens: list[int],
+        params: list[SamplingParams],
+        first_output_index: list[int],
+        p_draft: list[float],
+    ) -> list[list[float]]:
+        """(sampling, acceptance) uniforms per row; a seeded request's from its own stream per output index.
 
-    def _draws(self, seed: int | None, output_index: int, accept: bool = True) -> tuple[float, float]:
-        """(sampling uniform, acceptance uniform) for one output index."""
-        if seed is None:
-            g = self.generator
-        else:
-            g = self._row_generator
-            g.manual_seed(sample_seed(seed, output_index))
-        u = float(torch.rand(1, generator=g))
-        return u, float(torch.rand(1, generator=g)) if accept else 0.0
+        A seeded request's rows are drawn only up to its first rejection
+        (a row keeps its draft when its acceptance uniform is below
+        ``p_draft``), since no row after it is read.
+        """
+        u: list[list[float]] = torch.rand((sum(lens) + len(lens), 2), generator=self.generator).tolist()
+        g = self._row_generator
+        first = 0
+        for (j, _), n in zip(jobs, lens):
+            seed = params[j].seed
+            if seed is not None:
+                out_index = first_output_index[j]
+                for i in range(n + 1):
+                    g.manual_seed(sample_seed(seed, out_index + i))
+                    u[first + i] = v = torch.rand(2, generator=g).tolist()
+                    if not v[1] < p_draft[first + i]:
+                        break
+            first += n + 1
+        return u

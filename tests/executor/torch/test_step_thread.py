@@ -1,0 +1,70 @@
+"""The executor's thread: deferred steps are prepared there, after the steps queued before them."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from llmsched.core.output import ModelRunnerOutput
+from llmsched.executor.torch.step_thread import StepThread
+
+
+class _FakeStep:
+    """Just enough of StepInputs for the thread: its input tokens."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def input_ids(self, device: torch.device) -> torch.Tensor:
+        return torch.tensor([self.token])
+
+
+def test_deferred_steps_are_prepared_on_the_thread_after_the_step_before() -> None:
+    ran: list[int] = []
+    names: list[str] = []
+
+    def run(step: _FakeStep, ids: torch.Tensor) -> ModelRunnerOutput:
+        ran.append(int(ids[0]))
+        return ModelRunnerOutput(sampled_token_ids=[[int(ids[0])]])
+
+    def prepare() -> _FakeStep:
+        # Sees what the step before sampled, as speculative decoding needs.
+        names.append(threading.current_thread().name)
+        return _FakeStep(ran[-1] + 1)
+
+    t = StepThread(run, torch.device("cpu"))
+    try:
+        first = t.submit(_FakeStep(10))  # type: ignore[arg-type]
+        second = t.submit_deferred(prepare)  # type: ignore[arg-type]
+        third = t.submit_deferred(prepare)  # type: ignore[arg-type]
+        assert third.result(timeout=10).sampled_token_ids == [[12]]
+        assert first.result().sampled_token_ids == [[10]]
+        assert second.result().sampled_token_ids == [[11]]
+        assert names == ["llmsched-executor"] * 2
+    finally:
+        t.close()
+
+
+def test_a_failed_or_empty_preparation_settles_its_future_and_the_thread_goes_on() -> None:
+    def run(step: _FakeStep, ids: torch.Tensor) -> ModelRunnerOutput:
+        return ModelRunnerOutput(sampled_token_ids=[[int(ids[0])]])
+
+    def fail() -> _FakeStep:
+        raise KeyError("request 'x' is scheduled but was never admitted")
+
+    empty = ModelRunnerOutput(sampled_token_ids=())
+    t = StepThread(run, torch.device("cpu"))
+    try:
+        before = t.submit(_FakeStep(1))  # type: ignore[arg-type]
+        bad = t.submit_deferred(fail)  # type: ignore[arg-type]
+        nothing = t.submit_deferred(lambda: empty)
+        after = t.submit_deferred(lambda: _FakeStep(2))  # type: ignore[arg-type,return-value]
+        with pytest.raises(KeyError, match="never admitted"):
+            bad.result(timeout=10)
+        assert nothing.result(timeout=10) is empty
+        assert before.result().sampled_token_ids == [[1]]
+        assert after.result(timeout=10).sampled_token_ids == [[2]]
+    finally:
+        t.close()
