@@ -13,7 +13,9 @@ lock-step (the same schedule, baseline step then this tree's), timing the
 executor alone. The workload repeats ``--rounds`` times; each step's
 figure is its fastest over the rounds. Reported: the prefill steps summed,
 the median batch-``--batch`` decode step, and this tree's ratios to the
-baseline; and whether both produced the same tokens.
+baseline (of those bests, and the median of each round's own ratio, which
+a load that drifts between rounds moves less); and whether both produced
+the same tokens.
 
 ``--threads`` sets each executor's torch threads (default 1: with two
 executors in one process, two OpenMP teams would compete).
@@ -102,6 +104,16 @@ def summarize(rounds: list[dict], label: str) -> dict:
     }
 
 
+def round_ratios(rounds: list[dict]) -> dict[str, list[float]]:
+    """Each round's new / base ratios (prefill sum, decode median), one per round."""
+    out: dict[str, list[float]] = {"prefill": [], "decode": []}
+    for r in rounds:
+        b, n = summarize([r], "base"), summarize([r], "new")
+        out["prefill"].append(n["prefill_s"] / b["prefill_s"])
+        out["decode"].append(n["decode_ms"] / b["decode_ms"])
+    return out
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="a Hugging Face model folder")
@@ -161,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     figs = {label: summarize(rounds, label) for label in pkgs}
     b, n = figs["base"], figs["new"]
     ratios = {"prefill": n["prefill_s"] / b["prefill_s"], "decode": n["decode_ms"] / b["decode_ms"]}
+    per_round = round_ratios(rounds)
     print(f"greedy tokens identical: {same}")
     for label, f in figs.items():
         print(
@@ -168,9 +181,19 @@ def main(argv: list[str] | None = None) -> int:
             f"decode {f['decode_ms']:.2f} ms/step ({f['decode_steps']} steps at batch {args.batch})"
         )
     print(f"new / base: prefill x{ratios['prefill']:.3f}, decode x{ratios['decode']:.3f}")
+    print(
+        "new / base, median of the rounds' own ratios: "
+        f"prefill x{statistics.median(per_round['prefill']):.3f}, "
+        f"decode x{statistics.median(per_round['decode']):.3f}"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        out = {"args": {k: str(v) for k, v in vars(args).items()}, "figures": figs, "ratios": ratios}
+        out = {
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "figures": figs,
+            "ratios": ratios,
+            "round_ratios": per_round,
+        }
         args.json.write_text(json.dumps({**out, "tokens_identical": same}, indent=2))
     return 0
 

@@ -6,9 +6,10 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from llmsched.core import Request, SamplingParams, SchedulerOutput
-from llmsched.executor.torch.attention import PagedAttention
+from llmsched.executor.torch.attention import AttentionMetadata, PagedAttention, PrefillChunk, fresh_runs
 from llmsched.executor.torch.input_batch import InputBatch, plan_step
 from llmsched.executor.torch.kv_cache import key_view
 
@@ -126,3 +127,45 @@ def test_bfloat16_decode_is_close_to_float32():
     half = attn.forward(q.bfloat16(), k.bfloat16(), v.bfloat16(), cache.bfloat16(), meta)
     assert half.dtype is torch.bfloat16
     assert torch.allclose(half.float(), exact, atol=0.05)
+
+
+def test_fresh_runs_join_adjacent_equal_length_chunks_from_position_0():
+    chunks = [PrefillChunk(s, e, 0) for s, e in [(2, 7), (7, 12), (12, 15), (15, 18), (18, 21)]]
+    later = PrefillChunk(21, 24, 5, block_ids=torch.zeros(2, dtype=torch.int64))
+    chunks += [later, PrefillChunk(24, 27, 0), PrefillChunk(30, 33, 0)]
+    assert fresh_runs(chunks) == [(2, 12, 2), (12, 21, 3), (24, 27, 1), (30, 33, 1)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lengths", [(16, 16, 16), (16, 16, 9, 9, 9, 23)])
+def test_batched_fresh_prefills_give_each_chunk_its_own_calls_bits(dtype, lengths):
+    nh, kvh = 6, 2
+    g = torch.Generator().manual_seed(len(lengths))
+    ntok = sum(lengths)
+    q = torch.randn(ntok, nh, D, generator=g).to(dtype)
+    k = torch.randn(ntok, kvh, D, generator=g).to(dtype)
+    v = torch.randn(ntok, kvh, D, generator=g).to(dtype)
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    meta = AttentionMetadata(
+        slot_mapping=torch.arange(ntok), prefills=[PrefillChunk(s, s + n, 0) for s, n in zip(starts, lengths)]
+    )
+    cache = torch.zeros(2, kvh, NB, BS, D, dtype=dtype)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # chunks are batched on one thread only
+    try:
+        out = PagedAttention(nh, kvh, D, BS, keys_transposed=False).forward(q, k, v, cache, meta)
+        refs = [
+            F.scaled_dot_product_attention(
+                *(t[s : s + n].transpose(0, 1).unsqueeze(0) for t in (q, k, v)),
+                is_causal=True,
+                scale=D**-0.5,
+                enable_gqa=True,
+            )[0].transpose(0, 1)
+            for s, n in zip(starts, lengths)
+        ]
+    finally:
+        torch.set_num_threads(threads)
+    for s, n, ref in zip(starts, lengths, refs):
+        assert torch.equal(out[s : s + n].view(n, nh, D), ref)
+    # The step's new K/V still land in the cache.
+    assert torch.equal(cache[1].view(kvh, -1, D)[:, :ntok], v.transpose(0, 1))

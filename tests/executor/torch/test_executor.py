@@ -265,3 +265,16 @@ def test_prefault_touches_the_whole_cache_and_changes_no_output(tiny_models):
     assert all(not b.any() for b in blocks)
     ex.close()
     assert run_engine(model.path, prompts, greedy(6)).outputs == before
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_equal_length_prompts_on_one_thread_match_transformers(tiny_models, family):
+    # On one thread, adjacent equal-length fresh prompts share one attention call per layer.
+    model = tiny_models[family]
+    prompts = prompts_of([12, 12, 12, 5, 5, 9], seed=4)
+    threads = torch.get_num_threads()
+    try:
+        run = run_engine(model.path, prompts, greedy(8), num_threads=1)
+    finally:
+        torch.set_num_threads(threads)
+    assert run.outputs == references(model, prompts, 8)

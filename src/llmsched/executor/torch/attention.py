@@ -25,7 +25,8 @@ K/V into the cache at their slots, then:
   2-3x faster than gathering K and a batched matmul. On CUDA the group's K
   and V are gathered (index_select over the block dimension) and fed to SDPA.
 - a prefill chunk starting at position 0 attends to its own fresh K/V with a
-  causal SDPA (no gather); one starting later (after prefix-cache hits or
+  causal SDPA (no gather), adjacent ones of equal length in one batched
+  call; one starting later (after prefix-cache hits or
   earlier chunks) gathers its blocks and uses an explicit offset-causal mask.
 
 The query heads that share a KV head are laid out as that head's query rows,
@@ -94,6 +95,21 @@ class AttentionMetadata:
     # With transposed K blocks: slot_mapping split into block and offset.
     slot_blocks: torch.Tensor | None = None
     slot_offsets: torch.Tensor | None = None
+
+
+def fresh_runs(prefills: list[PrefillChunk]) -> list[tuple[int, int, int]]:
+    """(first row, end row, chunks) of each run of adjacent equal-length chunks starting at position 0."""
+    runs: list[tuple[int, int, int]] = []
+    for c in prefills:
+        if c.block_ids is not None:
+            continue
+        if runs:
+            start, end, n = runs[-1]
+            if end == c.start and c.end - c.start == (end - start) // n:
+                runs[-1] = (start, c.end, n + 1)
+                continue
+        runs.append((c.start, c.end, 1))
+    return runs
 
 
 class PagedAttention:
@@ -168,6 +184,14 @@ class PagedAttention:
         else:
             cache[0].view(kvh, -1, d).index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
         cache[1].view(kvh, -1, d).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+        # On one thread only: with more, the kernel splits a batch's work over
+        # threads differently from one chunk's, which moves float32 results
+        # by an ulp (its matmuls round by buffer alignment).
+        runs = fresh_runs(meta.prefills) if torch.get_num_threads() == 1 else []
+        if not meta.num_decodes and len(runs) == 1 and runs[0][0] == 0 and runs[0][1] == q.shape[0]:
+            # A step of equal-length fresh prompts only: the kernel's output
+            # already has the token-major layout, so it is returned as is.
+            return self._prefill_fresh(q, k, v, 0, q.shape[0], runs[0][2], None)
         out = torch.empty((q.shape[0], self.num_heads * d), dtype=q.dtype, device=q.device)
         if meta.num_decodes:
             qd = q[: meta.num_decodes]
@@ -181,26 +205,55 @@ class PagedAttention:
             qd = qd.reshape(-1, kvh, grp, d).transpose(0, 1)
             for g in meta.decode_groups:
                 decode(qd, cache, g, out)
-        scale = self.scale
+        for start, end, n in runs:
+            self._prefill_fresh(q, k, v, start, end, n, out)
         for c in meta.prefills:
-            qc = q[c.start : c.end].transpose(0, 1).unsqueeze(0)
             if c.block_ids is None:
-                kc = k[c.start : c.end].transpose(0, 1).unsqueeze(0)
-                vc = v[c.start : c.end].transpose(0, 1).unsqueeze(0)
-                o = F.scaled_dot_product_attention(
-                    qc, kc, vc, is_causal=True, scale=scale, enable_gqa=grp > 1
-                )
-            else:
-                kc, vc = self._gather(cache, c.block_ids, 1)
-                o = F.scaled_dot_product_attention(
-                    qc,
-                    kc.transpose(0, 1),
-                    vc.transpose(0, 1),
-                    attn_mask=c.mask,
-                    scale=scale,
-                    enable_gqa=grp > 1,
-                )
+                if not runs:
+                    self._prefill_fresh(q, k, v, c.start, c.end, 1, out)
+                continue
+            kc, vc = self._gather(cache, c.block_ids, 1)
+            o = F.scaled_dot_product_attention(
+                q[c.start : c.end].transpose(0, 1).unsqueeze(0),
+                kc.transpose(0, 1),
+                vc.transpose(0, 1),
+                attn_mask=c.mask,
+                scale=self.scale,
+                enable_gqa=grp > 1,
+            )
             out[c.start : c.end].view(-1, self.num_heads, d).copy_(o[0].transpose(0, 1))
+        return out
+
+    def _prefill_fresh(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        start: int,
+        end: int,
+        n: int,
+        out: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Causal attention of ``n`` equal-length fresh chunks filling rows [start, end), as one batch.
+
+        The flash kernel computes each (chunk, head, query block) on its own
+        with sizes set by the chunk length alone, so on one thread one call
+        over the batch gives every chunk the bits a call of its own would,
+        with one call (and one output copy) per layer instead of one per chunk.
+        """
+        nh, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        length = (end - start) // n
+        o = F.scaled_dot_product_attention(
+            q[start:end].view(n, length, nh, d).transpose(1, 2),
+            k[start:end].view(n, length, kvh, d).transpose(1, 2),
+            v[start:end].view(n, length, kvh, d).transpose(1, 2),
+            is_causal=True,
+            scale=self.scale,
+            enable_gqa=self.group > 1,
+        ).transpose(1, 2)
+        if out is None:
+            return o.reshape(end - start, nh * d)
+        out[start:end].view(n, length, nh, d).copy_(o)
         return out
 
     def _decode_bags(self, qd: torch.Tensor, cache: torch.Tensor, g: DecodeGroup, out: torch.Tensor) -> None:

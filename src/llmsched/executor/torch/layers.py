@@ -19,7 +19,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     var = xf.square().mean(-1, keepdim=True)
     var.add_(eps).rsqrt_()
     xf = xf * var if xf is x else xf.mul_(var)
-    return weight * xf.to(x.dtype)
+    h = xf.to(x.dtype)
+    if weight.dtype != h.dtype or weight.dim() > h.dim():
+        return weight * h  # the reference's type promotion / broadcast
+    # Scaled in place (a product commutes bit for bit): one buffer fewer.
+    return h.mul_(weight)
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
