@@ -7,8 +7,9 @@ step's tokens arrive flattened with decodes first (sorted by context
 length) and prefill chunks after. Each layer first writes the step's new
 K/V into the cache at their slots, then:
 
-- decodes run in groups of similar context length (on CPU sized so that a
-  group's working set stays in cache; on CUDA one group). On CPU, both
+- decodes run in groups of similar context length (on CPU cut where that
+  saves more padding than a group's ops cost, see decode_groups.py; on
+  CUDA one group). On CPU, both
   halves of attention are embedding_bag calls that read the cache in place,
   with no gathered copy of K or V. A decode has only as many query rows per
   KV head as the GQA group (1-8), and PyTorch's CPU batched matmul (and
