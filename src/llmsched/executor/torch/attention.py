@@ -263,17 +263,21 @@ class PagedAttention:
         # last block nor padding blocks: those rows had weight 0, and the bag
         # sums its rows in order, so dropping trailing zero-weight rows keeps
         # every sum as it was, with fewer V bytes read.
-        visible = (g.mask.view(n, 1, 1, nb * bs) == 0).expand(n, kvh, grp, nb * bs)
-        lens = visible.sum(-1).view(-1)
+        visible = g.mask.view(n, 1, 1, nb * bs) == 0
+        # Each request's context length, for each of its (KV head, query) bags.
+        lens = visible.sum(-1).expand(n, kvh, grp).reshape(-1)
+        rows = vtok.reshape(-1)
         if int(lens.sum()) >= SKIP_UNUSED_ROWS_BELOW * lens.numel() * nb * bs:
             # Mostly full blocks: selecting the visible probabilities would
             # cost more than the few V rows it saves.
             lens.fill_(nb * bs)
-            g.value_rows = vtok.reshape(-1)
+            g.value_rows = rows
             g.visible_probs = None
         else:
-            g.value_rows = vtok[visible]
-            g.visible_probs = visible.reshape(-1).nonzero().view(-1)
+            # One nonzero serves both: the kept probabilities and their V rows.
+            keep = visible.expand(n, kvh, grp, nb * bs).reshape(-1).nonzero().view(-1)
+            g.value_rows = rows.index_select(0, keep)
+            g.visible_probs = keep
         g.value_offsets = lens.cumsum(0) - lens
 
     def _decode_sdpa(self, qd: torch.Tensor, cache: torch.Tensor, g: DecodeGroup, out: torch.Tensor) -> None:
