@@ -173,7 +173,7 @@ class PagedAttention:
             cache[0].view(kvh, -1, d).index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
         cache[1].view(kvh, -1, d).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
         groups = meta.decode_groups
-        if self.keys_transposed and len(groups) == 1 and not meta.prefills:
+        if self.keys_transposed and len(groups) == 1 and groups[0].end - groups[0].start == q.shape[0]:
             # A decode-only step in one group: the output bags are the output.
             return self._decode_bags(q, cache, groups[0])
         out = torch.empty((q.shape[0], self.num_heads * d), dtype=q.dtype, device=q.device)
