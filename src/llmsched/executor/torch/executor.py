@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 # place, one request's blocks at a time, so a group's size does not change
 # what stays in cache; the cap bounds the group's score tensors. (It was
 # 4 MiB when decodes gathered K: at batch 64 that made 3-4 groups, each
-# paying its ops in every layer: ~12% of a batch-64 decode step.)
+# paying its ops in every layer: up to ~10% of a batch-64 decode step.)
 DECODE_GROUP_BYTES = 64 << 20
 _NO_SAMPLES = ModelRunnerOutput(sampled_token_ids=())
 
