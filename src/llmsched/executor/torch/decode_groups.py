@@ -4,9 +4,10 @@ Every decode of a group is padded to the group's longest context (whole KV
 blocks), so each padded position costs score and value work in every
 layer; each group costs a fixed set of ops per layer (its two
 embedding_bag calls, the softmax, the weight and output copies). On CPU a
-group's per-layer overhead (~100 us on one core of the development
-machine, loaded) is worth about ``GROUP_COST_TOKENS`` padded positions
-(~45 ns each at SmolLM2's and the e2e model's head counts), so one group
+group's per-layer overhead (~0.1 ms, measured with SmolLM2's shapes on
+one core of the development machine) is worth about ``GROUP_COST_TOKENS``
+padded positions (~45 ns each at SmolLM2's and the e2e model's head
+counts: ~2.5 ns per K or V row and query head), so one group
 serves every decode unless splitting saves more padding than that.
 Splitting happens only where the block count changes: within a run of
 equal block counts there is no padding to save.
