@@ -8,7 +8,8 @@ unpacked with ``git archive REV src | tar -x -C /tmp/base``) is copied
 under the package name ``llmsched_base`` and imported beside this tree.
 Each tree gets its own TorchExecutor on ``--model`` (bfloat16, its own KV
 cache) and EngineCore; both take the same ``--batch`` greedy requests of
-``--prompt-len`` random tokens and ``--output-len`` outputs and step in
+``--prompt-len`` random tokens (or lengths drawn from
+[``--min-prompt-len``, ``--prompt-len``]) and ``--output-len`` outputs and step in
 lock-step (the same schedule, baseline step then this tree's), timing the
 executor alone. The workload repeats ``--rounds`` times; each step's
 figure is its fastest over the rounds. Reported: the prefill steps summed,
@@ -69,8 +70,8 @@ def run_round(pkgs: dict, executors: dict, args: argparse.Namespace, rnd: int) -
         vocab = ex.model.config.vocab_size
         params = core.SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
         reqs = [
-            core.Request(f"r{rnd}-{i}", [rng.randrange(vocab) for _ in range(args.prompt_len)], params)
-            for i in range(args.batch)
+            core.Request(f"r{rnd}-{i}", [rng.randrange(vocab) for _ in range(n)], params)
+            for i, n in enumerate(prompt_lens(args, rng))
         ]
         engines[label] = engine_mod.EngineCore(config, ex)
         for r in reqs:
@@ -88,6 +89,13 @@ def run_round(pkgs: dict, executors: dict, args: argparse.Namespace, rnd: int) -
             times[label].append((kind, s.execute_ns / 1e6))
     tokens = {label: [r.output_token_ids for r in reqs] for label, reqs in requests.items()}
     return {"times": times, "tokens": tokens}
+
+
+def prompt_lens(args: argparse.Namespace, rng: random.Random) -> list[int]:
+    """``--batch`` prompt lengths: ``--prompt-len``, or drawn from [``--min-prompt-len``, that]."""
+    if args.min_prompt_len is None:
+        return [args.prompt_len] * args.batch
+    return [rng.randint(args.min_prompt_len, args.prompt_len) for _ in range(args.batch)]
 
 
 def summarize(rounds: list[dict], label: str) -> dict:
@@ -121,6 +129,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument(
+        "--min-prompt-len",
+        type=int,
+        default=None,
+        help="draw each prompt's length from [this, --prompt-len] (mixed contexts; default: all equal)",
+    )
     p.add_argument("--output-len", type=int, default=24)
     p.add_argument("--threads", type=int, default=1, help="torch threads per executor (default: 1)")
     p.add_argument("--seed", type=int, default=0)
@@ -152,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
                 num_gpu_blocks=args.batch * (-(-(args.prompt_len + args.output_len) // 128) + 1) + 64,
             )
         # Warm-up: oneDNN kernels built, buffers grown.
-        warm = argparse.Namespace(**{**vars(args), "batch": 8, "prompt_len": 300, "output_len": 4})
+        warm = argparse.Namespace(
+            **{**vars(args), "batch": 8, "prompt_len": 300, "min_prompt_len": None, "output_len": 4}
+        )
         run_round(pkgs, executors, warm, -1)
         rounds = []
         for rnd in range(args.rounds):

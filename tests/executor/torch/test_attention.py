@@ -34,12 +34,15 @@ def make_batch(keys_transposed: bool, group_bytes: int, kvh: int) -> InputBatch:
 # (context already in the cache, tokens this step): decodes, a fresh prefill,
 # prefills continuing after a prefix hit / an earlier chunk.
 CHUNKS = [(9, 1), (0, 6), (22, 1), (3, 1), (6, 7), (13, 1), (40, 1), (17, 5), (1, 1)]
+# A decode-only step (in one group, its output bags are the whole output).
+DECODES = [c for c in CHUNKS if c[1] == 1]
 
 
+@pytest.mark.parametrize("chunks", [CHUNKS, DECODES], ids=["mixed", "decodes"])
 @pytest.mark.parametrize("heads", [(4, 2), (2, 2), (6, 1)])
 @pytest.mark.parametrize("keys_transposed", [True, False])
 @pytest.mark.parametrize("group_bytes", [1, 1 << 20])
-def test_matches_dense_reference(heads, keys_transposed, group_bytes):
+def test_matches_dense_reference(heads, keys_transposed, group_bytes, chunks):
     nh, kvh = heads
     g = torch.Generator().manual_seed(sum(heads) + group_bytes % 7)
     cache = torch.zeros(2, kvh, NB, BS, D)
@@ -47,7 +50,7 @@ def test_matches_dense_reference(heads, keys_transposed, group_bytes):
     free = torch.randperm(NB - 1, generator=g).add(1).tolist()
     so = SchedulerOutput(step=0)
     dense_k, dense_v = [], []
-    for i, (ctx, n) in enumerate(CHUNKS):
+    for i, (ctx, n) in enumerate(chunks):
         total = ctx + n
         req = Request(str(i), list(range(total)), SamplingParams(max_tokens=4))
         req.num_computed_tokens = total
@@ -68,12 +71,12 @@ def test_matches_dense_reference(heads, keys_transposed, group_bytes):
     step = batch.prepare(plan_step(so))
     meta = step.attn
     if group_bytes == 1:
-        assert len(meta.decode_groups) == sum(1 for _, n in CHUNKS if n == 1)
+        assert len(meta.decode_groups) == sum(1 for _, n in chunks if n == 1)
     else:
         assert len(meta.decode_groups) == 1
     # Which request and position each flattened row is.
     owner = []
-    for i, (ctx, n) in enumerate(CHUNKS):
+    for i, (ctx, n) in enumerate(chunks):
         owner += [(i, p) for p in range(ctx, ctx + n)]
     by_slot = {}
     for i, p in owner:

@@ -7,8 +7,9 @@ step's tokens arrive flattened with decodes first (sorted by context
 length) and prefill chunks after. Each layer first writes the step's new
 K/V into the cache at their slots, then:
 
-- decodes run in groups of similar context length (on CPU sized so that a
-  group's working set stays in cache; on CUDA one group). On CPU, both
+- decodes run in groups of similar context length (on CPU cut where that
+  saves more padding than a group's ops cost, see decode_groups.py; on
+  CUDA one group). On CPU, both
   halves of attention are embedding_bag calls that read the cache in place,
   with no gathered copy of K or V. A decode has only as many query rows per
   KV head as the GQA group (1-8), and PyTorch's CPU batched matmul (and
@@ -17,9 +18,9 @@ K/V into the cache at their slots, then:
 
   * scores: with K blocks stored [head_dim, block_size], a query's scores
     over one block are the sum of the block's head_dim rows weighted by the
-    query's components, i.e. one bag per (KV head, request, query, block);
+    query's components, i.e. one bag per (request, KV head, query, block);
   * output: the probability-weighted sum of the context's V rows, one bag
-    per (KV head, request, query).
+    per (request, KV head, query), which is the output's row layout.
 
   Measured on a 2-core Zen4 at batch 64 with 500-token contexts, this is
   2-3x faster than gathering K and a batched matmul. On CUDA the group's K
@@ -119,6 +120,7 @@ class PagedAttention:
         "_buf",
         "_offsets",
         "_offsets_key",
+        "_weights",
         "block_size",
         "group",
         "head_dim",
@@ -145,6 +147,8 @@ class PagedAttention:
         # and the (blocks, device) it was made for.
         self._offsets = torch.empty(0, dtype=torch.int64)
         self._offsets_key: tuple[int, torch.device] | None = None
+        # The decode score bags' weights, grown on demand, reused by every layer and step.
+        self._weights = torch.empty(0)
 
     def _gather(
         self, cache: torch.Tensor, block_ids: torch.Tensor, num_seqs: int
@@ -184,6 +188,10 @@ class PagedAttention:
         else:
             cache[0].view(kvh, -1, d).index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
         cache[1].view(kvh, -1, d).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+        groups = meta.decode_groups
+        if self.keys_transposed and len(groups) == 1 and groups[0].end - groups[0].start == q.shape[0]:
+            # A decode-only step in one group: the output bags are the output.
+            return self._decode_bags(q, cache, groups[0])
         # On one thread only: with more, the kernel splits a batch's work over
         # threads differently from one chunk's, which moves float32 results
         # by an ulp (its matmuls round by buffer alignment).
@@ -193,18 +201,14 @@ class PagedAttention:
             # already has the token-major layout, so it is returned as is.
             return self._prefill_fresh(q, k, v, 0, q.shape[0], runs[0][2], None)
         out = torch.empty((q.shape[0], self.num_heads * d), dtype=q.dtype, device=q.device)
-        if meta.num_decodes:
-            qd = q[: meta.num_decodes]
-            if self.keys_transposed:
-                # The bags take the scaled queries as weights: scaled once for
-                # every group (the same elementwise product per group).
-                qd, decode = qd.mul(self.scale), self._decode_bags
-            else:
-                decode = self._decode_sdpa
+        if meta.num_decodes and self.keys_transposed:
+            for g in groups:
+                out[g.start : g.end].copy_(self._decode_bags(q, cache, g))
+        elif meta.num_decodes:
             # [kv_heads, decodes, group, head_dim]: each KV head's queries together.
-            qd = qd.reshape(-1, kvh, grp, d).transpose(0, 1)
-            for g in meta.decode_groups:
-                decode(qd, cache, g, out)
+            qd = q[: meta.num_decodes].reshape(-1, kvh, grp, d).transpose(0, 1)
+            for g in groups:
+                self._decode_sdpa(qd, cache, g, out)
         for start, end, n in runs:
             self._prefill_fresh(q, k, v, start, end, n, out)
         for c in meta.prefills:
@@ -256,59 +260,77 @@ class PagedAttention:
         out[start:end].view(n, length, nh, d).copy_(o)
         return out
 
-    def _decode_bags(self, qd: torch.Tensor, cache: torch.Tensor, g: DecodeGroup, out: torch.Tensor) -> None:
+    def _decode_bags(self, q: torch.Tensor, cache: torch.Tensor, g: DecodeGroup) -> torch.Tensor:
+        """The group's attention output [requests, heads * head_dim], from two embedding_bag calls.
+
+        Bags run request-major, (request, KV head, query[, block]), so the
+        output bags come out in the output's own row layout, with no
+        transposing copy; each bag sums the same rows in the same order as
+        in any other bag order, so the bits do not depend on it.
+        """
         kvh, d, grp, bs = self.num_kv_heads, self.head_dim, self.group, self.block_size
         n = g.end - g.start
         nb = g.block_table.numel() // n
         if g.key_rows is None:
             self._bag_rows(g, cache.shape[2], n, nb)
-        # One weight per (KV head, request, query, block, K row): the scaled
-        # query (``qd`` comes scaled) repeated over the request's blocks.
-        w = qd[:, g.start : g.end].unsqueeze(3).expand(kvh, n, grp, nb, d)
+        # One weight per (request, KV head, query, block, K row): the query
+        # repeated over the request's blocks and scaled, in one op (the
+        # same product, element by element, as scaling first).
+        numel = n * kvh * grp * nb * d
+        w = self._weights
+        if w.numel() < numel or w.dtype != q.dtype or w.device != q.device:
+            w = self._weights = torch.empty(numel, dtype=q.dtype, device=q.device)
+        w = w[:numel]
+        qg = q[g.start : g.end].reshape(n, kvh, grp, 1, d).expand(n, kvh, grp, nb, d)
+        torch.mul(qg, self.scale, out=w.view(n, kvh, grp, nb, d))
         # 1-D rows with precomputed offsets: the same bags as 2-D rows, without
         # embedding_bag building the offsets (and reshaping) on every call.
         scores = F.embedding_bag(
-            g.key_rows, cache.view(-1, bs), g.key_offsets, mode="sum", per_sample_weights=w.reshape(-1)
-        ).view(kvh, n, grp, nb * bs)
-        probs = torch.softmax(scores.add_(g.mask), -1).view(-1)
+            g.key_rows, cache.view(-1, bs), g.key_offsets, mode="sum", per_sample_weights=w
+        ).view(n, kvh, grp, nb * bs)
+        probs = torch.softmax(scores.add_(g.mask.view(n, 1, 1, nb * bs)), -1).view(-1)
         if g.visible_probs is not None:
             probs = probs.index_select(0, g.visible_probs)
         o = F.embedding_bag(
             g.value_rows, cache.view(-1, d), g.value_offsets, mode="sum", per_sample_weights=probs
         )
-        out[g.start : g.end].view(n, kvh, grp, d).copy_(o.view(kvh, n, grp, d).transpose(0, 1))
+        return o.view(n, kvh * grp * d)
 
     def _bag_rows(self, g: DecodeGroup, num_blocks: int, n: int, nb: int) -> None:
         """Fill in the group's flat score-bag rows (head_dim a bag) and output-bag rows (its context)."""
         kvh, d, bs, grp = self.num_kv_heads, self.head_dim, self.block_size, self.group
         dev = g.block_table.device
-        table = g.block_table.view(1, n, 1, nb)
-        heads = torch.arange(kvh, device=dev).view(kvh, 1, 1, 1) * num_blocks
+        table = g.block_table.view(n, 1, 1, nb)
+        heads = torch.arange(kvh, device=dev).view(1, kvh, 1, 1) * num_blocks
         # K plane, viewed as rows of block_size: block b of head h holds rows
         # (h * num_blocks + b) * head_dim + [0, head_dim).
-        kblock = (table + heads) * d  # [kvh, n, 1, nb]
+        kblock = (table + heads) * d  # [n, kvh, 1, nb]
         g.key_rows = (
-            (kblock.unsqueeze(-1) + torch.arange(d, device=dev)).expand(kvh, n, grp, nb, d).reshape(-1)
+            (kblock.unsqueeze(-1) + torch.arange(d, device=dev)).expand(n, kvh, grp, nb, d).reshape(-1)
         )
         g.key_offsets = torch.arange(0, g.key_rows.numel(), d, device=dev)
         # V plane (after the kv_heads K planes), viewed as rows of head_dim.
         vtok = ((table + heads + kvh * num_blocks) * bs).unsqueeze(-1) + torch.arange(bs, device=dev)
-        vtok = vtok.view(kvh, n, 1, nb * bs).expand(kvh, n, grp, nb * bs)
+        vtok = vtok.view(n, kvh, 1, nb * bs).expand(n, kvh, grp, nb * bs)
         # Output bags read only each request's context, not the rest of its
         # last block nor padding blocks: those rows had weight 0, and the bag
         # sums its rows in order, so dropping trailing zero-weight rows keeps
         # every sum as it was, with fewer V bytes read.
-        visible = (g.mask.view(1, n, 1, nb * bs) == 0).expand(kvh, n, grp, nb * bs)
-        lens = visible.sum(-1).view(-1)
+        visible = g.mask.view(n, 1, 1, nb * bs) == 0
+        # Each request's context length, for each of its (KV head, query) bags.
+        lens = visible.sum(-1).expand(n, kvh, grp).reshape(-1)
+        rows = vtok.reshape(-1)
         if int(lens.sum()) >= SKIP_UNUSED_ROWS_BELOW * lens.numel() * nb * bs:
             # Mostly full blocks: selecting the visible probabilities would
             # cost more than the few V rows it saves.
             lens.fill_(nb * bs)
-            g.value_rows = vtok.reshape(-1)
+            g.value_rows = rows
             g.visible_probs = None
         else:
-            g.value_rows = vtok[visible]
-            g.visible_probs = visible.reshape(-1).nonzero().view(-1)
+            # One nonzero serves both: the kept probabilities and their V rows.
+            keep = visible.expand(n, kvh, grp, nb * bs).reshape(-1).nonzero().view(-1)
+            g.value_rows = rows.index_select(0, keep)
+            g.visible_probs = keep
         g.value_offsets = lens.cumsum(0) - lens
 
     def _decode_sdpa(self, qd: torch.Tensor, cache: torch.Tensor, g: DecodeGroup, out: torch.Tensor) -> None:

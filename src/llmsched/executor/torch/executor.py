@@ -44,11 +44,13 @@ from llmsched.executor.torch.weights import load_weights
 
 log = logging.getLogger(__name__)
 
-# A decode group's gathered K aims to fit this, so the following matmuls read
-# K and V from the last-level cache. Measured on a 2-core Zen4 (2 MiB L2 per
-# core, 32 MiB L3): 4 MiB groups beat 1 MiB ones (fewer, larger kernels) and
-# 16 MiB ones (which spill).
-DECODE_GROUP_BYTES = 4 << 20
+# A cap on a decode group's padded K (one layer); groups are otherwise cut
+# by padding (see decode_groups.py). The CPU decode reads the cache in
+# place, one request's blocks at a time, so a group's size does not change
+# what stays in cache; the cap bounds the group's score tensors. (It was
+# 4 MiB when decodes gathered K: at batch 64 that made 3-4 groups, each
+# paying its ops in every layer: up to ~10% of a batch-64 decode step.)
+DECODE_GROUP_BYTES = 64 << 20
 _NO_SAMPLES = ModelRunnerOutput(sampled_token_ids=())
 
 

@@ -26,6 +26,7 @@ import torch
 from llmsched.core.output import SchedulerOutput
 from llmsched.core.request import Request
 from llmsched.executor.torch.attention import AttentionMetadata, DecodeGroup, PrefillChunk
+from llmsched.executor.torch.decode_groups import group_by_padding, split_by_byte_budget
 from llmsched.executor.torch.kv_cache import cdiv
 from llmsched.executor.torch.lora.step import Span, row_spans
 
@@ -183,7 +184,7 @@ class InputBatch:
         self.states: dict[str, RequestState] = {}
         self.block_table = torch.zeros((max_num_seqs, max_blocks_per_request), dtype=torch.int64)
         self._free_rows = list(range(max_num_seqs - 1, -1, -1))
-        # A decode group's gathered K (one of K, V) aims to fit this many bytes.
+        # A cap on a decode group's padded K (one of K, V) bytes in one layer.
         self.decode_group_bytes = decode_group_bytes
         # Bytes of one token's K in one layer.
         self.kv_row_bytes = kv_row_bytes
@@ -392,21 +393,16 @@ class InputBatch:
     def _decode_groups(
         self, decodes: list[tuple[int, int, RequestState]], rows: torch.Tensor, positions: torch.Tensor
     ) -> list[DecodeGroup]:
-        """Cut the length-sorted decodes into groups whose padded K gather fits the byte budget."""
+        """Cut the length-sorted decodes into groups: few, little padding, each within the byte budget."""
         bs = self.block_size
         n = len(decodes)
-        bounds: list[int] = [0]
-        if not self._single_group:
-            budget = self.decode_group_bytes
-            row_bytes = self.kv_row_bytes
-            start = 0
-            for j in range(n):
-                # Sorted ascending, so the newest member has the longest context.
-                padded = cdiv(decodes[j][0] + 1, bs) * bs
-                if j > start and (j - start + 1) * padded * row_bytes > budget:
-                    bounds.append(j)
-                    start = j
-        bounds.append(n)
+        if self._single_group:
+            bounds = [0, n]
+        else:
+            widths = [cdiv(d[0] + 1, bs) for d in decodes]
+            bounds = split_by_byte_budget(
+                group_by_padding(widths, bs), widths, bs * self.kv_row_bytes, self.decode_group_bytes
+            )
         groups = []
         dev = self.device
         for s, e in pairwise(bounds):
