@@ -401,10 +401,17 @@ def test_step_parts_by_shape_equal_the_op_by_op_sums_bit_for_bit(model, hw, tp, 
         assert cm.step_time(batch) == t
 
 
+@pytest.mark.parametrize("unrolled", [True, False])
 @pytest.mark.parametrize("model", ["llama-3-8b", "bamba-9b"])
 @pytest.mark.parametrize("d", [1, 3, 64, 300])
-def test_decode_run_clocks_decode_step_parts_bit_for_bit(model, d):
+def test_decode_run_clocks_decode_step_parts_bit_for_bit(model, d, unrolled, monkeypatch):
     from array import array
+
+    from llmsched.executor.sim import cost_model as cost_model_module
+
+    if not unrolled:
+        # Every tail longer than the unrolled sum takes: the looped clock.
+        monkeypatch.setattr(cost_model_module, "_UNROLLED", 0)
 
     from llmsched.executor.sim.cost_model import decode_run_of
 

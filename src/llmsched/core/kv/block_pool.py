@@ -78,12 +78,9 @@ class BlockPool:
             if self.residency is not None:
                 self.residency.on_handed_out(block.block_id)
             return [block]
-        blocks = self.free_queue.popleft_n(n)
         # A 1024-token prompt takes 64 blocks, nearly all still carrying an
         # earlier request's hash: those are dropped from the map together.
-        for block in blocks:
-            block.ref_cnt = 1
-        hashed = [block for block in blocks if block.block_hash is not None]
+        blocks, hashed = self.free_queue.take_n(n)
         if hashed:
             self._uncache_all(hashed)
         if self.residency is not None:
@@ -129,19 +126,8 @@ class BlockPool:
         reused first; hashed ones go to the tail, which makes eviction LRU.
         """
         first: list[KVBlock] = []
-        last: list[KVBlock] = []
-        to_head = first.append
-        to_tail = last.append
-        for block in ordered:
-            n = block.ref_cnt - 1
-            block.ref_cnt = n
-            if not n:
-                if block.block_hash is None:
-                    to_head(block)
-                else:
-                    to_tail(block)
+        self.free_queue.release_n(ordered, first)
         self.free_queue.prepend_n(first)
-        self.free_queue.append_n(last)
 
     def cache_block(self, block: KVBlock, block_hash: bytes) -> None:
         """Register a full block under ``block_hash``."""
@@ -161,20 +147,16 @@ class BlockPool:
         for block, h in zip(new_blocks, new_hashes):
             block.block_hash = h
         cached = self._cached
-        # The common case, hashes not yet in the map: one update for all.
-        if cached.keys().isdisjoint(new_hashes):
-            size = len(cached)
-            cached.update(zip(new_hashes, new_blocks))
-            if len(cached) - size == len(new_hashes):
-                return
-            # A hash twice among the new blocks: undo, then go block by block.
-            for h in new_hashes:
-                cached.pop(h, None)
-        setdefault = cached.setdefault
-        for block, h in zip(new_blocks, new_hashes):
-            cur = setdefault(h, block)
+        # The common case, hashes not yet in the map: each setdefault stores
+        # its block, in one pass. A list comparison tests identity first, and
+        # KVBlock has no __eq__.
+        got = list(map(cached.setdefault, new_hashes, new_blocks))
+        if got == new_blocks:
+            return
+        for block, h, cur in zip(new_blocks, new_hashes, got):
             if cur is not block:
-                self._add_duplicate(h, cur, block)
+                # Re-read: an earlier duplicate among the new blocks may have made it a list.
+                self._add_duplicate(h, cached[h], block)
 
     def _add_duplicate(self, block_hash: bytes, cur: KVBlock | list[KVBlock], block: KVBlock) -> None:
         """Register ``block`` after ``cur``, the block(s) already holding ``block_hash``."""

@@ -59,6 +59,31 @@ class FreeBlockQueue:
         self.num_free -= n
         return out
 
+    def take_n(self, n: int) -> tuple[list[KVBlock], list[KVBlock]]:
+        """``popleft_n(n)`` with each block given its first reference; also the taken blocks carrying a hash.
+
+        One walk instead of three: allocating a prompt's blocks must set
+        their counts and find those whose cached hash has to go.
+        """
+        if n > self.num_free:
+            raise IndexError(f"asked for {n} blocks, {self.num_free} free")
+        out: list[KVBlock] = []
+        hashed: list[KVBlock] = []
+        append = out.append
+        block = self._head.next_free
+        for _ in range(n):
+            append(block)
+            block.ref_cnt = 1
+            if block.block_hash is not None:
+                hashed.append(block)
+            nxt = block.next_free
+            block.prev_free = block.next_free = None
+            block = nxt
+        self._head.next_free = block
+        block.prev_free = self._head
+        self.num_free -= n
+        return out, hashed
+
     def remove(self, block: KVBlock) -> None:
         """Unlink ``block`` from wherever it sits in the queue."""
         prev, nxt = block.prev_free, block.next_free
@@ -81,6 +106,31 @@ class FreeBlockQueue:
         last.next_free = self._tail
         self._tail.prev_free = last
         self.num_free += len(blocks)
+
+    def release_n(self, ordered: Iterable[KVBlock], unhashed: list[KVBlock]) -> None:
+        """Drop one reference on each block; those left unreferenced join the tail, in order.
+
+        Unreferenced blocks without a hash are appended to ``unhashed``
+        instead, for the caller to put at the head. One walk: a finished
+        request's blocks are counted down and linked together.
+        """
+        tail = self._tail
+        last = tail.prev_free
+        n = 0
+        for block in ordered:
+            c = block.ref_cnt - 1
+            block.ref_cnt = c
+            if not c:
+                if block.block_hash is None:
+                    unhashed.append(block)
+                else:
+                    block.prev_free = last
+                    last.next_free = block
+                    last = block
+                    n += 1
+        last.next_free = tail
+        tail.prev_free = last
+        self.num_free += n
 
     def prepend_n(self, blocks: list[KVBlock]) -> None:
         """Put ``blocks`` at the head, keeping their order (reused first)."""

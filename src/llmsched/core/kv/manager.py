@@ -103,7 +103,9 @@ class KVCacheManager:
         max_blocks = (request.num_tokens - 1) // self.block_size
         if max_blocks <= 0:
             return _NO_BLOCKS, 0
-        hashes = self.hasher.extend(request, max_blocks)
+        # One block further when the last one is full: it is registered once
+        # the prefill runs, and hashing it here saves a second call then.
+        hashes = self.hasher.extend(request, max_blocks + 1)
         lookup = self.pool.get_cached_block
         hits: list[KVBlock] = []
         for i in range(max_blocks):
