@@ -170,7 +170,10 @@ class BlockHasher:
             if codec is None:
                 codec = self._packers[n] = (_packer(n, bs), _splitter(n, bs))
             pack, split = codec
-            self._extend_plain(hashes, parent, split(pack(*tokens[i * bs : num_blocks * bs])))
+            end = num_blocks * bs
+            # A whole prompt of full blocks is packed without copying it first.
+            ids = tokens if i == 0 and end == len(tokens) else tokens[i * bs : end]
+            self._extend_plain(hashes, parent, split(pack(*ids)))
             return hashes
         while i < num_blocks:
             start = i * bs

@@ -306,7 +306,34 @@ DecodeRunFn = Callable[[int, float, float, int, array, array, array, array], tup
 
 
 # Tails of at most this many ops are summed unrolled (see _unrolled_decode_run).
-_UNROLLED = 8
+_UNROLLED = 16
+
+# A decode-run clock with its sums written out term by term, in the order
+# CostModel.decode_run's loop adds them; {mixer}, {tail_all} and {tail_model}
+# become "+ m" and "+ a0 + a1 ..." for the cost model's own lengths.
+_RUN_SOURCE = """
+def make(d, head, hosts1, m, pair_flops, kv_bytes, qo, rate, kv_rate, {names}):
+    def run(ctx, now, until, num_steps, ends, totals, hosts, models):
+        end_at, total_at, model_at = ends.append, totals.append, models.append
+        start = now
+        n = 0
+        while n < num_steps and now < until:
+            ctx += d
+            tc = ctx * pair_flops / rate
+            tm = ((ctx + d) * kv_bytes + qo) / kv_rate
+            base = head + (tc if tc > tm else tm){mixer}
+            t = base{tail_all}
+            start = now
+            now = start + t
+            end_at(now)
+            total_at(t)
+            model_at(base{tail_model})
+            n += 1
+        hosts.extend(hosts1 * n)
+        return n, start, now, ctx
+    return run
+"""
+_RUN_MAKERS: dict[tuple[int, int, bool], Callable[..., DecodeRunFn]] = {}
 
 
 def _unrolled_decode_run(
@@ -324,43 +351,26 @@ def _unrolled_decode_run(
 ) -> DecodeRunFn:
     """``CostModel.decode_run``'s clock with the tails summed in one expression instead of a loop.
 
-    The tails are padded with zeros to ``_UNROLLED`` terms: adding 0.0 to a
-    positive sum leaves it unchanged bit for bit, and the expression adds
-    left to right, in the loop's order, so every figure is the same.
+    The same additions in the same order, so every figure is the same bit
+    for bit; the loop over the tails cost more than the arithmetic. The
+    clock's code is generated once per shape of tails.
     """
-    a0, a1, a2, a3, a4, a5, a6, a7 = tail_all + (0.0,) * (_UNROLLED - len(tail_all))
-    b0, b1, b2, b3, b4, b5, b6, b7 = tail_model + (0.0,) * (_UNROLLED - len(tail_model))
+    key = (len(tail_all), len(tail_model), mixer is not None)
+    make = _RUN_MAKERS.get(key)
+    if make is None:
+        names_all = [f"a{i}" for i in range(key[0])]
+        names_model = [f"b{i}" for i in range(key[1])]
+        source = _RUN_SOURCE.format(
+            names=", ".join(names_all + names_model) or "*_",
+            mixer=" + m" if key[2] else "",
+            tail_all="".join(f" + {x}" for x in names_all),
+            tail_model="".join(f" + {x}" for x in names_model),
+        )
+        namespace: dict = {}
+        exec(compile(source, f"<decode run {key}>", "exec"), namespace)
+        make = _RUN_MAKERS[key] = namespace["make"]
     m = 0.0 if mixer is None else mixer
-
-    def run(
-        ctx: int,
-        now: float,
-        until: float,
-        num_steps: int,
-        ends: array,
-        totals: array,
-        hosts: array,
-        models: array,
-    ) -> tuple[int, float, float, int]:
-        end_at, total_at, model_at = ends.append, totals.append, models.append
-        start = now
-        n = 0
-        while n < num_steps and now < until:
-            ctx += d
-            tc = ctx * pair_flops / rate
-            tm = ((ctx + d) * kv_bytes + qo) / kv_rate
-            base = head + (tc if tc > tm else tm) + m
-            t = base + a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7
-            start = now
-            now = start + t
-            end_at(now)
-            total_at(t)
-            model_at(base + b0 + b1 + b2 + b3 + b4 + b5 + b6 + b7)
-            n += 1
-        hosts.extend(hosts1 * n)
-        return n, start, now, ctx
-
-    return run
+    return make(d, head, hosts1, m, pair_flops, kv_bytes, qo, rate, kv_rate, *tail_all, *tail_model)
 
 
 def decode_run_of(cost_model: StepCostModel, num_decodes: int) -> DecodeRunFn:
