@@ -213,16 +213,18 @@ class OneEngine:
         # The simulated executor keeps no per-request state, so it never reads finished ids.
         # Without a trace or series, a run may end with the step that finishes requests.
         k = sched.plain_decode_steps(token, limit, finished_ids_unread=True, through_finish=not self.keep)
+        if not k:
+            return 0
         running = sched.running
         prev_end = self.prev_end
-        if not k or any(r.last_token_time != prev_end for r in running):
-            return 0
+        ctx = 0
+        for r in running:
+            if r.last_token_time != prev_end:
+                return 0
+            ctx += r.num_computed_tokens
         if ex.prices_lora and any(r.lora_id for r in running):
             return 0  # run_decodes prices no adapter products: each step goes through execute()
         d = len(running)
-        ctx = 0
-        for r in running:
-            ctx += r.num_computed_tokens
         first = sched.next_step
         start = ex.now
         run = ex.run_decodes(first, d, ctx, k, self.arrivals.next_due_time())

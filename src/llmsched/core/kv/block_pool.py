@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from itertools import repeat
-from operator import attrgetter
 
 from llmsched.core.kv.block import KVBlock
 from llmsched.core.kv.free_queue import FreeBlockQueue
@@ -13,8 +12,6 @@ from llmsched.core.kv.residency import BlockResidency
 # Fewer blocks than this are (un)registered one by one: batching costs a few
 # list and set operations up front, which only pay off over several blocks.
 _MIN_BATCH = 4
-
-_HASH_OF = attrgetter("block_hash")
 
 
 class BlockPool:
@@ -96,7 +93,7 @@ class BlockPool:
         # Batched only where it pays: a decode step takes one block at a time.
         if len(blocks) >= _MIN_BATCH and not self.unwritten:
             cached = self._cached
-            hashes = list(map(_HASH_OF, blocks))
+            hashes = [block.block_hash for block in blocks]
             popped = list(map(cached.pop, hashes, repeat(None, len(hashes))))
             # Each hash held its block alone (the common case): done. A list
             # comparison tests identity first, and KVBlock has no __eq__.
