@@ -317,18 +317,21 @@ def make(d, head, hosts1, m, pair_flops, kv_bytes, qo, rate, kv_rate, {names}):
         end_at, total_at, model_at = ends.append, totals.append, models.append
         start = now
         n = 0
-        while n < num_steps and now < until:
-            ctx += d
-            tc = ctx * pair_flops / rate
-            tm = ((ctx + d) * kv_bytes + qo) / kv_rate
-            base = head + (tc if tc > tm else tm){mixer}
-            t = base{tail_all}
-            start = now
-            now = start + t
-            end_at(now)
-            total_at(t)
-            model_at(base{tail_model})
-            n += 1
+        # The loop's "while n < num_steps and now < until", counted by range.
+        if now < until:
+            for n in range(1, num_steps + 1):
+                ctx += d
+                tc = ctx * pair_flops / rate
+                tm = ((ctx + d) * kv_bytes + qo) / kv_rate
+                base = head + (tc if tc > tm else tm){mixer}
+                t = base{tail_all}
+                start = now
+                now = start + t
+                end_at(now)
+                total_at(t)
+                model_at(base{tail_model})
+                if now >= until:
+                    break
         hosts.extend(hosts1 * n)
         return n, start, now, ctx
     return run
