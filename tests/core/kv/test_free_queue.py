@@ -239,13 +239,17 @@ def test_matches_list_model(ops: list[tuple[str, int]]) -> None:
     assert_links_consistent(q)
 
 
-def test_take_n_gives_first_references_and_names_the_hashed_blocks() -> None:
+def test_take_n_gives_first_references_and_takes_the_hashes_off() -> None:
     q, blocks = make_queue(6)
     blocks[1].block_hash = b"h1"
     blocks[3].block_hash = b"h3"
-    taken, hashed = q.take_n(4)
+    blocks[5].block_hash = b"h5"
+    taken, hashed, hashes = q.take_n(4)
     assert taken == blocks[:4]
     assert hashed == [blocks[1], blocks[3]]
+    assert hashes == [b"h1", b"h3"]
+    assert [b.block_hash for b in taken] == [None] * 4
+    assert blocks[5].block_hash == b"h5"  # still queued: untouched
     assert [b.ref_cnt for b in taken] == [1, 1, 1, 1]
     assert q.block_ids() == [4, 5]
     assert_links_consistent(q)
@@ -255,7 +259,7 @@ def test_take_n_gives_first_references_and_names_the_hashed_blocks() -> None:
 
 def test_release_n_links_unreferenced_hashed_blocks_at_the_tail_in_order() -> None:
     q, _ = make_queue(8)
-    taken, _ = q.take_n(5)
+    taken, _, _ = q.take_n(5)
     for b in taken[:4]:
         b.block_hash = f"h{b.block_id}".encode()
     taken[1].ref_cnt = 2  # shared with another request: stays out of the queue

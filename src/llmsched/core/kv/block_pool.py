@@ -80,32 +80,30 @@ class BlockPool:
             return [block]
         # A 1024-token prompt takes 64 blocks, nearly all still carrying an
         # earlier request's hash: those are dropped from the map together.
-        blocks, hashed = self.free_queue.take_n(n)
+        blocks, hashed, hashes = self.free_queue.take_n(n)
         if hashed:
-            self._uncache_all(hashed)
+            self._uncache_all(hashed, hashes)
         if self.residency is not None:
             for block in blocks:
                 self.residency.on_handed_out(block.block_id)
         return blocks
 
-    def _uncache_all(self, blocks: list[KVBlock]) -> None:
-        """``_uncache`` each of ``blocks`` (all hashed), in order."""
+    def _uncache_all(self, blocks: list[KVBlock], hashes: list[bytes]) -> None:
+        """``_uncache`` each of ``blocks``, in order; ``take_n`` already took their ``hashes`` off them."""
         # Batched only where it pays: a decode step takes one block at a time.
         if len(blocks) >= _MIN_BATCH and not self.unwritten:
             cached = self._cached
-            hashes = [block.block_hash for block in blocks]
             popped = list(map(cached.pop, hashes, repeat(None, len(hashes))))
             # Each hash held its block alone (the common case): done. A list
             # comparison tests identity first, and KVBlock has no __eq__.
             if popped == blocks:
-                for block in blocks:
-                    block.block_hash = None
                 return
             # Shared hashes: put the entries back, then go block by block.
             for h, cur in reversed(list(zip(hashes, popped))):
                 if cur is not None:
                     cached[h] = cur
-        for block in blocks:
+        for block, h in zip(blocks, hashes):
+            block.block_hash = h
             self._uncache(block)
 
     def touch(self, blocks: Iterable[KVBlock]) -> None:

@@ -59,30 +59,36 @@ class FreeBlockQueue:
         self.num_free -= n
         return out
 
-    def take_n(self, n: int) -> tuple[list[KVBlock], list[KVBlock]]:
-        """``popleft_n(n)`` with each block given its first reference; also the taken blocks carrying a hash.
+    def take_n(self, n: int) -> tuple[list[KVBlock], list[KVBlock], list[bytes]]:
+        """``popleft_n(n)`` with each block given its first reference and its hash taken off.
 
-        One walk instead of three: allocating a prompt's blocks must set
-        their counts and find those whose cached hash has to go.
+        Returns the blocks, those that carried a hash, and those hashes (the
+        caller drops them from the prefix-cache map). One walk instead of
+        four: allocating a prompt's blocks must set their counts and clear
+        the hashes that earlier requests left on them.
         """
         if n > self.num_free:
             raise IndexError(f"asked for {n} blocks, {self.num_free} free")
         out: list[KVBlock] = []
         hashed: list[KVBlock] = []
+        hashes: list[bytes] = []
         append = out.append
         block = self._head.next_free
         for _ in range(n):
             append(block)
             block.ref_cnt = 1
-            if block.block_hash is not None:
+            h = block.block_hash
+            if h is not None:
                 hashed.append(block)
+                hashes.append(h)
+                block.block_hash = None
             nxt = block.next_free
             block.prev_free = block.next_free = None
             block = nxt
         self._head.next_free = block
         block.prev_free = self._head
         self.num_free -= n
-        return out, hashed
+        return out, hashed, hashes
 
     def remove(self, block: KVBlock) -> None:
         """Unlink ``block`` from wherever it sits in the queue."""
