@@ -234,6 +234,20 @@ def compare(args: argparse.Namespace, num_requests: int, rate: float) -> dict:
     return out
 
 
+def one_or_compare(args: argparse.Namespace) -> int:
+    """``--one`` (a child's single run, printed as JSON) or ``--compare-src`` (written to --json)."""
+    if args.one:
+        n, rate = args.one.split(",")
+        print(json.dumps(run_once(args, int(n), float(rate))))
+        return 0
+    result = {"compare": compare(args, args.num_requests, float(args.rates.split(",")[0]))}
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"wrote {args.json}")
+    return 0
+
+
 def main() -> int:
     """Run the benchmark, print the figures, write JSON."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -266,17 +280,8 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=3, help="alternating pairs for --compare-src")
     ap.add_argument("--one", metavar="N,RATE", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.one:
-        n, rate = args.one.split(",")
-        print(json.dumps(run_once(args, int(n), float(rate))))
-        return 0
-    if args.compare_src:
-        result = {"compare": compare(args, args.num_requests, float(args.rates.split(",")[0]))}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-        print(f"wrote {args.json}")
-        return 0
+    if args.one or args.compare_src:
+        return one_or_compare(args)
 
     result: dict = {
         "workload": {
