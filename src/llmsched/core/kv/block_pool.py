@@ -6,8 +6,10 @@ from collections.abc import Iterable
 from itertools import repeat
 
 from llmsched.core.kv.block import KVBlock
+from llmsched.core.kv.deferred import Deferred
 from llmsched.core.kv.free_queue import FreeBlockQueue
 from llmsched.core.kv.residency import BlockResidency
+from llmsched.core.request import Request
 
 # Fewer blocks than this are (un)registered one by one: batching costs a few
 # list and set operations up front, which only pay off over several blocks.
@@ -24,7 +26,16 @@ class BlockPool:
     lookup returns the one registered first, so block tables only grow.
     """
 
-    __slots__ = ("_cached", "blocks", "free_queue", "null_block", "num_blocks", "residency", "unwritten")
+    __slots__ = (
+        "_cached",
+        "blocks",
+        "deferred",
+        "free_queue",
+        "null_block",
+        "num_blocks",
+        "residency",
+        "unwritten",
+    )
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 2:
@@ -41,6 +52,8 @@ class BlockPool:
         self.unwritten: set[KVBlock] = set()
         # Sampled residency metrics; None (the default) costs one test per call.
         self.residency: BlockResidency | None = None
+        # Registrations held back (see core.kv.deferred), by root hash, in registration order.
+        self.deferred: dict[bytes, list[Deferred]] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -57,7 +70,7 @@ class BlockPool:
         return 1.0 - self.free_queue.num_free / (self.num_blocks - 1)
 
     def num_cached_blocks(self) -> int:
-        """Distinct hashes currently findable in the prefix cache."""
+        """Distinct hashes currently in the prefix-cache map (deferred registrations not counted)."""
         return len(self._cached)
 
     def get_cached_block(self, block_hash: bytes) -> KVBlock | None:
@@ -91,6 +104,8 @@ class BlockPool:
     def _uncache_all(self, blocks: list[KVBlock], hashes: list[bytes]) -> None:
         """``_uncache`` each of ``blocks``, in order; ``take_n`` already took their ``hashes`` off them."""
         # Batched only where it pays: a decode step takes one block at a time.
+        if self.deferred:
+            blocks, hashes = self._drop_marks(blocks, hashes)
         if len(blocks) >= _MIN_BATCH and not self.unwritten:
             cached = self._cached
             popped = list(map(cached.pop, hashes, repeat(None, len(hashes))))
@@ -105,6 +120,46 @@ class BlockPool:
         for block, h in zip(blocks, hashes):
             block.block_hash = h
             self._uncache(block)
+
+    def _drop_marks(self, blocks: list[KVBlock], hashes: list) -> tuple[list[KVBlock], list[bytes]]:
+        """Unmark the deferred among ``blocks`` (hashes already off); the others and their hashes."""
+        kept: list[KVBlock] = []
+        kept_hashes: list[bytes] = []
+        unwritten = self.unwritten
+        for block, h in zip(blocks, hashes):
+            if type(h) is Deferred:
+                if unwritten:
+                    unwritten.discard(block)
+                self._unmark(h)
+            else:
+                kept.append(block)
+                kept_hashes.append(h)
+        return kept, kept_hashes
+
+    def _unmark(self, seg: Deferred) -> None:
+        """One block of ``seg`` lost its mark; a record with none left is dropped."""
+        seg.live -= 1
+        if not seg.live:
+            segs = self.deferred.get(seg.root)
+            if segs is not None:
+                segs.remove(seg)
+                if not segs:
+                    del self.deferred[seg.root]
+
+    def defer(self, request: Request, blocks: list[KVBlock], start: int, end: int, root: bytes) -> None:
+        """Register ``blocks[start:end]`` of ``request``'s table lazily under root hash ``root``."""
+        seg = Deferred(request, blocks, start, end, root)
+        for i in range(start, end):
+            blocks[i].block_hash = seg  # type: ignore[assignment]
+        segs = self.deferred.get(root)
+        if segs is None:
+            self.deferred[root] = [seg]
+        else:
+            segs.append(seg)
+
+    def take_deferred(self, root: bytes) -> list[Deferred]:
+        """The registrations held back under ``root``, in order, forgotten (the caller registers them)."""
+        return self.deferred.pop(root, [])
 
     def touch(self, blocks: Iterable[KVBlock]) -> None:
         """Take one more reference on each block; a free one leaves the queue."""
@@ -168,6 +223,9 @@ class BlockPool:
         block.block_hash = None
         if self.unwritten:
             self.unwritten.discard(block)
+        if type(h) is Deferred:
+            self._unmark(h)
+            return
         if self._cached.get(h) is block:
             del self._cached[h]
         else:
@@ -191,6 +249,7 @@ class BlockPool:
         if self.free_queue.num_free != self.num_blocks - 1:
             return False
         self._cached.clear()
+        self.deferred.clear()
         self.unwritten.clear()
         if self.residency is not None:
             self.residency.reset()
