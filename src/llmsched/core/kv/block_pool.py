@@ -130,7 +130,10 @@ class BlockPool:
             if type(h) is Deferred:
                 if unwritten:
                     unwritten.discard(block)
-                self._unmark(h)
+                # _unmark(h), inline: a prompt's blocks mostly share one record.
+                h.live -= 1
+                if not h.live:
+                    self._forget(h)
             else:
                 kept.append(block)
                 kept_hashes.append(h)
@@ -140,11 +143,15 @@ class BlockPool:
         """One block of ``seg`` lost its mark; a record with none left is dropped."""
         seg.live -= 1
         if not seg.live:
-            segs = self.deferred.get(seg.root)
-            if segs is not None:
-                segs.remove(seg)
-                if not segs:
-                    del self.deferred[seg.root]
+            self._forget(seg)
+
+    def _forget(self, seg: Deferred) -> None:
+        """Drop ``seg``, none of whose blocks carries its mark any more, from its root's list."""
+        segs = self.deferred.get(seg.root)
+        if segs is not None:
+            segs.remove(seg)
+            if not segs:
+                del self.deferred[seg.root]
 
     def defer(self, request: Request, blocks: list[KVBlock], start: int, end: int, root: bytes) -> None:
         """Register ``blocks[start:end]`` of ``request``'s table lazily under root hash ``root``."""
