@@ -18,6 +18,12 @@ project (``import vidur`` works), it is run on the same workload and timed.
     python benchmarks/sim_speed.py                      # 10,000 requests at 4, 30, inf req/s
     python benchmarks/sim_speed.py --million            # plus 1,000,000 requests
     python benchmarks/sim_speed.py --profile 3000       # where the time goes (cProfile)
+    python benchmarks/sim_speed.py --compare-src /tmp/base/src --pairs 5   # ratio vs another tree
+
+``--compare-src`` times another source tree (an older commit's ``src``,
+e.g. from ``git archive``) against this one on the first rate, alternating
+the two in fresh processes so that a shared machine's load hits both
+alike; it prints each pair and the ratio of the fastest runs.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import cProfile
 import importlib.util
 import json
 import math
+import os
 import pstats
 import resource
 import subprocess
@@ -35,7 +42,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+# --compare-src runs each side in a child with SIM_SPEED_SRC naming the tree to import.
+SRC = os.environ.get("SIM_SPEED_SRC") or str(ROOT / "src")
+sys.path.insert(0, SRC)
 
 from llmsched.engine.engine_core import EngineCore, EngineStep  # noqa: E402
 from llmsched.sim import DeploymentSpec, build_deployment, simulate, synthetic_workload  # noqa: E402
@@ -181,6 +190,64 @@ def profile(args: argparse.Namespace, num_requests: int) -> list[dict]:
     return rows[:25]
 
 
+def one_run_in_child(args: argparse.Namespace, src: str, num_requests: int, rate: float) -> dict:
+    """``run_once`` in a fresh interpreter importing the tree at ``src``."""
+    cmd = [
+        sys.executable, __file__, "--one", f"{num_requests},{rate}",
+        "--input-len", str(args.input_len), "--output-len", str(args.output_len),
+        "--max-num-seqs", str(args.max_num_seqs), "--model", args.model,
+        "--hardware", args.hardware, "--hash-algo", args.hash_algo,
+    ]  # fmt: skip
+    env = dict(os.environ, SIM_SPEED_SRC=src)
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def compare(args: argparse.Namespace, num_requests: int, rate: float) -> dict:
+    """This tree against ``--compare-src``, alternating in fresh processes; the ratios of the fastest."""
+    mine, base = [], []
+    for k in range(args.pairs):
+        base.append(one_run_in_child(args, str(Path(args.compare_src).resolve()), num_requests, rate))
+        mine.append(one_run_in_child(args, str(ROOT / "src"), num_requests, rate))
+        b, m = base[-1], mine[-1]
+        print(
+            f"pair {k + 1}: baseline wall {b['wall_s']:.2f} s cpu {b['cpu_s']:.2f} s, "
+            f"this tree wall {m['wall_s']:.2f} s cpu {m['cpu_s']:.2f} s "
+            f"(cpu ratio {b['cpu_s'] / m['cpu_s']:.3f})"
+        )
+    keys = ("steps", "completed", "mean_ttft_ms", "mean_tpot_ms")
+    same = all(b[key] == m[key] for b, m in zip(base, mine) for key in keys)
+    out = {
+        "baseline_src": args.compare_src,
+        "baseline_wall_s": [r["wall_s"] for r in base],
+        "wall_s": [r["wall_s"] for r in mine],
+        "baseline_cpu_s": [r["cpu_s"] for r in base],
+        "cpu_s": [r["cpu_s"] for r in mine],
+        "wall_ratio": round(min(r["wall_s"] for r in base) / min(r["wall_s"] for r in mine), 3),
+        "cpu_ratio": round(min(r["cpu_s"] for r in base) / min(r["cpu_s"] for r in mine), 3),
+        "figures_equal": same,
+    }
+    print(
+        f"baseline / this tree, fastest of {args.pairs}: wall {out['wall_ratio']:.3f}x, "
+        f"cpu {out['cpu_ratio']:.3f}x; figures {'equal' if same else 'DIFFERENT'}"
+    )
+    return out
+
+
+def one_or_compare(args: argparse.Namespace) -> int:
+    """``--one`` (a child's single run, printed as JSON) or ``--compare-src`` (written to --json)."""
+    if args.one:
+        n, rate = args.one.split(",")
+        print(json.dumps(run_once(args, int(n), float(rate))))
+        return 0
+    result = {"compare": compare(args, args.num_requests, float(args.rates.split(",")[0]))}
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"wrote {args.json}")
+    return 0
+
+
 def main() -> int:
     """Run the benchmark, print the figures, write JSON."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -204,7 +271,17 @@ def main() -> int:
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile a run of N requests")
     ap.add_argument("--profile-rate", type=float, default=4.0, help="request rate of the profiled run")
     ap.add_argument("--json", default=str(ROOT / "results" / "sim_speed.json"))
+    ap.add_argument(
+        "--compare-src",
+        metavar="DIR",
+        help="another tree's src directory: time it against this one on the first rate, "
+        "alternating in fresh processes, and print the ratio (then exit)",
+    )
+    ap.add_argument("--pairs", type=int, default=3, help="alternating pairs for --compare-src")
+    ap.add_argument("--one", metavar="N,RATE", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.one or args.compare_src:
+        return one_or_compare(args)
 
     result: dict = {
         "workload": {

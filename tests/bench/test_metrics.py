@@ -162,3 +162,22 @@ def test_format_summary_lists_the_metrics():
     assert "Mean TTFT (ms):" in text and "P99 ITL (ms):" in text and "P90 E2EL (ms):" in text
     assert "Preemptions:" in text
     assert "P50 " not in text  # shown as the median
+
+
+@pytest.mark.parametrize("span", [0.3, 2.7])
+def test_add_steps_counts_as_step_by_step_adds(span):
+    """A run of steps (within one second, or across several) counts as adding each step's gap and tokens."""
+    from array import array
+
+    ends = array("d", [5.05 + span * j / 40 for j in range(1, 41)])
+    run, steps = MetricsCollector(), MetricsCollector()
+    assert run.add_steps(ends, 5.05, 3) == ends[-1]
+    assert run.add_steps(array("d"), 7.0, 3) == 7.0
+    prev = 5.05
+    for end in ends:
+        steps.add_itl(end - prev, 3)
+        steps.add_tokens_at(end, 3)
+        prev = end
+    assert run.itl_histogram() == steps.itl_histogram()
+    assert run._token_buckets == steps._token_buckets
+    assert len(run._token_buckets) == (1 if span < 0.9 else 3)

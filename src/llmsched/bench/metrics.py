@@ -193,17 +193,34 @@ class MetricsCollector:
         b = self._token_buckets
         b[k] = b.get(k, 0) + count
 
-    def add_steps(self, ends: Iterable[float], prev_end: float, count: int) -> float:
+    def add_steps(self, ends: Sequence[float], prev_end: float, count: int) -> float:
         """Steps ending at ``ends`` that each gave ``count`` requests a token, all sampled at the step before.
 
         The first gap is from ``prev_end``; returns the last end.
         """
+        if not ends:
+            return prev_end
         origin = self.origin
         buckets = self._token_buckets
+        k = int(ends[0] - origin)
+        if count and k == int(ends[-1] - origin):
+            # Ends only grow (and so do their buckets): a run within one
+            # second, the usual case, is one addition.
+            buckets[k] = buckets.get(k, 0) + count * len(ends)
+        else:
+            self._add_step_tokens(ends, count)
         itl = self._itl
         gaps = itl.get
-        # Ends only grow, so a run's steps fill one second's bucket after
-        # another: counted here and added once per bucket.
+        for end in ends:
+            gap = end - prev_end
+            itl[gap] = gaps(gap, 0) + count
+            prev_end = end
+        return prev_end
+
+    def _add_step_tokens(self, ends: Iterable[float], count: int) -> None:
+        """``count`` tokens at each of ``ends`` (ascending), added once per one-second bucket."""
+        origin = self.origin
+        buckets = self._token_buckets
         k = -1
         tokens = 0
         for end in ends:
@@ -214,12 +231,8 @@ class MetricsCollector:
                     tokens = 0
                 k = b
             tokens += count
-            gap = end - prev_end
-            itl[gap] = gaps(gap, 0) + count
-            prev_end = end
         if tokens:
             buckets[k] = buckets.get(k, 0) + tokens
-        return prev_end
 
     def add_failed(self, prompt_len: int = 0) -> None:
         """A request that never completed (rejected or errored)."""

@@ -107,6 +107,8 @@ class Sessions:
         """Extend the session with ``update``'s input and make it ready to run."""
         keep = session.num_tokens - 1
         tokens = session.token_ids
+        # Blocks registered lazily are hashed from these tokens: before they change.
+        self.sched.kv.settle(session)
         del tokens[keep:]
         bs = self.sched.config.block_size
         del session.block_hashes[keep // bs :]

@@ -23,6 +23,7 @@ from typing import IO
 from llmsched.bench.replay import step_record
 from llmsched.core.config import SchedulerConfig
 from llmsched.core.errors import RequestRejected
+from llmsched.core.kv.manager import KVCacheManager
 from llmsched.core.scheduler import Scheduler
 from llmsched.engine.engine_core import EngineCore
 from llmsched.engine.spec_stats import SpecDecodingStats
@@ -53,6 +54,11 @@ class OneEngine:
         self.ex = SimExecutor(cost_model, async_scheduling=sched_config.async_scheduling)
         self.engine = EngineCore(sched_config, self.ex)
         self.sched = self.engine.scheduler
+        if type(self.sched.kv) is KVCacheManager:
+            # Prefix-cache registrations held back until a lookup could hit
+            # them (core.kv.deferred): the same decisions, a fraction of the
+            # per-prompt hashing and map work. Hybrid models keep eager ones.
+            self.sched.kv.lazy_registration = True
         # Policies that read the time (slo) read the virtual clock arrivals use.
         self.sched.clock = self.clock
         if tally.explain:
@@ -213,16 +219,18 @@ class OneEngine:
         # The simulated executor keeps no per-request state, so it never reads finished ids.
         # Without a trace or series, a run may end with the step that finishes requests.
         k = sched.plain_decode_steps(token, limit, finished_ids_unread=True, through_finish=not self.keep)
+        if not k:
+            return 0
         running = sched.running
         prev_end = self.prev_end
-        if not k or any(r.last_token_time != prev_end for r in running):
-            return 0
+        ctx = 0
+        for r in running:
+            if r.last_token_time != prev_end:
+                return 0
+            ctx += r.num_computed_tokens
         if ex.prices_lora and any(r.lora_id for r in running):
             return 0  # run_decodes prices no adapter products: each step goes through execute()
         d = len(running)
-        ctx = 0
-        for r in running:
-            ctx += r.num_computed_tokens
         first = sched.next_step
         start = ex.now
         run = ex.run_decodes(first, d, ctx, k, self.arrivals.next_due_time())

@@ -277,3 +277,34 @@ def test_reset_clears_hashes_when_all_free() -> None:
     assert pool.num_cached_blocks() == 0
     assert all(b.block_hash is None for b in pool.blocks)
     assert pool.num_free_blocks == 3
+
+
+@pytest.mark.parametrize("unwritten", [False, True])
+def test_batched_register_and_evict_equal_one_by_one(unwritten: bool) -> None:
+    """Six blocks registered and handed out again in one call each, duplicates
+    among them and with the map, leave what one-block calls leave."""
+    names = ["a", "b", "a", "c", "old", "a"]
+    pools = []
+    for batched in (True, False):
+        pool = BlockPool(16)
+        holder = pool.get_new_blocks(1)[0]
+        pool.cache_block(holder, h("old"))  # already in the map, held elsewhere
+        blocks = pool.get_new_blocks(6)
+        hashes = [h(n) for n in names]
+        if batched:
+            pool.cache_blocks(blocks, hashes, 0, 6)
+        else:
+            for b, x in zip(blocks, hashes):
+                pool.cache_block(b, x)
+        if unwritten:
+            pool.unwritten.add(blocks[1])
+        seen = [(n, cached_id(pool, h(n)), pool.num_cached_blocks()) for n in names]
+        pool.free_blocks(blocks)
+        # Eight free after the null block and the holder: the six freed come last.
+        got = pool.get_new_blocks(14) if batched else [pool.get_new_blocks(1)[0] for _ in range(14)]
+        seen += [(n, cached_id(pool, h(n)), pool.num_cached_blocks()) for n in names]
+        seen.append((ids(got), [b.block_hash for b in got], sorted(b.block_id for b in pool.unwritten)))
+        pools.append(seen)
+    assert pools[0] == pools[1]
+    # The holder's hash is all that stays findable.
+    assert pools[0][-2] == ("a", None, 1)

@@ -237,3 +237,35 @@ def test_matches_list_model(ops: list[tuple[str, int]]) -> None:
         assert q.block_ids() == model
         assert len(q) == len(model)
     assert_links_consistent(q)
+
+
+def test_take_n_gives_first_references_and_takes_the_hashes_off() -> None:
+    q, blocks = make_queue(6)
+    blocks[1].block_hash = b"h1"
+    blocks[3].block_hash = b"h3"
+    blocks[5].block_hash = b"h5"
+    taken, hashed, hashes = q.take_n(4)
+    assert taken == blocks[:4]
+    assert hashed == [blocks[1], blocks[3]]
+    assert hashes == [b"h1", b"h3"]
+    assert [b.block_hash for b in taken] == [None] * 4
+    assert blocks[5].block_hash == b"h5"  # still queued: untouched
+    assert [b.ref_cnt for b in taken] == [1, 1, 1, 1]
+    assert q.block_ids() == [4, 5]
+    assert_links_consistent(q)
+    with pytest.raises(IndexError):
+        q.take_n(3)
+
+
+def test_release_n_links_unreferenced_hashed_blocks_at_the_tail_in_order() -> None:
+    q, _ = make_queue(8)
+    taken, _, _ = q.take_n(5)
+    for b in taken[:4]:
+        b.block_hash = f"h{b.block_id}".encode()
+    taken[1].ref_cnt = 2  # shared with another request: stays out of the queue
+    unhashed: list[KVBlock] = []
+    q.release_n(reversed(taken), unhashed)
+    assert unhashed == [taken[4]]
+    assert q.block_ids() == [5, 6, 7, 3, 2, 0]
+    assert taken[1].ref_cnt == 1 and taken[1].prev_free is None
+    assert_links_consistent(q)

@@ -401,10 +401,17 @@ def test_step_parts_by_shape_equal_the_op_by_op_sums_bit_for_bit(model, hw, tp, 
         assert cm.step_time(batch) == t
 
 
+@pytest.mark.parametrize("unrolled", [True, False])
 @pytest.mark.parametrize("model", ["llama-3-8b", "bamba-9b"])
 @pytest.mark.parametrize("d", [1, 3, 64, 300])
-def test_decode_run_clocks_decode_step_parts_bit_for_bit(model, d):
+def test_decode_run_clocks_decode_step_parts_bit_for_bit(model, d, unrolled, monkeypatch):
     from array import array
+
+    from llmsched.executor.sim import cost_model as cost_model_module
+
+    if not unrolled:
+        # Every tail longer than the unrolled sum takes: the looped clock.
+        monkeypatch.setattr(cost_model_module, "_UNROLLED", 0)
 
     from llmsched.executor.sim.cost_model import decode_run_of
 
@@ -425,6 +432,15 @@ def test_decode_run_clocks_decode_step_parts_bit_for_bit(model, d):
             assert cost.step_parts(batch) == (totals[j], hosts[j], mods[j])
         # Each step starts before the limit; a shorter run stopped at it.
         assert start < 1.75 and (n == 40 or end >= 1.75)
+        # No step asked for, or none starting before the limit: nothing clocked.
+        for num_steps, until in ((0, 9.0), (5, 1.25), (5, 1.0), (1, 1.2500001)):
+            got = []
+            for run in (decode_run_of(cost, d), _stepped_run(cost, d)):
+                ends, totals, hosts, mods = array("d"), array("d"), array("d"), array("d")
+                last = run(d * 700, 1.25, until, num_steps, ends, totals, hosts, mods)
+                got.append((last, list(ends), list(totals), list(hosts), list(mods)))
+            assert got[0] == got[1]
+            assert got[0][0][0] == (1 if until > 1.25 and num_steps else 0)
 
 
 def _stepped_run(cost, d):

@@ -21,5 +21,5 @@ class KVBlock:
         self.next_free: KVBlock | None = None
 
     def __repr__(self) -> str:
-        h = self.block_hash.hex()[:8] if self.block_hash is not None else None
+        h = self.block_hash.hex()[:8] if isinstance(self.block_hash, bytes) else self.block_hash
         return f"KVBlock({self.block_id}, ref={self.ref_cnt}, hash={h})"

@@ -30,6 +30,11 @@ def _packer(num_blocks: int, block_size: int) -> Callable[..., bytes]:
     return struct.Struct("<" + f"4x{block_size}q" * num_blocks).pack
 
 
+def _splitter(num_blocks: int, block_size: int) -> Callable[[bytes], tuple[bytes, ...]]:
+    """Splits ``_packer``'s bytes into its blocks' tails, in one call rather than a slice per block."""
+    return struct.Struct(f"{4 + block_size * 8}s" * num_blocks).unpack
+
+
 def _sha256(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
@@ -125,8 +130,9 @@ class BlockHasher:
         self.block_size = block_size
         self.hash_fn = get_hash_fn(algo)
         self._pack = struct.Struct(f"<{block_size}q").pack
-        # Packers by number of blocks packed at once (at most max_model_len / block_size of them).
-        self._packers: dict[int, Callable[..., bytes]] = {}
+        # (packer, splitter) by number of blocks packed at once (at most
+        # max_model_len / block_size of them).
+        self._packers: dict[int, tuple[Callable[..., bytes], Callable[[bytes], tuple[bytes, ...]]]] = {}
         self._pack1 = _packer(1, block_size)
         # xxh3_128's unpadded digest, called directly in extend()'s loop:
         # the padding lambda is a Python call per block, which costs more
@@ -160,10 +166,14 @@ class BlockHasher:
                 d = digest16(parent + self._pack1(*tokens[i * bs : num_blocks * bs]))
                 hashes.append(d + d)
                 return hashes
-            pack = self._packers.get(n)
-            if pack is None:
-                pack = self._packers[n] = _packer(n, bs)
-            self._extend_plain(hashes, parent, pack(*tokens[i * bs : num_blocks * bs]))
+            codec = self._packers.get(n)
+            if codec is None:
+                codec = self._packers[n] = (_packer(n, bs), _splitter(n, bs))
+            pack, split = codec
+            end = num_blocks * bs
+            # A whole prompt of full blocks is packed without copying it first.
+            ids = tokens if i == 0 and end == len(tokens) else tokens[i * bs : end]
+            self._extend_plain(hashes, parent, split(pack(*ids)))
             return hashes
         while i < num_blocks:
             start = i * bs
@@ -172,18 +182,17 @@ class BlockHasher:
             i += 1
         return hashes
 
-    def _extend_plain(self, hashes: list[bytes], parent: bytes, packed: bytes) -> None:
-        """Append the chained hashes of the blocks in ``packed`` (``_packer``'s bytes; no extra keys)."""
-        width = 4 + self.block_size * 8
+    def _extend_plain(self, hashes: list[bytes], parent: bytes, tails: tuple[bytes, ...]) -> None:
+        """Append the chained hashes of the blocks whose inputs' tails are ``tails`` (no extra keys)."""
         append = hashes.append
         digest16 = self._digest16
         if digest16 is not None:
-            for off in range(0, len(packed), width):
-                d = digest16(parent + packed[off : off + width])
+            for tail in tails:
+                d = digest16(parent + tail)
                 parent = d + d
                 append(parent)
             return
         hash_fn = self.hash_fn
-        for off in range(0, len(packed), width):
-            parent = hash_fn(parent + packed[off : off + width])
+        for tail in tails:
+            parent = hash_fn(parent + tail)
             append(parent)

@@ -6,8 +6,10 @@ from collections.abc import Iterable
 from itertools import repeat
 
 from llmsched.core.kv.block import KVBlock
+from llmsched.core.kv.deferred import Deferred
 from llmsched.core.kv.free_queue import FreeBlockQueue
 from llmsched.core.kv.residency import BlockResidency
+from llmsched.core.request import Request
 
 # Fewer blocks than this are (un)registered one by one: batching costs a few
 # list and set operations up front, which only pay off over several blocks.
@@ -24,7 +26,16 @@ class BlockPool:
     lookup returns the one registered first, so block tables only grow.
     """
 
-    __slots__ = ("_cached", "blocks", "free_queue", "null_block", "num_blocks", "residency", "unwritten")
+    __slots__ = (
+        "_cached",
+        "blocks",
+        "deferred",
+        "free_queue",
+        "null_block",
+        "num_blocks",
+        "residency",
+        "unwritten",
+    )
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 2:
@@ -41,6 +52,8 @@ class BlockPool:
         self.unwritten: set[KVBlock] = set()
         # Sampled residency metrics; None (the default) costs one test per call.
         self.residency: BlockResidency | None = None
+        # Registrations held back (see core.kv.deferred), by root hash, in registration order.
+        self.deferred: dict[bytes, list[Deferred]] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -57,7 +70,7 @@ class BlockPool:
         return 1.0 - self.free_queue.num_free / (self.num_blocks - 1)
 
     def num_cached_blocks(self) -> int:
-        """Distinct hashes currently findable in the prefix cache."""
+        """Distinct hashes currently in the prefix-cache map (deferred registrations not counted)."""
         return len(self._cached)
 
     def get_cached_block(self, block_hash: bytes) -> KVBlock | None:
@@ -78,38 +91,82 @@ class BlockPool:
             if self.residency is not None:
                 self.residency.on_handed_out(block.block_id)
             return [block]
-        blocks = self.free_queue.popleft_n(n)
         # A 1024-token prompt takes 64 blocks, nearly all still carrying an
         # earlier request's hash: those are dropped from the map together.
-        for block in blocks:
-            block.ref_cnt = 1
-        hashed = [block for block in blocks if block.block_hash is not None]
+        blocks, hashed, hashes = self.free_queue.take_n(n)
         if hashed:
-            self._uncache_all(hashed)
+            self._uncache_all(hashed, hashes)
         if self.residency is not None:
             for block in blocks:
                 self.residency.on_handed_out(block.block_id)
         return blocks
 
-    def _uncache_all(self, blocks: list[KVBlock]) -> None:
-        """``_uncache`` each of ``blocks`` (all hashed), in order."""
+    def _uncache_all(self, blocks: list[KVBlock], hashes: list[bytes]) -> None:
+        """``_uncache`` each of ``blocks``, in order; ``take_n`` already took their ``hashes`` off them."""
         # Batched only where it pays: a decode step takes one block at a time.
+        if self.deferred:
+            blocks, hashes = self._drop_marks(blocks, hashes)
         if len(blocks) >= _MIN_BATCH and not self.unwritten:
             cached = self._cached
-            hashes = [block.block_hash for block in blocks]
             popped = list(map(cached.pop, hashes, repeat(None, len(hashes))))
             # Each hash held its block alone (the common case): done. A list
             # comparison tests identity first, and KVBlock has no __eq__.
             if popped == blocks:
-                for block in blocks:
-                    block.block_hash = None
                 return
             # Shared hashes: put the entries back, then go block by block.
             for h, cur in reversed(list(zip(hashes, popped))):
                 if cur is not None:
                     cached[h] = cur
-        for block in blocks:
+        for block, h in zip(blocks, hashes):
+            block.block_hash = h
             self._uncache(block)
+
+    def _drop_marks(self, blocks: list[KVBlock], hashes: list) -> tuple[list[KVBlock], list[bytes]]:
+        """Unmark the deferred among ``blocks`` (hashes already off); the others and their hashes."""
+        kept: list[KVBlock] = []
+        kept_hashes: list[bytes] = []
+        unwritten = self.unwritten
+        for block, h in zip(blocks, hashes):
+            if type(h) is Deferred:
+                if unwritten:
+                    unwritten.discard(block)
+                # _unmark(h), inline: a prompt's blocks mostly share one record.
+                h.live -= 1
+                if not h.live:
+                    self._forget(h)
+            else:
+                kept.append(block)
+                kept_hashes.append(h)
+        return kept, kept_hashes
+
+    def _unmark(self, seg: Deferred) -> None:
+        """One block of ``seg`` lost its mark; a record with none left is dropped."""
+        seg.live -= 1
+        if not seg.live:
+            self._forget(seg)
+
+    def _forget(self, seg: Deferred) -> None:
+        """Drop ``seg``, none of whose blocks carries its mark any more, from its root's list."""
+        segs = self.deferred.get(seg.root)
+        if segs is not None:
+            segs.remove(seg)
+            if not segs:
+                del self.deferred[seg.root]
+
+    def defer(self, request: Request, blocks: list[KVBlock], start: int, end: int, root: bytes) -> None:
+        """Register ``blocks[start:end]`` of ``request``'s table lazily under root hash ``root``."""
+        seg = Deferred(request, blocks, start, end, root)
+        for i in range(start, end):
+            blocks[i].block_hash = seg  # type: ignore[assignment]
+        segs = self.deferred.get(root)
+        if segs is None:
+            self.deferred[root] = [seg]
+        else:
+            segs.append(seg)
+
+    def take_deferred(self, root: bytes) -> list[Deferred]:
+        """The registrations held back under ``root``, in order, forgotten (the caller registers them)."""
+        return self.deferred.pop(root, [])
 
     def touch(self, blocks: Iterable[KVBlock]) -> None:
         """Take one more reference on each block; a free one leaves the queue."""
@@ -129,19 +186,8 @@ class BlockPool:
         reused first; hashed ones go to the tail, which makes eviction LRU.
         """
         first: list[KVBlock] = []
-        last: list[KVBlock] = []
-        to_head = first.append
-        to_tail = last.append
-        for block in ordered:
-            n = block.ref_cnt - 1
-            block.ref_cnt = n
-            if not n:
-                if block.block_hash is None:
-                    to_head(block)
-                else:
-                    to_tail(block)
+        self.free_queue.release_n(ordered, first)
         self.free_queue.prepend_n(first)
-        self.free_queue.append_n(last)
 
     def cache_block(self, block: KVBlock, block_hash: bytes) -> None:
         """Register a full block under ``block_hash``."""
@@ -161,20 +207,16 @@ class BlockPool:
         for block, h in zip(new_blocks, new_hashes):
             block.block_hash = h
         cached = self._cached
-        # The common case, hashes not yet in the map: one update for all.
-        if cached.keys().isdisjoint(new_hashes):
-            size = len(cached)
-            cached.update(zip(new_hashes, new_blocks))
-            if len(cached) - size == len(new_hashes):
-                return
-            # A hash twice among the new blocks: undo, then go block by block.
-            for h in new_hashes:
-                cached.pop(h, None)
-        setdefault = cached.setdefault
-        for block, h in zip(new_blocks, new_hashes):
-            cur = setdefault(h, block)
+        # The common case, hashes not yet in the map: each setdefault stores
+        # its block, in one pass. A list comparison tests identity first, and
+        # KVBlock has no __eq__.
+        got = list(map(cached.setdefault, new_hashes, new_blocks))
+        if got == new_blocks:
+            return
+        for block, h, cur in zip(new_blocks, new_hashes, got):
             if cur is not block:
-                self._add_duplicate(h, cur, block)
+                # Re-read: an earlier duplicate among the new blocks may have made it a list.
+                self._add_duplicate(h, cached[h], block)
 
     def _add_duplicate(self, block_hash: bytes, cur: KVBlock | list[KVBlock], block: KVBlock) -> None:
         """Register ``block`` after ``cur``, the block(s) already holding ``block_hash``."""
@@ -188,6 +230,9 @@ class BlockPool:
         block.block_hash = None
         if self.unwritten:
             self.unwritten.discard(block)
+        if type(h) is Deferred:
+            self._unmark(h)
+            return
         if self._cached.get(h) is block:
             del self._cached[h]
         else:
@@ -211,6 +256,7 @@ class BlockPool:
         if self.free_queue.num_free != self.num_blocks - 1:
             return False
         self._cached.clear()
+        self.deferred.clear()
         self.unwritten.clear()
         if self.residency is not None:
             self.residency.reset()

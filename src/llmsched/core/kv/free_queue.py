@@ -59,6 +59,37 @@ class FreeBlockQueue:
         self.num_free -= n
         return out
 
+    def take_n(self, n: int) -> tuple[list[KVBlock], list[KVBlock], list[bytes]]:
+        """``popleft_n(n)`` with each block given its first reference and its hash taken off.
+
+        Returns the blocks, those that carried a hash, and those hashes (the
+        caller drops them from the prefix-cache map). One walk instead of
+        four: allocating a prompt's blocks must set their counts and clear
+        the hashes that earlier requests left on them.
+        """
+        if n > self.num_free:
+            raise IndexError(f"asked for {n} blocks, {self.num_free} free")
+        out: list[KVBlock] = []
+        hashed: list[KVBlock] = []
+        hashes: list[bytes] = []
+        append = out.append
+        block = self._head.next_free
+        for _ in range(n):
+            append(block)
+            block.ref_cnt = 1
+            h = block.block_hash
+            if h is not None:
+                hashed.append(block)
+                hashes.append(h)
+                block.block_hash = None
+            nxt = block.next_free
+            block.prev_free = block.next_free = None
+            block = nxt
+        self._head.next_free = block
+        block.prev_free = self._head
+        self.num_free -= n
+        return out, hashed, hashes
+
     def remove(self, block: KVBlock) -> None:
         """Unlink ``block`` from wherever it sits in the queue."""
         prev, nxt = block.prev_free, block.next_free
@@ -81,6 +112,31 @@ class FreeBlockQueue:
         last.next_free = self._tail
         self._tail.prev_free = last
         self.num_free += len(blocks)
+
+    def release_n(self, ordered: Iterable[KVBlock], unhashed: list[KVBlock]) -> None:
+        """Drop one reference on each block; those left unreferenced join the tail, in order.
+
+        Unreferenced blocks without a hash are appended to ``unhashed``
+        instead, for the caller to put at the head. One walk: a finished
+        request's blocks are counted down and linked together.
+        """
+        tail = self._tail
+        last = tail.prev_free
+        n = 0
+        for block in ordered:
+            c = block.ref_cnt - 1
+            block.ref_cnt = c
+            if not c:
+                if block.block_hash is None:
+                    unhashed.append(block)
+                else:
+                    block.prev_free = last
+                    last.next_free = block
+                    last = block
+                    n += 1
+        last.next_free = tail
+        tail.prev_free = last
+        self.num_free += n
 
     def prepend_n(self, blocks: list[KVBlock]) -> None:
         """Put ``blocks`` at the head, keeping their order (reused first)."""

@@ -68,6 +68,10 @@ class KVCacheManager:
         self.hasher = BlockHasher(block_size, hash_algo)
         self._tables: dict[str, BlockTable] = {}
         self.stats = PrefixCacheStats()
+        # Register a table's blocks after its first only once a lookup hits
+        # that first block (core.kv.deferred): the same hits, less work per
+        # prompt nobody shares. Off unless the owner turns it on.
+        self.lazy_registration = False
 
     # ---- queries -----------------------------------------------------------
 
@@ -103,7 +107,15 @@ class KVCacheManager:
         max_blocks = (request.num_tokens - 1) // self.block_size
         if max_blocks <= 0:
             return _NO_BLOCKS, 0
-        hashes = self.hasher.extend(request, max_blocks)
+        if self.lazy_registration:
+            root = self.hasher.extend(request, 1)[0]
+            if self.pool.get_cached_block(root) is None:
+                return _NO_BLOCKS, 0
+            # A hit on the root: what was held back under it must be findable now.
+            self._materialize(root)
+        # One block further when the last one is full: it is registered once
+        # the prefill runs, and hashing it here saves a second call then.
+        hashes = self.hasher.extend(request, max_blocks + 1)
         lookup = self.pool.get_cached_block
         hits: list[KVBlock] = []
         for i in range(max_blocks):
@@ -298,9 +310,35 @@ class KVCacheManager:
         start = table.num_cached
         if num_full <= start:
             return
+        if self.lazy_registration:
+            # Block 0 now, the rest when a lookup hits block 0's hash.
+            root = self.hasher.extend(request, 1)[0]
+            if start == 0:
+                self.pool.cache_block(table.blocks[0], root)
+                start = 1
+            if start < num_full:
+                self.pool.defer(request, table.blocks, start, num_full, root)
+            table.num_cached = num_full
+            return
         hashes = self.hasher.extend(request, num_full)
         self.pool.cache_blocks(table.blocks, hashes, start, num_full)
         table.num_cached = num_full
+
+    def _materialize(self, root: bytes) -> None:
+        """Hash and register, in registration order, the still-marked blocks held back under ``root``."""
+        pool = self.pool
+        for seg in pool.take_deferred(root):
+            hashes = self.hasher.extend(seg.request, seg.end)
+            blocks = seg.blocks
+            for i in range(seg.start, seg.end):
+                block = blocks[i]
+                if block.block_hash is seg:
+                    pool.cache_block(block, hashes[i])
+
+    def settle(self, request: Request) -> None:
+        """Register what is held back under ``request``'s root now (before its tokens are rewritten)."""
+        if self.lazy_registration and request.block_hashes:
+            self._materialize(request.block_hashes[0])
 
     def mark_unwritten(self, request: Request, num_tokens: int) -> None:
         """Note that the request's cached blocks past its first ``num_tokens`` tokens hold no KV.

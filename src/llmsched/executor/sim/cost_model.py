@@ -305,6 +305,77 @@ def step_parts_of(cost_model: StepCostModel) -> Callable[[BatchShape], StepParts
 DecodeRunFn = Callable[[int, float, float, int, array, array, array, array], tuple[int, float, float, int]]
 
 
+# Tails of at most this many ops are summed unrolled (see _unrolled_decode_run).
+_UNROLLED = 16
+
+# A decode-run clock with its sums written out term by term, in the order
+# CostModel.decode_run's loop adds them; {mixer}, {tail_all} and {tail_model}
+# become "+ m" and "+ a0 + a1 ..." for the cost model's own lengths.
+_RUN_SOURCE = """
+def make(d, head, hosts1, m, pair_flops, kv_bytes, qo, rate, kv_rate, {names}):
+    def run(ctx, now, until, num_steps, ends, totals, hosts, models):
+        end_at, total_at, model_at = ends.append, totals.append, models.append
+        start = now
+        n = 0
+        # The loop's "while n < num_steps and now < until", counted by range.
+        if now < until:
+            for n in range(1, num_steps + 1):
+                ctx += d
+                tc = ctx * pair_flops / rate
+                tm = ((ctx + d) * kv_bytes + qo) / kv_rate
+                base = head + (tc if tc > tm else tm){mixer}
+                t = base{tail_all}
+                start = now
+                now = start + t
+                end_at(now)
+                total_at(t)
+                model_at(base{tail_model})
+                if now >= until:
+                    break
+        hosts.extend(hosts1 * n)
+        return n, start, now, ctx
+    return run
+"""
+_RUN_MAKERS: dict[tuple[int, int, bool], Callable[..., DecodeRunFn]] = {}
+
+
+def _unrolled_decode_run(
+    d: int,
+    head: float,
+    hosts1: array,
+    tail_all: tuple[float, ...],
+    tail_model: tuple[float, ...],
+    mixer: float | None,
+    pair_flops: float,
+    kv_bytes: float,
+    qo: float,
+    rate: float,
+    kv_rate: float,
+) -> DecodeRunFn:
+    """``CostModel.decode_run``'s clock with the tails summed in one expression instead of a loop.
+
+    The same additions in the same order, so every figure is the same bit
+    for bit; the loop over the tails cost more than the arithmetic. The
+    clock's code is generated once per shape of tails.
+    """
+    key = (len(tail_all), len(tail_model), mixer is not None)
+    make = _RUN_MAKERS.get(key)
+    if make is None:
+        names_all = [f"a{i}" for i in range(key[0])]
+        names_model = [f"b{i}" for i in range(key[1])]
+        source = _RUN_SOURCE.format(
+            names=", ".join(names_all + names_model) or "*_",
+            mixer=" + m" if key[2] else "",
+            tail_all="".join(f" + {x}" for x in names_all),
+            tail_model="".join(f" + {x}" for x in names_model),
+        )
+        namespace: dict = {}
+        exec(compile(source, f"<decode run {key}>", "exec"), namespace)
+        make = _RUN_MAKERS[key] = namespace["make"]
+    m = 0.0 if mixer is None else mixer
+    return make(d, head, hosts1, m, pair_flops, kv_bytes, qo, rate, kv_rate, *tail_all, *tail_model)
+
+
 def decode_run_of(cost_model: StepCostModel, num_decodes: int) -> DecodeRunFn:
     """``StepCostModel.decode_run`` for any cost model (stepping ``decode_step_parts_of``' prices)."""
     fast = getattr(cost_model, "decode_run", None)
@@ -864,6 +935,10 @@ class CostModel:
         )
         qo = d * qo_bytes
         hosts1 = array("d", (host,))
+        if len(tail_all) <= _UNROLLED and len(tail_model) <= _UNROLLED:
+            return _unrolled_decode_run(
+                d, head, hosts1, tail_all, tail_model, mixer, pair_flops, kv_bytes, qo, rate, kv_rate
+            )
 
         def run(
             ctx: int,

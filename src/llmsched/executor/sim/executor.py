@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput
@@ -45,6 +46,8 @@ from llmsched.executor.sim.cost_model import (
 )
 
 _NONE: tuple[int, ...] = ()
+# An empty array of doubles; a partial builds it without a Python frame (four per decode run).
+_doubles = partial(array, "d")
 
 
 @dataclass(slots=True)
@@ -73,10 +76,10 @@ class StepTiming:
 class DecodeRun:
     """Steps clocked by ``SimExecutor.run_decodes``: each one's end and parts (sync: host gap = host)."""
 
-    ends: array = field(default_factory=lambda: array("d"))
-    totals: array = field(default_factory=lambda: array("d"))
-    hosts: array = field(default_factory=lambda: array("d"))
-    models: array = field(default_factory=lambda: array("d"))
+    ends: array = field(default_factory=_doubles)
+    totals: array = field(default_factory=_doubles)
+    hosts: array = field(default_factory=_doubles)
+    models: array = field(default_factory=_doubles)
 
     def __len__(self) -> int:
         return len(self.ends)
