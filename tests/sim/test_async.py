@@ -359,3 +359,27 @@ def test_cost_model_host_path_and_model_time():
         assert model == pytest.approx(total - host)
         assert ops["layer_overhead"] == pytest.approx(32 * 2e-6)
     assert cm.step_parts(BatchShape()) == (0.0, 0.0, 0.0)
+
+
+class Serial(ByTokens):
+    """ByTokens on a machine whose model threads take every core."""
+
+    host_overlaps_model = False
+
+
+def test_without_a_free_core_the_host_path_waits_for_the_forward():
+    """A CPU whose model threads take every core: the next step's host path starts when
+    the forward before it ends, so a step costs host + model on the clock."""
+    ex = SimExecutor(Serial({1: (2.0, 1.0), 2: (1.0, 4.0)}), async_scheduling=True)
+    ex.execute(decode_output(0, 1))
+    t0 = ex.timing(0)
+    assert (t0.start, t0.end, t0.duration, ex.now) == (0.0, 3.0, 3.0, 2.0)
+    # Scheduled at 2 while step 0's forward runs to 3: host 3-4, forward 4-8.
+    ex.execute(decode_output(1, 2))
+    t1 = ex.timing(1)
+    assert (t1.start, t1.end, t1.host_gap, t1.duration, ex.now) == (3.0, 8.0, 1.0, 5.0, 4.0)
+    # With a core free (the default), the same step's host path hides behind step 0's forward.
+    ex = SimExecutor(ByTokens({1: (2.0, 1.0), 2: (1.0, 4.0)}), async_scheduling=True)
+    ex.execute(decode_output(0, 1))
+    ex.execute(decode_output(1, 2))
+    assert ex.timing(1).end == 7.0

@@ -86,6 +86,19 @@ def test_cpu_profile_carries_the_measured_host_costs(cache, monkeypatch):
     assert h.decode_kv_bandwidth == 6e9
 
 
+def test_cpu_profile_covers_the_probed_batch_sizes_and_knows_whether_a_core_was_free():
+    samples = [[1, 1, 4e4, 1e-3], [1, 32, 1e6, 2e-3], [4, 8, 2e6, 3e-3]]
+    c = dict(FAKE, layer_overhead_s=3e-4, executor_samples=samples, machine={"cores": 2, "threads": 2})
+    h = calibrate.profile_from_calibration(c)
+    # The layer cost was fitted on steps of up to 32 decodes, with no core left for the host.
+    assert (h.layer_overhead_covers_tokens, h.host_overlaps_model) == (32, False)
+    h = calibrate.profile_from_calibration(dict(c, machine={"cores": 4, "threads": 3}))
+    assert h.host_overlaps_model is True
+    # Microbenchmarks only (no probe), machine unknown: nothing covered, overlap assumed.
+    h = calibrate.profile_from_calibration(dict(FAKE))
+    assert (h.layer_overhead_covers_tokens, h.host_overlaps_model) == (0, True)
+
+
 def test_profile_without_host_figures_keeps_the_defaults(cache, monkeypatch):
     monkeypatch.setattr(calibrate, "measure", lambda: dict(FAKE))
     h = load_hardware("cpu")

@@ -349,6 +349,20 @@ def cpu_profile(recalibrate: bool = False) -> HardwareProfile:
     return profile_from_calibration(calibration(recalibrate))
 
 
+def _largest_probe_batch(c: dict) -> int:
+    """The most decodes in one of the executor probe's timed steps (0: no probe ran)."""
+    samples = c.get("executor_samples") or []
+    return max((int(s[1]) for s in samples), default=0)
+
+
+def _core_left_for_host(machine: dict) -> bool:
+    """Whether the calibrated model threads left a core for the engine thread (unknown: assumed so)."""
+    threads, cores = machine.get("threads"), machine.get("cores")
+    if not isinstance(threads, int) or not isinstance(cores, int):
+        return True
+    return threads < cores
+
+
 def profile_from_calibration(c: dict, name: str = "cpu") -> HardwareProfile:
     """The hardware profile a calibration's figures describe (flagged in its description if unsettled)."""
     efficiency = None
@@ -374,6 +388,10 @@ def profile_from_calibration(c: dict, name: str = "cpu") -> HardwareProfile:
         # instead of launches.
         cuda_graphs=False,
         layer_overhead_s=c.get("layer_overhead_s", 0.0),
+        # The layers' host time was fitted from the executor's own decode
+        # steps of up to this many requests (see CostModel._layer_overhead).
+        layer_overhead_covers_tokens=_largest_probe_batch(c),
+        host_overlaps_model=_core_left_for_host(c.get("machine", {})),
         step_overhead_s=c.get("step_overhead_s"),
         request_overhead_s=c.get("request_overhead_s", 0.0),
         decode_kv_bandwidth=c.get("decode_kv_bandwidth"),

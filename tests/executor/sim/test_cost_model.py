@@ -371,6 +371,45 @@ def test_host_costs_of_the_hardware_are_charged_per_step_layer_and_request():
     assert "request_overhead" not in ops_by_name(CostModel(TINY, UNIT_HW), BATCH)
 
 
+def test_layer_host_time_covers_the_weight_gemms_of_small_steps_only():
+    hw = replace(UNIT_HW, layer_overhead_s=0.5, layer_overhead_covers_tokens=4)
+    cm = CostModel(TINY, hw, efficiency=PERFECT)
+    full = CostModel(TINY, replace(hw, layer_overhead_covers_tokens=0), efficiency=PERFECT)
+    gemms = ("attention_linears", "mlp", "lm_head")
+    for batch, covered in ((BatchShape.from_chunks([(10, 1), (20, 1)], num_sampled=2), True), (BATCH, False)):
+        ops, ref = ops_by_name(cm, batch), ops_by_name(full, batch)
+        assert ref["layer_overhead"].seconds == pytest.approx(2 * 0.5)
+        if covered:
+            # Two decodes: only what the GEMMs leave of the layers' host time is charged.
+            left = 2 * 0.5 - sum(ops[g].seconds for g in gemms)
+            assert 0 < left < 1.0
+            assert ops["layer_overhead"].seconds == pytest.approx(left)
+        else:
+            # Ten tokens, beyond the covered four: charged in full.
+            assert ops["layer_overhead"].seconds == ref["layer_overhead"].seconds
+    # GEMMs longer than the layers' host time leave none of it.
+    slow = CostModel(TINY, replace(hw, mem_bandwidth=1e5), efficiency=PERFECT)
+    one = BatchShape.from_chunks([(10, 1)], num_sampled=1)
+    assert ops_by_name(slow, one)["layer_overhead"].seconds == 0.0
+
+
+def test_cpu_like_step_parts_and_decode_runs_equal_the_op_by_op_sums():
+    from array import array
+
+    from llmsched.executor.sim.cost_model import decode_run_of
+
+    hw = replace(
+        load_hardware("h100"), layer_overhead_s=2e-4, layer_overhead_covers_tokens=32, cuda_graphs=False
+    )
+    cm = CostModel(load_model("llama-3-8b"), hw)
+    for d in (1, 8, 32, 33, 64):
+        batch = BatchShape.from_chunks([(100 + i, 1) for i in range(d)], num_sampled=d)
+        assert cm.step_time(batch) == sum(op.seconds for op in cm.ops(batch))
+        ends, totals, hosts, models = array("d"), array("d"), array("d"), array("d")
+        decode_run_of(cm, d)(batch.decode_context - d, 0.0, 1e9, 1, ends, totals, hosts, models)
+        assert totals[0] == pytest.approx(cm.step_time(batch), rel=1e-12)
+
+
 @pytest.mark.parametrize(
     ("model", "hw", "tp", "ep"),
     [("llama-3-8b", "h100", 1, False), ("qwen3-32b", "h100", 2, False), ("deepseek-v3", "h100", 8, True)],

@@ -88,3 +88,19 @@ def test_json_profile_errors_name_the_field(tmp_path):
 def test_gpus_launch_kernels_at_a_few_microseconds():
     for name in ("a100", "h100", "h200", "b200"):
         assert BUILTIN_HARDWARE[name].kernel_launch_s == 5e-6, name
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("host_overlaps_model", "no"),
+        ("layer_overhead_covers_tokens", -1),
+        ("layer_overhead_covers_tokens", 1.5),
+    ],
+)
+def test_a_profile_file_with_a_bad_host_field_names_it(tmp_path, field, value):
+    data = dict(BUILTIN_HARDWARE["h100"].to_dict(), **{field: value})
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=field):
+        load_hardware(str(path))

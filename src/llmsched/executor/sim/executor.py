@@ -102,6 +102,8 @@ class SimExecutor:
         self.prices_lora = bool(getattr(cost_model, "lora_rank", 0))
         self.now = start_time
         self.async_scheduling = async_scheduling
+        # False: async scheduling overlaps nothing (see HardwareProfile.host_overlaps_model).
+        self.host_overlaps_model = getattr(cost_model, "host_overlaps_model", True)
         self.sample_token_id = sample_token_id
         self._token = (sample_token_id,)
         # When the device finishes the last forward issued (async pipeline).
@@ -266,8 +268,11 @@ class SimExecutor:
     def _pipeline(self, t: StepTiming, host: float, model: float) -> None:
         """Async: this host path runs now; the forward follows it and the previous forward."""
         start = self.now
-        host_end = start + host
         prev_end = self.device_free_at
+        if prev_end > start and not self.host_overlaps_model:
+            # No core is free for the host path while the forward runs.
+            start = prev_end
+        host_end = start + host
         # The device is idle from the later of the previous forward's end and
         # this step's start until the host path is done.
         idle_from = prev_end if prev_end > start else start

@@ -56,6 +56,15 @@ class HardwareProfile:
     # on the same cores that do the math, so nothing hides it. 0 on GPUs,
     # whose host costs are the kernel launches above.
     layer_overhead_s: float = 0.0
+    # Steps of at most this many tokens have their weight GEMMs' time inside
+    # layer_overhead_s rather than added to it (measured on a CPU, see
+    # CostModel._layer_overhead); 0: never.
+    layer_overhead_covers_tokens: int = 0
+    # Whether the engine thread's host path (step_overhead_s,
+    # request_overhead_s) runs beside the model under async scheduling.
+    # False on a CPU whose model threads take every core: the next step's
+    # host work then waits for the forward to leave a core free.
+    host_overlaps_model: bool = True
     # Host time of one step outside the layers whatever the batch: building
     # the step's input tensors and attention metadata, launching the
     # sampler, turning its output into token lists. None: the deployment's
@@ -184,6 +193,11 @@ def hardware_from_dict(data: dict, source: str = "profile") -> HardwareProfile:
     kv_bw = data.get("decode_kv_bandwidth")
     if kv_bw is not None and (not isinstance(kv_bw, (int, float)) or kv_bw <= 0):
         raise ConfigError(f"{source}: decode_kv_bandwidth={kv_bw!r} must be a positive number")
+    if not isinstance(data.get("host_overlaps_model", True), bool):
+        raise ConfigError(f"{source}: host_overlaps_model must be true or false")
+    covers = data.get("layer_overhead_covers_tokens", 0)
+    if isinstance(covers, bool) or not isinstance(covers, int) or covers < 0:
+        raise ConfigError(f"{source}: layer_overhead_covers_tokens={covers!r} must be an integer >= 0")
     eff = data.get("efficiency")
     if eff is not None and not isinstance(eff, dict):
         raise ConfigError(f"{source}: efficiency must be an object of Efficiency fields")
