@@ -68,7 +68,6 @@ import random
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -85,6 +84,7 @@ from llmsched.engine import EngineCore  # noqa: E402
 from llmsched.engine.chat_model import PACKAGE, ensure_chat_model  # noqa: E402
 from llmsched.executor.torch import TorchExecutor  # noqa: E402
 from llmsched.executor.torch.embedded import cache_dir  # noqa: E402
+from llmsched.sim.calibrate_executor import on_own_thread  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e_cpu_peers as peers  # noqa: E402
@@ -150,13 +150,7 @@ def on_a_thread(fn: Callable[..., T], *args: object) -> T:
     there are CPUs, so parallel torch work left behind on this thread would
     slow the executor's steps (see TorchExecutor).
     """
-    box: list[T] = []
-    worker = threading.Thread(target=lambda: box.append(fn(*args)))
-    worker.start()
-    worker.join()
-    if not box:
-        raise RuntimeError(f"{getattr(fn, '__name__', fn)} failed on its thread (see above)")
-    return box[0]
+    return on_own_thread(fn, *args)
 
 
 def best_of(fn, repeats: int) -> float:

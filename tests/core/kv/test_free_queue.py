@@ -60,9 +60,9 @@ def test_popleft_takes_head() -> None:
         q.popleft()
 
 
-def test_popleft_n_in_queue_order() -> None:
+def test_take_n_in_queue_order() -> None:
     q, blocks = make_queue(6)
-    out = q.popleft_n(4)
+    out = q.take_n(4)[0]
     assert out == blocks[:4]
     assert q.block_ids() == [4, 5]
     assert len(q) == 2
@@ -72,19 +72,19 @@ def test_popleft_n_in_queue_order() -> None:
         assert b.next_free is None
 
 
-def test_popleft_n_zero_and_all() -> None:
+def test_take_n_zero_and_all() -> None:
     q, blocks = make_queue(3)
-    assert q.popleft_n(0) == []
+    assert q.take_n(0)[0] == []
     assert q.block_ids() == [0, 1, 2]
-    assert q.popleft_n(3) == blocks
+    assert q.take_n(3)[0] == blocks
     assert len(q) == 0
     assert q.block_ids() == []
 
 
-def test_popleft_n_too_many_raises_and_leaves_queue_intact() -> None:
+def test_take_n_too_many_raises_and_leaves_queue_intact() -> None:
     q, _ = make_queue(3)
     with pytest.raises(IndexError):
-        q.popleft_n(4)
+        q.take_n(4)[0]
     assert q.block_ids() == [0, 1, 2]
     assert len(q) == 3
     assert_links_consistent(q)
@@ -92,7 +92,7 @@ def test_popleft_n_too_many_raises_and_leaves_queue_intact() -> None:
 
 def test_append_n_at_tail_in_order() -> None:
     q, _ = make_queue(6)
-    taken = q.popleft_n(3)
+    taken = q.take_n(3)[0]
     q.append_n([taken[2], taken[0]])
     assert q.block_ids() == [3, 4, 5, 2, 0]
     assert len(q) == 5
@@ -101,7 +101,7 @@ def test_append_n_at_tail_in_order() -> None:
 
 def test_prepend_n_at_head_keeping_order() -> None:
     q, _ = make_queue(6)
-    taken = q.popleft_n(3)
+    taken = q.take_n(3)[0]
     q.prepend_n([taken[2], taken[0]])
     assert q.block_ids() == [2, 0, 3, 4, 5]
     assert len(q) == 5
@@ -111,10 +111,10 @@ def test_prepend_n_at_head_keeping_order() -> None:
 
 def test_append_and_prepend_into_empty_queue() -> None:
     q, _ = make_queue(4)
-    taken = q.popleft_n(4)
+    taken = q.take_n(4)[0]
     q.prepend_n([taken[1], taken[3]])
     assert q.block_ids() == [1, 3]
-    q.popleft_n(2)
+    q.take_n(2)[0]
     q.append_n([taken[2], taken[0]])
     assert q.block_ids() == [2, 0]
     assert_links_consistent(q)
@@ -169,7 +169,7 @@ def test_remove_twice_raises() -> None:
 
 def test_remove_popped_block_raises() -> None:
     q, blocks = make_queue(3)
-    q.popleft_n(2)
+    q.take_n(2)[0]
     with pytest.raises(ValueError):
         q.remove(blocks[0])
     with pytest.raises(ValueError):
@@ -205,7 +205,7 @@ def test_many_removals_from_the_middle_are_constant_time() -> None:
 
 
 OPS = st.lists(
-    st.tuples(st.sampled_from(["popleft_n", "append_n", "prepend_n", "remove"]), st.integers(0, 10**6)),
+    st.tuples(st.sampled_from(["take_n", "append_n", "prepend_n", "remove"]), st.integers(0, 10**6)),
     max_size=40,
 )
 
@@ -217,9 +217,9 @@ def test_matches_list_model(ops: list[tuple[str, int]]) -> None:
     model = [b.block_id for b in blocks]
     out: list[KVBlock] = []
     for op, arg in ops:
-        if op == "popleft_n":
+        if op == "take_n":
             n = arg % (len(model) + 1)
-            taken = q.popleft_n(n)
+            taken = q.take_n(n)[0]
             assert [b.block_id for b in taken] == model[:n]
             del model[:n]
             out.extend(taken)

@@ -42,25 +42,8 @@ class FreeBlockQueue:
         self.num_free -= 1
         return block
 
-    def popleft_n(self, n: int) -> list[KVBlock]:
-        """Remove and return the first ``n`` blocks, in queue order."""
-        if n > self.num_free:
-            raise IndexError(f"asked for {n} blocks, {self.num_free} free")
-        out: list[KVBlock] = []
-        append = out.append
-        block = self._head.next_free
-        for _ in range(n):
-            append(block)
-            nxt = block.next_free
-            block.prev_free = block.next_free = None
-            block = nxt
-        self._head.next_free = block
-        block.prev_free = self._head
-        self.num_free -= n
-        return out
-
     def take_n(self, n: int) -> tuple[list[KVBlock], list[KVBlock], list[bytes]]:
-        """``popleft_n(n)`` with each block given its first reference and its hash taken off.
+        """Remove the first ``n`` blocks in queue order, each given a first reference and its hash taken off.
 
         Returns the blocks, those that carried a hash, and those hashes (the
         caller drops them from the prefix-cache map). One walk instead of
