@@ -483,22 +483,13 @@ def test_decode_run_clocks_decode_step_parts_bit_for_bit(model, d, unrolled, mon
 
 
 def _stepped_run(cost, d):
-    """decode_run's contract, one decode_step_parts call per step."""
-    from llmsched.executor.sim.cost_model import decode_step_parts_of
+    """decode_run's contract, one decode_step_parts call per step: decode_run_of's generic clock."""
+    from llmsched.executor.sim.cost_model import decode_run_of, decode_step_parts_of
 
-    price = decode_step_parts_of(cost, d)
+    class Stepped:
+        """``cost``'s step prices without its own decode_run."""
 
-    def run(ctx, now, until, num_steps, ends, totals, hosts, models):
-        start, n = now, 0
-        while n < num_steps and now < until:
-            ctx += d
-            total, host, model = price(ctx)
-            start, now = now, now + total
-            ends.append(now)
-            totals.append(total)
-            hosts.append(host)
-            models.append(model)
-            n += 1
-        return n, start, now, ctx
+        def decode_step_parts(self, num_decodes):
+            return decode_step_parts_of(cost, num_decodes)
 
-    return run
+    return decode_run_of(Stepped(), d)
