@@ -32,17 +32,15 @@ class SpecRun:
     drafts: int
 
 
-def run(
+def spec_engine(
     model: object,
-    prompts: Sequence[Sequence[int]],
-    params: SamplingParams | Sequence[SamplingParams],
     *,
     spec: dict | None,
     async_scheduling: bool,
     num_gpu_blocks: int = 512,
     max_num_batched_tokens: int = 256,
-) -> SpecRun:
-    """Drive EngineCore over the torch executor (float32) until every prompt finishes."""
+) -> EngineCore:
+    """EngineCore over the float32 torch executor with ``spec`` (a speculative config, or None)."""
     sc = SpeculativeConfig.parse(spec)
     ex = TorchExecutor(
         model,
@@ -65,7 +63,27 @@ def run(
         num_lookahead_tokens=0 if sc is None else sc.num_lookahead_tokens,
         debug=True,
     )
-    engine = EngineCore(config, ex)
+    return EngineCore(config, ex)
+
+
+def run(
+    model: object,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams | Sequence[SamplingParams],
+    *,
+    spec: dict | None,
+    async_scheduling: bool,
+    num_gpu_blocks: int = 512,
+    max_num_batched_tokens: int = 256,
+) -> SpecRun:
+    """Drive EngineCore over the torch executor (float32) until every prompt finishes."""
+    engine = spec_engine(
+        model,
+        spec=spec,
+        async_scheduling=async_scheduling,
+        num_gpu_blocks=num_gpu_blocks,
+        max_num_batched_tokens=max_num_batched_tokens,
+    )
     plist = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
     reqs = [Request(str(i), p, sp) for i, (p, sp) in enumerate(zip(prompts, plist))]
     for r in reqs:

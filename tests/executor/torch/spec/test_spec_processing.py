@@ -14,14 +14,11 @@ from dataclasses import dataclass
 import torch
 
 from llmsched import SamplingParams
-from llmsched.core import Request, SchedulerConfig
-from llmsched.core.speculative import SpeculativeConfig
-from llmsched.engine import EngineCore
-from llmsched.executor.torch import TorchExecutor
+from llmsched.core import Request
 from llmsched.executor.torch.input_batch import RequestState
 from llmsched.executor.torch.penalties import apply_penalties, apply_penalties_with_drafts
 
-from .test_spec_greedy import NGRAM, repeating_prompts
+from .test_spec_greedy import NGRAM, repeating_prompts, spec_engine
 
 
 @dataclass
@@ -41,23 +38,7 @@ def drive(
     async_scheduling: bool,
 ) -> Run:
     """EngineCore over the float32 torch executor; collects each request's logprob entries too."""
-    sc = SpeculativeConfig.parse(spec)
-    ex = TorchExecutor(
-        model, dtype="float32", block_size=4, max_model_len=128, num_gpu_blocks=512, max_num_seqs=16,
-        max_num_batched_tokens=256, speculative_config=sc,
-    )  # fmt: skip
-    config = SchedulerConfig(
-        num_gpu_blocks=ex.num_gpu_blocks,
-        max_model_len=ex.max_model_len,
-        block_size=4,
-        max_num_batched_tokens=256,
-        max_num_seqs=16,
-        async_scheduling=async_scheduling,
-        num_speculative_tokens=0 if sc is None else sc.num_speculative_tokens,
-        num_lookahead_tokens=0 if sc is None else sc.num_lookahead_tokens,
-        debug=True,
-    )
-    engine = EngineCore(config, ex)
+    engine = spec_engine(model, spec=spec, async_scheduling=async_scheduling)
     reqs = [Request(str(i), p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]
     for r in reqs:
         engine.add_request(r)
