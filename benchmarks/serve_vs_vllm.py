@@ -57,6 +57,8 @@ def llmsched_cmd(args: argparse.Namespace, port: int) -> tuple[list[str], dict]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     cmd = [sys.executable, "-m", "llmsched.cli", "serve", args.model, "--port", str(port)]
     cmd += ["--max-model-len", str(args.max_model_len), "--log-level", "warning"]
+    if args.llmsched_threads:
+        cmd += ["--num-threads", str(args.llmsched_threads)]
     return cmd, env
 
 
@@ -72,7 +74,7 @@ def vllm_env(args: argparse.Namespace) -> dict:
         if p.exists()
     ]
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": str(args.vllm_kv_gib)}
-    env.update(VLLM_CPU_OMP_THREADS_BIND="auto", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env.update(VLLM_CPU_OMP_THREADS_BIND=args.vllm_omp_bind, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     env.update(VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
     env.pop("PYTHONPATH", None)
     if preload:
@@ -279,6 +281,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--vllm-cli", default=None, help="a script running vLLM's CLI (default: python -m vllm...)"
     )
     p.add_argument("--vllm-kv-gib", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE (default 4)")
+    p.add_argument(
+        "--vllm-omp-bind",
+        default="auto",
+        help="VLLM_CPU_OMP_THREADS_BIND (default auto, vLLM's: its engine on every core but one; "
+        "e.g. 0-1 gives it both cores of a 2-core machine)",
+    )
+    p.add_argument(
+        "--llmsched-threads",
+        type=int,
+        default=None,
+        help="llmsched's --num-threads (default: its own default, every usable CPU)",
+    )
     p.add_argument(
         "--client", choices=("llmsched", "vllm"), default="llmsched", help="who drives both servers"
     )

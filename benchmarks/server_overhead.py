@@ -229,7 +229,7 @@ def median(runs: list[dict], key: str) -> float | None:
 def measure(args: argparse.Namespace, pin: bool) -> dict:
     """One configuration: a fresh server and in-process engine, alternating repeats; medians."""
     engine_cpus, other_cpus = split_cpus(pin)
-    # The server's default (every CPU but one) unless pinned or told; the in-process engine runs the same.
+    # The server's default (every usable CPU) unless pinned or told; the in-process engine runs the same.
     threads = args.num_threads or (len(engine_cpus) if engine_cpus else serving_threads())
     blocks = args.clients * (-(-(args.input_len + args.output_len) // 16)) + 64
     max_len = args.input_len + args.output_len + 16

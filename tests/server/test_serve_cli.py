@@ -20,6 +20,7 @@ from llmsched.core.errors import ConfigError
 from llmsched.engine.args import EngineArgs
 from llmsched.engine.batch_defaults import Platform
 from llmsched.server.args import API_KEY_ENV, ServerArgs
+from llmsched.server.state import serving_threads
 
 
 def parse(argv: list[str]) -> tuple[EngineArgs, ServerArgs]:
@@ -61,6 +62,14 @@ def test_defaults_bound_the_queue_and_read_the_key_from_the_environment(
     assert engine.max_num_seqs is None and engine.usage_context == "OPENAI_API_SERVER"
     assert server.queue_limit(engine.batch_limits(Platform("cpu")).max_num_seqs) == 1024
     assert server.queue_limit(512) == 2048
+
+
+def test_a_served_engine_takes_every_usable_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    # None reserved for the HTTP side: small steps keep their elementwise ops on one thread.
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5}, raising=False)
+    assert serving_threads() == 3
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1}, raising=False)
+    assert serving_threads() == 1
 
 
 def test_a_positional_model_is_the_model_and_a_conflict_is_an_error(

@@ -31,7 +31,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     EngineArgs.add_cli_args(p, usage=UsageContext.OPENAI_API_SERVER)
     p._option_string_actions[
         "--num-threads"
-    ].help = "torch CPU threads of the engine (default: every usable CPU but one, which the HTTP side needs)"
+    ].help = "torch CPU threads of the engine (default: every usable CPU)"
     p.set_defaults(func=run_serve)
     return p
 

@@ -64,13 +64,16 @@ class ServerState:
 
 
 def serving_threads() -> int:
-    """Torch CPU threads for a served engine: every usable CPU but one, which the HTTP side needs.
+    """Torch CPU threads for a served engine: every usable CPU, as offline.
 
-    On a small machine an engine with a thread per CPU competes with the
-    HTTP process for every core, and torch's CPU kernels slow down many
-    times over when one of their threads waits for a core.
+    The HTTP side needs a core only in bursts (tokenizing a request,
+    streaming a step's tokens), while a step's matmuls and attention scale
+    with threads. Small steps run their many elementwise ops on one thread
+    (``DecoderModel.forward``), so a worker briefly displaced by the HTTP side
+    stalls only the wide ops, and prefill-heavy steps, when the HTTP side
+    is idle, get every core.
     """
-    return max(1, len(os.sched_getaffinity(0)) - 1) if hasattr(os, "sched_getaffinity") else 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def make_backend(
