@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,9 @@ def test_startup_log_reports_the_prefault(use_embedded: Path, prefault: bool) ->
         log = backend.info().startup_log
         assert "Defaulting max_num_seqs to 128 for OPENAI_API_SERVER usage context on cpu." in log
         assert any(line.startswith("KV cache prefaulted:") for line in log) is prefault
+        # Every usable CPU unless --num-threads says otherwise.
+        threads = len(os.sched_getaffinity(0))
+        assert f"The model runs on {threads} torch CPU thread(s) (--num-threads)." in log
     finally:
         backend.engine.close()
 

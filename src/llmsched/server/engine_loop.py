@@ -108,7 +108,7 @@ class EngineLoop:
             snapshot=self.snapshot(),
             cache_config=cache_config_labels(e),
             kv_cache_metrics=self.residency is not None,
-            startup_log=[*e.batch_limits_log(), *e.startup_notes],
+            startup_log=[*e.batch_limits_log(), *threads_log(e), *e.startup_notes],
         )
 
     def submit(self, cmd: Command) -> None:
@@ -358,3 +358,9 @@ class EngineLoop:
             external_prefix_cache_hits=getattr(conn, "external_hits", 0),
             encoder_cache=encoder_cache_figures(sched),
         )
+
+
+def threads_log(engine: LLMEngine) -> list[str]:
+    """The startup line naming the model's torch CPU threads (none for executors without them)."""
+    threads = getattr(engine.executor, "num_threads", None)
+    return [f"The model runs on {threads} torch CPU thread(s) (--num-threads)."] if threads else []
