@@ -27,8 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from llmsched.core.sampling_params import SamplingParams  # noqa: E402
+from llmsched.engine.args import EngineArgs  # noqa: E402
 from llmsched.engine.llm import LLM  # noqa: E402
-from llmsched.server.state import serving_threads  # noqa: E402
+from llmsched.server.state import served_model_config, serving_threads  # noqa: E402
 
 
 def burst(llm: LLM, n: int, length: int, seed: int) -> float:
@@ -45,7 +46,7 @@ def build(args: argparse.Namespace, prefault: bool) -> tuple[LLM, float]:
     llm = LLM(
         args.model,
         max_model_len=args.max_model_len,
-        num_threads=serving_threads(),
+        num_threads=serving_threads(served_model_config(EngineArgs(model=args.model))),
         usage_context="OPENAI_API_SERVER",
     )
     t0 = time.perf_counter()

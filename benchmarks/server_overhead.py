@@ -19,8 +19,9 @@ step rates, streamed output tokens/s, and the engine's CPU time per step
 (which, unlike wall time, other load on the machine does not inflate) are
 reported too. Two CPU layouts: "pinned" gives the engine half the CPUs and
 the HTTP server and client the other half (how one deploys on a small
-box); "shared" pins nothing. Torch threads: the server's default (every
-CPU but one) or the engine's CPUs when pinned, the same for both sides.
+box); "shared" pins nothing. Torch threads: the server's default for the
+model (every usable CPU, one fewer for a small model such as the embedded
+one) or the engine's CPUs when pinned, the same for both sides.
 Repeats alternate in-process and server runs; medians are reported.
 
     python benchmarks/server_overhead.py [--json results/server_overhead.json]
@@ -53,7 +54,7 @@ from llmsched.core.sampling_params import SamplingParams  # noqa: E402
 from llmsched.engine.args import EngineArgs  # noqa: E402
 from llmsched.engine.llm_engine import LLMEngine  # noqa: E402
 from llmsched.engine.outputs import RequestOutputKind  # noqa: E402
-from llmsched.server.state import serving_threads  # noqa: E402
+from llmsched.server.state import served_model_config, serving_threads  # noqa: E402
 
 TARGET = 0.80
 
@@ -229,8 +230,9 @@ def median(runs: list[dict], key: str) -> float | None:
 def measure(args: argparse.Namespace, pin: bool) -> dict:
     """One configuration: a fresh server and in-process engine, alternating repeats; medians."""
     engine_cpus, other_cpus = split_cpus(pin)
-    # The server's default (every usable CPU) unless pinned or told; the in-process engine runs the same.
-    threads = args.num_threads or (len(engine_cpus) if engine_cpus else serving_threads())
+    # The server's default for the model unless pinned or told; the in-process engine runs the same.
+    default = serving_threads(served_model_config(EngineArgs(model=args.model)))
+    threads = args.num_threads or (len(engine_cpus) if engine_cpus else default)
     blocks = args.clients * (-(-(args.input_len + args.output_len) // 16)) + 64
     max_len = args.input_len + args.output_len + 16
     engine_flags = ["--num-gpu-blocks", str(blocks), "--max-model-len", str(max_len)]

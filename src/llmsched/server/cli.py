@@ -29,9 +29,10 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     )
     ServerArgs.add_cli_args(p)
     EngineArgs.add_cli_args(p, usage=UsageContext.OPENAI_API_SERVER)
-    p._option_string_actions[
-        "--num-threads"
-    ].help = "torch CPU threads of the engine (default: every usable CPU)"
+    p._option_string_actions["--num-threads"].help = (
+        "torch CPU threads of the engine (default: every usable CPU; "
+        "one fewer for a model with layers under 1M parameters)"
+    )
     p.set_defaults(func=run_serve)
     return p
 
