@@ -27,9 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from llmsched.core.sampling_params import SamplingParams  # noqa: E402
-from llmsched.engine.args import EngineArgs  # noqa: E402
 from llmsched.engine.llm import LLM  # noqa: E402
-from llmsched.server.state import served_model_config, serving_threads  # noqa: E402
 
 
 def burst(llm: LLM, n: int, length: int, seed: int) -> float:
@@ -42,11 +40,10 @@ def burst(llm: LLM, n: int, length: int, seed: int) -> float:
 
 
 def build(args: argparse.Namespace, prefault: bool) -> tuple[LLM, float]:
-    """An engine as `serve` builds it (its batch defaults), with or without the prefault."""
+    """An engine as `serve` builds it (its batch defaults and threads), with or without the prefault."""
     llm = LLM(
         args.model,
         max_model_len=args.max_model_len,
-        num_threads=serving_threads(served_model_config(EngineArgs(model=args.model))),
         usage_context="OPENAI_API_SERVER",
     )
     t0 = time.perf_counter()

@@ -53,8 +53,10 @@ from llmsched.bench.throughput import synthetic_requests  # noqa: E402
 from llmsched.core.sampling_params import SamplingParams  # noqa: E402
 from llmsched.engine.args import EngineArgs  # noqa: E402
 from llmsched.engine.llm_engine import LLMEngine  # noqa: E402
+from llmsched.engine.model_files import load_model_files  # noqa: E402
 from llmsched.engine.outputs import RequestOutputKind  # noqa: E402
-from llmsched.server.state import served_model_config, serving_threads  # noqa: E402
+from llmsched.engine.serve_threads import serving_threads  # noqa: E402
+from llmsched.executor.torch.embedded import ensure_embedded_model  # noqa: E402
 
 TARGET = 0.80
 
@@ -231,7 +233,7 @@ def measure(args: argparse.Namespace, pin: bool) -> dict:
     """One configuration: a fresh server and in-process engine, alternating repeats; medians."""
     engine_cpus, other_cpus = split_cpus(pin)
     # The server's default for the model unless pinned or told; the in-process engine runs the same.
-    default = serving_threads(served_model_config(EngineArgs(model=args.model)))
+    default = serving_threads(load_model_files(args.model or ensure_embedded_model()).config)
     threads = args.num_threads or (len(engine_cpus) if engine_cpus else default)
     blocks = args.clients * (-(-(args.input_len + args.output_len) // 16)) + 64
     max_len = args.input_len + args.output_len + 16

@@ -20,7 +20,6 @@ from llmsched.core.errors import ConfigError
 from llmsched.engine.args import EngineArgs
 from llmsched.engine.batch_defaults import Platform
 from llmsched.server.args import API_KEY_ENV, ServerArgs
-from llmsched.server.state import SMALL_LAYER_PARAMS, layer_params, served_model_config, serving_threads
 
 
 def parse(argv: list[str]) -> tuple[EngineArgs, ServerArgs]:
@@ -62,27 +61,6 @@ def test_defaults_bound_the_queue_and_read_the_key_from_the_environment(
     assert engine.max_num_seqs is None and engine.usage_context == "OPENAI_API_SERVER"
     assert server.queue_limit(engine.batch_limits(Platform("cpu")).max_num_seqs) == 1024
     assert server.queue_limit(512) == 2048
-
-
-def test_a_served_engine_takes_every_usable_cpu_but_one_for_a_small_model(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5}, raising=False)
-    smollm2 = {
-        "hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536,
-    }  # fmt: skip
-    assert layer_params(smollm2) == 2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536
-    assert serving_threads(smollm2) == 3
-    # The embedded demo model (what `serve` runs without a model): one CPU left to HTTP.
-    assert layer_params(served_model_config(EngineArgs())) < SMALL_LAYER_PARAMS
-    assert serving_threads(served_model_config(EngineArgs())) == 2
-    # A config that does not say, or no config: every CPU.
-    assert serving_threads({"architectures": ["X"]}) == serving_threads(None) == 3
-    assert serving_threads({"text_config": smollm2}) == 3
-    # An unreadable model leaves the error to the engine.
-    assert served_model_config(EngineArgs(model="/no/such/model")) is None
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1}, raising=False)
-    assert serving_threads(served_model_config(EngineArgs())) == 1
 
 
 def test_a_positional_model_is_the_model_and_a_conflict_is_an_error(

@@ -27,7 +27,7 @@ from llmsched.core.request import Request, RequestStatus
 from llmsched.core.sampling_params import SamplingParams
 from llmsched.core.scheduler import Scheduler
 from llmsched.engine.args import EngineArgs
-from llmsched.engine.batch_defaults import detect_platform
+from llmsched.engine.batch_defaults import UsageContext, detect_platform
 from llmsched.engine.detokenizer import IncrementalDetokenizer
 from llmsched.engine.engine_core import EngineCore, EngineStep
 from llmsched.engine.executor import Executor
@@ -35,6 +35,7 @@ from llmsched.engine.lora_request import LoRARequest
 from llmsched.engine.model_files import load_model_files
 from llmsched.engine.outputs import RequestMetrics, RequestOutput, RequestOutputKind
 from llmsched.engine.request_state import RequestState, turn_reason
+from llmsched.engine.serve_threads import serving_threads
 from llmsched.engine.sessions import SessionState, add_input, check_session_params, end_input
 from llmsched.engine.spec_stats import SpecDecodingStats
 from llmsched.engine.tokenizer import Tokenizer, load_tokenizer
@@ -142,6 +143,9 @@ class LLMEngine:
 
     def _executor_kwargs(self) -> dict[str, Any]:
         kwargs = self.engine_args.executor_kwargs(self.platform)
+        if kwargs["num_threads"] is None and self.engine_args.usage is UsageContext.OPENAI_API_SERVER:
+            # An HTTP side shares the machine: how many threads depends on the model (serve_threads.py).
+            kwargs["num_threads"] = serving_threads(self.model_config)
         if self.is_embedded and kwargs["num_gpu_blocks"] is None and kwargs["kv_cache_memory"] is None:
             from llmsched.executor.torch.embedded import KV_CACHE_MEMORY
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -63,63 +62,11 @@ class ServerState:
         return name if name and self.lora_for(name) is not None else self.model_name
 
 
-# A model whose layers hold fewer weights than this takes about as long per
-# step as the HTTP side's streaming of that step's tokens (the embedded demo
-# model: 0.2M a layer; SmolLM2-135M: 3.5M).
-SMALL_LAYER_PARAMS = 1_000_000
-
-
-def serving_threads(model_config: dict | None = None) -> int:
-    """Torch CPU threads for a served engine: every usable CPU, but one for a small model.
-
-    The HTTP side needs a core only in bursts (tokenizing a request,
-    streaming a step's tokens), while a real model's matmuls and attention
-    scale with threads. Small steps run their many elementwise ops on one
-    thread (``DecoderModel.forward``), so a worker briefly displaced by the
-    HTTP side stalls only the wide ops, and prefill-heavy steps, when the
-    HTTP side is idle, get every core. A model with layers under
-    SMALL_LAYER_PARAMS is the exception: its steps last about as long as the
-    streaming of their tokens, so every parallel region would wait for the
-    core the HTTP side holds, and one CPU is left to that side.
-    """
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if cpus > 1 and model_config is not None and 0 < layer_params(model_config) < SMALL_LAYER_PARAMS:
-        return cpus - 1
-    return cpus
-
-
-def layer_params(config: dict) -> int:
-    """Linear weights in one decoder layer of a Hugging Face config (0 when it does not say)."""
-    config = config.get("text_config", config)
-    try:
-        h = int(config["hidden_size"])
-        heads = int(config["num_attention_heads"])
-        kv_heads = int(config.get("num_key_value_heads", heads))
-        head_dim = int(config.get("head_dim") or h // heads)
-        inter = int(config["intermediate_size"])
-    except (KeyError, TypeError, ValueError, ZeroDivisionError):
-        return 0
-    return 2 * h * heads * head_dim + 2 * h * kv_heads * head_dim + 3 * h * inter
-
-
-def served_model_config(engine_args: EngineArgs) -> dict | None:
-    """The config.json of the model ``engine_args`` names (the embedded one's when none), or None."""
-    if engine_args.model is None:
-        from llmsched.executor.torch.embedded import CONFIG
-
-        return CONFIG
-    try:
-        return load_model_files(engine_args.model).config
-    except ConfigError:
-        return None  # the engine reports it, as it would without this
-
-
 def make_backend(
     engine_args: EngineArgs, server_args: ServerArgs, executor_factory: ExecutorFactory | None = None
 ) -> Backend:
     """Start the engine where ``server_args.engine_mode`` says (a custom executor needs a thread)."""
-    if engine_args.num_threads is None:
-        engine_args = replace(engine_args, num_threads=serving_threads(served_model_config(engine_args)))
+    # The serve entry point also picks the engine's torch threads (engine/serve_threads.py).
     if engine_args.usage_context is None:
         engine_args = replace(engine_args, usage_context="OPENAI_API_SERVER")
     loop_options = {
