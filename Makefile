@@ -10,6 +10,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m llmsched.executor.torch.kernels
 	touch $(STAMP)
 
 # The embedded demo model (random weights): 16 prompts of 1024 tokens, 64

@@ -416,7 +416,10 @@ class InputBatch:
                 mask = mask.view(1, e - s, 1, nb * bs)
             else:
                 mask = visible.view(e - s, 1, 1, nb * bs)
-            groups.append(DecodeGroup(s, e, table.view(-1).to(dev), mask.to(dev)))
+            group = DecodeGroup(s, e, table.view(-1).to(dev), mask.to(dev))
+            if self.keys_transposed:
+                group.lens = lens.to(dev, torch.int64)
+            groups.append(group)
         return groups
 
 

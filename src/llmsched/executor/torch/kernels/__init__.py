@@ -1,0 +1,104 @@
+"""C kernels for the CPU path, loaded with ctypes, each with a PyTorch path giving the same bits.
+
+``decode_attention()`` returns the paged decode attention kernels (see
+decode_attention.c), or None when they are switched off
+(``LLMSCHED_CPU_KERNELS=0``) or cannot be built here, in which case the
+reason is logged once and attention runs its embedding_bag path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+
+import torch
+
+from llmsched.executor.torch.kernels.build import KernelBuildError, build_library
+
+logger = logging.getLogger(__name__)
+
+_P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+
+
+class DecodeAttentionKernels:
+    """The scores and output halves of paged decode attention over a bfloat16 cache."""
+
+    __slots__ = ("_output", "_scores", "max_group", "max_head_dim")
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._scores = lib.llmsched_decode_scores
+        self._scores.argtypes = [_P, _L, ctypes.c_float, _P, _L, _P, _P, _I, _I, _I, _I, _I, _I, _P, _I]
+        self._scores.restype = None
+        self._output = lib.llmsched_decode_output
+        self._output.argtypes = [_P, _P, _L, _P, _P, _I, _I, _I, _I, _I, _I, _P, _I]
+        self._output.restype = None
+        group, head_dim = ctypes.c_int(), ctypes.c_int()
+        lib.llmsched_decode_limits(ctypes.byref(group), ctypes.byref(head_dim))
+        self.max_group, self.max_head_dim = group.value, head_dim.value
+
+    def supports(self, dtype: torch.dtype, group: int, head_dim: int) -> bool:
+        """Whether these kernels run a layer of this dtype and shape."""
+        return dtype == torch.bfloat16 and group <= self.max_group and head_dim <= self.max_head_dim
+
+    def scores(
+        self,
+        q: torch.Tensor,
+        scale: float,
+        keys: torch.Tensor,
+        table: torch.Tensor,
+        lens: torch.Tensor,
+        group: int,
+        out: torch.Tensor,
+    ) -> None:
+        """Scaled scores [n, kv_heads, group, nb * bs] into ``out``; -inf past each request's context.
+
+        q is [n, heads, head_dim] with contiguous rows, keys the K plane
+        [kv_heads, num_blocks, head_dim, bs], table [n, nb] and lens [n] int64.
+        """
+        kvh, num_blocks, d, bs = keys.shape
+        n, nb = table.shape
+        self._scores(
+            q.data_ptr(), q.stride(0), scale, keys.data_ptr(), num_blocks, table.data_ptr(), lens.data_ptr(),
+            n, nb, kvh, group, d, bs, out.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+
+    def output(
+        self,
+        probs: torch.Tensor,
+        values: torch.Tensor,
+        table: torch.Tensor,
+        lens: torch.Tensor,
+        out: torch.Tensor,
+    ) -> None:
+        """The probability-weighted V rows [n, kv_heads * group * head_dim] into ``out``.
+
+        probs is [n, kv_heads, group, nb * bs], values the V plane
+        [kv_heads, num_blocks, bs, head_dim].
+        """
+        n, kvh, group, _ = probs.shape
+        _, num_blocks, bs, d = values.shape
+        self._output(
+            probs.data_ptr(), values.data_ptr(), num_blocks, table.data_ptr(), lens.data_ptr(),
+            n, table.shape[1], kvh, group, d, bs, out.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+
+
+def enabled() -> bool:
+    """False when ``LLMSCHED_CPU_KERNELS`` is 0 (or off/false/no): the PyTorch paths run."""
+    return os.environ.get("LLMSCHED_CPU_KERNELS", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+@functools.cache
+def decode_attention() -> DecodeAttentionKernels | None:
+    """The decode attention kernels, built on first use if need be; None when off or unbuildable."""
+    if not enabled():
+        return None
+    try:
+        # torch is imported first, so the library's OpenMP resolves to the
+        # runtime torch already loaded: one thread pool, not two.
+        return DecodeAttentionKernels(ctypes.CDLL(str(build_library())))
+    except (KernelBuildError, OSError, AttributeError) as e:
+        logger.warning("CPU kernels unavailable, running the PyTorch path: %s", e)
+        return None

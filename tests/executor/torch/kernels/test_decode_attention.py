@@ -1,0 +1,156 @@
+"""The C decode attention kernels against the embedding_bag path: the same bits, whatever the shape."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from llmsched.executor.torch import TorchExecutor, attention, kernels
+from llmsched.executor.torch.attention import DecodeGroup, PagedAttention
+from llmsched.executor.torch.kernels import build
+
+from ..conftest import greedy, prompts_of, run_engine
+
+KERNELS = kernels.decode_attention()
+needs_kernels = pytest.mark.skipif(KERNELS is None, reason="no C compiler here: the PyTorch path runs")
+
+
+def decode_group(lens: list[int], bs: int, num_blocks: int, g: torch.Generator) -> DecodeGroup:
+    """A decode group over ``lens`` (sorted) with scattered blocks, as the input batch builds it."""
+    n = len(lens)
+    nb = -(-max(lens) // bs)
+    table = torch.randperm(num_blocks, generator=g)[: n * nb].view(n, nb)
+    lens_t = torch.tensor(lens, dtype=torch.int64)
+    visible = torch.arange(nb * bs)[None] < lens_t[:, None]
+    mask = torch.zeros(visible.shape, dtype=torch.bfloat16).masked_fill_(~visible, float("-inf"))
+    group = DecodeGroup(0, n, table.reshape(-1).contiguous(), mask.view(1, n, 1, nb * bs))
+    group.lens = lens_t
+    return group
+
+
+# (head_dim, block_size, heads, KV heads): the specialised pairs (SmolLM2's
+# 64/128 with groups of 3), the generic loop, one query per KV head and
+# the largest group.
+SHAPES = [(64, 16, 8, 4), (128, 16, 8, 2), (64, 128, 9, 3), (128, 32, 4, 4), (24, 8, 6, 2), (16, 4, 16, 1)]
+
+
+def draw(shape: tuple[int, ...], values: str, g: torch.Generator) -> torch.Tensor:
+    """Normal values, or small integers: their sums often fall exactly halfway between bfloat16s."""
+    if values == "integers":
+        return torch.randint(-6, 7, shape, generator=g).bfloat16()
+    return torch.randn(shape, generator=g).bfloat16()
+
+
+@needs_kernels
+@pytest.mark.parametrize("values", ["normal", "integers"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "d{}-bs{}-h{}-kv{}".format(*s))
+def test_kernels_give_the_bags_bits(shape, values):
+    d, bs, nh, kvh = shape
+    g = torch.Generator().manual_seed(d + bs + nh)
+    attn = PagedAttention(nh, kvh, d, bs, keys_transposed=True)
+    assert attn.kernels is KERNELS
+    num_blocks = 200
+    cache = draw((2, kvh, num_blocks, bs, d), values, g)
+    # Contexts of one token, exactly a block, one past it, and longer ones.
+    lens = sorted({1, bs, bs + 1, 3 * bs - 1, 5 * bs + 2, 7 * bs})
+    group = decode_group(lens, bs, num_blocks, g)
+    # Query rows strided as the projection's split leaves them.
+    q = draw((len(lens), nh, 2 * d), values, g)[:, :, :d]
+    fast = attn._decode_cpu(q, cache, group, None)
+    slow = attn._decode_bags(q, cache, group)
+    assert fast.shape == slow.shape == (len(lens), nh * d)
+    assert torch.equal(fast, slow)
+    # Into a slice of a step's output, and on one thread: the same bits.
+    out = torch.zeros(len(lens) + 2, nh * d, dtype=torch.bfloat16)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        attn._decode_cpu(q, cache, group, out[1:-1])
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(out[1:-1], slow)
+    assert not out[0].any() and not out[-1].any()
+
+
+@needs_kernels
+def test_kernels_only_take_what_they_support():
+    assert KERNELS.supports(torch.bfloat16, 8, 128)
+    assert not KERNELS.supports(torch.float32, 8, 128)
+    assert not KERNELS.supports(torch.float16, 8, 128)
+    assert not KERNELS.supports(torch.bfloat16, KERNELS.max_group + 1, 64)
+    assert not KERNELS.supports(torch.bfloat16, 1, KERNELS.max_head_dim + 1)
+    # A float32 cache takes the bags even with the kernels loaded.
+    attn = PagedAttention(4, 2, 8, 4, keys_transposed=True)
+    g = torch.Generator().manual_seed(0)
+    cache = torch.randn(2, 2, 20, 4, 8, generator=g)
+    group = decode_group([3, 9], 4, 20, g)
+    group.mask = group.mask.float()
+    q = torch.randn(2, 4, 8, generator=g)
+    assert torch.equal(attn._decode_cpu(q, cache, group, None), attn._decode_bags(q, cache, group))
+
+
+@needs_kernels
+def test_bfloat16_engine_outputs_equal_with_and_without_kernels(tiny_models, monkeypatch):
+    model = tiny_models["llama"]
+    prompts = prompts_of([5, 19, 33, 12, 40, 7])
+
+    def run() -> list[list[int]]:
+        ex = TorchExecutor(model.path, dtype="bfloat16", num_gpu_blocks=128, max_model_len=96, block_size=4)
+        try:
+            return run_engine(model.path, prompts, greedy(24), executor=ex, max_model_len=96).outputs
+        finally:
+            ex.close()
+
+    with_kernels = run()
+    monkeypatch.setattr(attention, "decode_attention", lambda: None)
+    assert run() == with_kernels
+
+
+def test_switched_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv("LLMSCHED_CPU_KERNELS", "0")
+    kernels.decode_attention.cache_clear()
+    try:
+        assert kernels.decode_attention() is None
+        assert PagedAttention(4, 2, 8, 4, keys_transposed=True).kernels is None
+    finally:
+        kernels.decode_attention.cache_clear()
+
+
+def test_no_compiler_is_reported_and_the_pytorch_path_runs(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("LLMSCHED_CACHE_DIR", str(tmp_path))
+    with pytest.raises(build.KernelBuildError, match="no-such-cc"):
+        build.build_library()
+    kernels.decode_attention.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert kernels.decode_attention() is None
+        assert "no-such-cc" in caplog.text and "PyTorch path" in caplog.text
+    finally:
+        kernels.decode_attention.cache_clear()
+
+
+def test_a_failing_compile_names_the_error(monkeypatch, tmp_path):
+    cc = tmp_path / "cc"
+    cc.write_text(
+        "#!/bin/sh\n[ \"$1\" = --version ] && { echo fake 1.0; exit 0; }\necho 'boom: bad flag' >&2\nexit 3\n"
+    )
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))
+    monkeypatch.setenv("LLMSCHED_CACHE_DIR", str(tmp_path))
+    with pytest.raises(build.KernelBuildError, match="failed \\(3\\): boom: bad flag"):
+        build.build_library()
+    assert not list((tmp_path / "kernels").glob("*.so"))
+
+
+@needs_kernels
+def test_the_library_is_built_once_per_source_compiler_and_cpu(monkeypatch, tmp_path):
+    monkeypatch.setenv("LLMSCHED_CACHE_DIR", str(tmp_path))
+    first = build.build_library()
+    assert first.parent == tmp_path / "kernels" and first.exists()
+    stamp = first.stat().st_mtime_ns
+    assert build.build_library() == first and first.stat().st_mtime_ns == stamp
+    monkeypatch.setattr(build, "_cpu_signature", lambda: "another CPU")
+    assert build.library_path() != first
