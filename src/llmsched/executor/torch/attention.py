@@ -193,11 +193,15 @@ class PagedAttention:
     ) -> torch.Tensor:
         """Attention output [tokens, heads * head_dim] for q [tokens, heads, head_dim] and new k, v."""
         kvh, d, grp = self.num_kv_heads, self.head_dim, self.group
-        if self.keys_transposed:
+        kern = self.kernels
+        if kern is not None and kern.writes(cache, k, v):
+            kern.write_kv(k, v, cache, meta.slot_blocks, meta.slot_offsets)
+        elif self.keys_transposed:
             cache[0].view(kvh, -1, d, self.block_size)[:, meta.slot_blocks, :, meta.slot_offsets] = k
+            cache[1].view(kvh, -1, d).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
         else:
             cache[0].view(kvh, -1, d).index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
-        cache[1].view(kvh, -1, d).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+            cache[1].view(kvh, -1, d).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
         groups = meta.decode_groups
         if self.keys_transposed and len(groups) == 1 and groups[0].end - groups[0].start == q.shape[0]:
             # A decode-only step in one group: the output bags are the output.

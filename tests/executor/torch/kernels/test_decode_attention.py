@@ -154,3 +154,26 @@ def test_the_library_is_built_once_per_source_compiler_and_cpu(monkeypatch, tmp_
     assert build.build_library() == first and first.stat().st_mtime_ns == stamp
     monkeypatch.setattr(build, "_cpu_signature", lambda: "another CPU")
     assert build.library_path() != first
+
+
+@needs_kernels
+@pytest.mark.parametrize("tokens", [3, 300])
+def test_kv_writes_land_where_the_pytorch_writes_do(tokens):
+    kvh, d, bs, num_blocks = 4, 64, 16, 64
+    g = torch.Generator().manual_seed(tokens)
+    cache = torch.randn(2, kvh, num_blocks, bs, d, generator=g).bfloat16()
+    # k and v as views of one projection output, as the model splits them.
+    kv = torch.randn(tokens, 3, kvh, d, generator=g).bfloat16()
+    k, v = kv[:, 0], kv[:, 2]
+    slots = torch.randperm(num_blocks * bs, generator=g)[:tokens]
+    blocks, offsets = slots // bs, slots % bs
+    assert KERNELS.writes(cache, k, v)
+    fast = cache.clone()
+    KERNELS.write_kv(k, v, fast, blocks, offsets)
+    slow = cache.clone()
+    slow[0].view(kvh, -1, d, bs)[:, blocks, :, offsets] = k
+    slow[1].view(kvh, -1, d).index_copy_(1, slots, v.transpose(0, 1))
+    assert torch.equal(fast, slow)
+    assert not torch.equal(fast, cache)
+    # A float32 cache is not for this kernel.
+    assert not KERNELS.writes(cache.float(), k.float(), v.float())

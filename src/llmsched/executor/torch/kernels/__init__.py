@@ -25,7 +25,7 @@ _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
 class DecodeAttentionKernels:
     """The scores and output halves of paged decode attention over a bfloat16 cache."""
 
-    __slots__ = ("_output", "_scores", "max_group", "max_head_dim")
+    __slots__ = ("_output", "_scores", "_write", "max_group", "max_head_dim")
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._scores = lib.llmsched_decode_scores
@@ -34,6 +34,9 @@ class DecodeAttentionKernels:
         self._output = lib.llmsched_decode_output
         self._output.argtypes = [_P, _P, _L, _P, _P, _I, _I, _I, _I, _I, _I, _P, _I]
         self._output.restype = None
+        self._write = lib.llmsched_write_kv
+        self._write.argtypes = [_P, _P, _P, _P, _P, _P, _L, _P, _P, _I, _I, _I, _I, _I]
+        self._write.restype = None
         group, head_dim = ctypes.c_int(), ctypes.c_int()
         lib.llmsched_decode_limits(ctypes.byref(group), ctypes.byref(head_dim))
         self.max_group, self.max_head_dim = group.value, head_dim.value
@@ -82,6 +85,38 @@ class DecodeAttentionKernels:
         self._output(
             probs.data_ptr(), values.data_ptr(), num_blocks, table.data_ptr(), lens.data_ptr(),
             n, table.shape[1], kvh, group, d, bs, out.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+
+    @staticmethod
+    def writes(cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+        """Whether ``write_kv`` takes this step's k, v and this cache (a 2-byte dtype, rows contiguous)."""
+        return (
+            cache.element_size() == 2
+            and k.dtype == v.dtype == cache.dtype
+            and k.stride(-1) == 1
+            and v.stride(-1) == 1
+            and cache.is_contiguous()
+        )
+
+    def write_kv(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cache: torch.Tensor,
+        blocks: torch.Tensor,
+        offsets: torch.Tensor,
+    ) -> None:
+        """The step's new k, v [tokens, kv_heads, head_dim] into a layer's cache at (blocks, offsets) int64.
+
+        The cache is [2, kv_heads, num_blocks, block_size, head_dim], K blocks transposed.
+        """
+        n, kvh, d = k.shape
+        _, _, num_blocks, bs, _ = cache.shape
+        ks = (ctypes.c_int64 * 2)(k.stride(0), k.stride(1))
+        vs = (ctypes.c_int64 * 2)(v.stride(0), v.stride(1))
+        self._write(
+            k.data_ptr(), ks, v.data_ptr(), vs, cache[0].data_ptr(), cache[1].data_ptr(), num_blocks,
+            blocks.data_ptr(), offsets.data_ptr(), n, kvh, d, bs, torch.get_num_threads(),
         )  # fmt: skip
 
 
