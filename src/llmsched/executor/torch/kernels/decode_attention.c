@@ -66,7 +66,7 @@ INLINE void scores_one(const uint16_t *q, float scale, const uint16_t *keys, int
 
 /* Output of one (request, KV head): [group, d] at o, from probabilities rows W apart. */
 INLINE void output_one(const uint16_t *p, const uint16_t *values, int64_t num_blocks, const int64_t *blocks,
-                       int64_t len, int head, int group, const int d, const int bs, uint16_t *o, int64_t W) {
+                       int64_t len, int head, const int group, const int d, const int bs, uint16_t *o, int64_t W) {
     float acc[MAX_GROUP][MAX_HEAD_DIM];
     for (int g = 0; g < group; g++)
         for (int j = 0; j < d; j++) acc[g][j] = 0.f;
@@ -85,15 +85,25 @@ INLINE void output_one(const uint16_t *p, const uint16_t *values, int64_t num_bl
         for (int j = 0; j < d; j++) o[g * d + j] = f32_to_bf16(acc[g][j]);
 }
 
-/* The common (head_dim, block_size) pairs get loops of constant length, which the compiler vectorizes. */
-#define SPECIALIZED(BODY) \
-    if (d == 64 && bs == 16) { BODY(64, 16); } \
-    else if (d == 128 && bs == 16) { BODY(128, 16); } \
-    else if (d == 64 && bs == 32) { BODY(64, 32); } \
-    else if (d == 128 && bs == 32) { BODY(128, 32); } \
-    else if (d == 64 && bs == 128) { BODY(64, 128); } \
-    else if (d == 128 && bs == 128) { BODY(128, 128); } \
-    else { BODY(d, bs); }
+/* The common (head_dim, block_size) pairs get loops of constant length,
+ * which the compiler vectorizes; the output's group too, so its
+ * accumulators stay in registers. */
+#define SPECIALIZED(BODY, ...) \
+    if (d == 64 && bs == 16) { BODY(64, 16, __VA_ARGS__); } \
+    else if (d == 128 && bs == 16) { BODY(128, 16, __VA_ARGS__); } \
+    else if (d == 64 && bs == 32) { BODY(64, 32, __VA_ARGS__); } \
+    else if (d == 128 && bs == 32) { BODY(128, 32, __VA_ARGS__); } \
+    else if (d == 64 && bs == 128) { BODY(64, 128, __VA_ARGS__); } \
+    else if (d == 128 && bs == 128) { BODY(128, 128, __VA_ARGS__); } \
+    else { BODY(d, bs, __VA_ARGS__); }
+#define BY_GROUP(D, BS, BODY) \
+    switch (group) { \
+    case 1: BODY(D, BS, 1); break; \
+    case 2: BODY(D, BS, 2); break; \
+    case 3: BODY(D, BS, 3); break; \
+    case 4: BODY(D, BS, 4); break; \
+    default: BODY(D, BS, group); \
+    }
 
 int llmsched_decode_limits(int *max_group, int *max_head_dim) {
     *max_group = MAX_GROUP;
@@ -105,28 +115,28 @@ void llmsched_decode_scores(const uint16_t *q, int64_t q_stride, float scale, co
                             int64_t num_blocks, const int64_t *table, const int64_t *lens, int n, int nb,
                             int kv_heads, int group, int d, int bs, uint16_t *scores, int threads) {
     const int64_t W = (int64_t)nb * bs;
-#define SCORES(D, BS)                                                                                   \
+#define SCORES(D, BS, G)                                                                                   \
     _Pragma("omp parallel for num_threads(threads) schedule(dynamic, 1)")                                  \
     for (int rh = 0; rh < n * kv_heads; rh++) {                                                         \
         int r = rh / kv_heads, h = rh % kv_heads;                                                      \
         scores_one(q + r * q_stride + h * group * (D), scale, keys, num_blocks, table + (int64_t)r * nb, \
                    lens[r], nb, h, group, D, BS, scores + (int64_t)rh * group * W, W);                  \
     }
-    SPECIALIZED(SCORES)
+    SPECIALIZED(SCORES, group)
 }
 
 void llmsched_decode_output(const uint16_t *probs, const uint16_t *values, int64_t num_blocks,
                             const int64_t *table, const int64_t *lens, int n, int nb, int kv_heads, int group,
                             int d, int bs, uint16_t *out, int threads) {
     const int64_t W = (int64_t)nb * bs;
-#define OUTPUT(D, BS)                                                                                    \
+#define OUTPUT(D, BS, G)                                                                                    \
     _Pragma("omp parallel for num_threads(threads) schedule(dynamic, 1)")                                   \
     for (int rh = 0; rh < n * kv_heads; rh++) {                                                          \
         int r = rh / kv_heads, h = rh % kv_heads;                                                       \
         output_one(probs + (int64_t)rh * group * W, values, num_blocks, table + (int64_t)r * nb, lens[r], \
-                   h, group, D, BS, out + (int64_t)rh * group * (D), W);                                 \
+                   h, G, D, BS, out + (int64_t)rh * group * (D), W);                                 \
     }
-    SPECIALIZED(OUTPUT)
+    SPECIALIZED(BY_GROUP, OUTPUT)
 }
 
 /* The step's new K and V rows into the cache: token i's row of each KV head
