@@ -52,9 +52,10 @@ from llmsched.sim.settle import Limits, Reading
 from llmsched.sim.settle import measure as measure_figure
 
 CACHE_FILE = "cpu-calibration.json"
-# Bumped when the measurements change meaning, so older cached entries are
+# Bumped when the measurements change meaning, or the executor they time
+# changes speed (5: the C decode attention), so older cached entries are
 # measured again rather than read with the wrong sense.
-_VERSION = 4
+_VERSION = 5
 # Test-sized limits: fewer calls and shorter readings, one attempt.
 QUICK_LIMITS = Limits(max_calls=6, min_reading_s=0.005, max_seconds=0.5, attempts=1)
 # The executor probe runs a few seconds; beyond this something is wrong.
@@ -96,7 +97,14 @@ def machine_key(backend_name: str) -> str:
                     break
     except OSError:
         pass
-    return f"{platform.node()}|{cpu}|{os.cpu_count()}|{backend_name}|v{_VERSION}"
+    key = f"{platform.node()}|{cpu}|{os.cpu_count()}|{backend_name}|v{_VERSION}"
+    if backend_name == "torch":
+        from llmsched.executor.torch.kernels import enabled
+
+        # The executor probe times the torch executor, whose decode runs
+        # the C kernels unless they are switched off.
+        key += "" if enabled() else "|no-cpu-kernels"
+    return key
 
 
 def _matmul_bench(name: str) -> tuple[float, Callable[[], object]]:

@@ -31,9 +31,20 @@ def decode_group(lens: list[int], bs: int, num_blocks: int, g: torch.Generator) 
 
 
 # (head_dim, block_size, heads, KV heads): the specialised pairs (SmolLM2's
-# 64/128 with groups of 3), the generic loop, one query per KV head and
-# the largest group.
-SHAPES = [(64, 16, 8, 4), (128, 16, 8, 2), (64, 128, 9, 3), (128, 32, 4, 4), (24, 8, 6, 2), (16, 4, 16, 1)]
+# 64/128 with groups of 3), 128-position blocks with groups of 1, 4 and 7
+# (three queries at a time, then the rest), the generic loop, one query per
+# KV head and the largest group.
+SHAPES = [
+    (64, 16, 8, 4),
+    (128, 16, 8, 2),
+    (64, 128, 9, 3),
+    (64, 128, 4, 4),
+    (128, 128, 8, 2),
+    (64, 128, 14, 2),
+    (128, 32, 4, 4),
+    (24, 8, 6, 2),
+    (16, 4, 16, 1),
+]
 
 
 def draw(shape: tuple[int, ...], values: str, g: torch.Generator) -> torch.Tensor:

@@ -36,9 +36,81 @@ INLINE uint16_t f32_to_bf16(float f) {
     return (uint16_t)((u + 0x8000u) >> 16);
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define HAVE_AVX512 1
+
+/* 16 floats rounded as f32_to_bf16 rounds them, each result in its lane's high half. */
+INLINE __m512i round_high(__m512 x) {
+    __m512i u = _mm512_castps_si512(x);
+    __m512i r = _mm512_add_epi32(u, _mm512_set1_epi32(0x8000));
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                           _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x400000));
+    return _mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u));
+}
+
+/* Scores of up to three queries over one 128-position K block [d, 128],
+ * row by row (one sequential stream), all 128 x 3 accumulators held in
+ * registers. 32 bfloat16 a load: even positions become floats by a
+ * shift, odd ones by a mask, and each position keeps its own accumulator,
+ * so every sum is the generic loop's. */
+INLINE void scores_block128(const float (*w)[MAX_HEAD_DIM], int queries, const uint16_t *kb, const int d,
+                            int64_t visible, uint16_t *out, int64_t W) {
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    const __m512 z = _mm512_setzero_ps();
+    __m512 a00 = z, a01 = z, a02 = z, a03 = z, a04 = z, a05 = z, a06 = z, a07 = z;
+    __m512 a10 = z, a11 = z, a12 = z, a13 = z, a14 = z, a15 = z, a16 = z, a17 = z;
+    __m512 a20 = z, a21 = z, a22 = z, a23 = z, a24 = z, a25 = z, a26 = z, a27 = z;
+    const uint16_t *row = kb;
+    for (int j = 0; j < d; j++, row += 128) {
+        __m512i v0 = _mm512_loadu_si512(row), v1 = _mm512_loadu_si512(row + 32);
+        __m512i v2 = _mm512_loadu_si512(row + 64), v3 = _mm512_loadu_si512(row + 96);
+        __m512 x0 = _mm512_castsi512_ps(_mm512_slli_epi32(v0, 16));
+        __m512 x1 = _mm512_castsi512_ps(_mm512_and_si512(v0, high));
+        __m512 x2 = _mm512_castsi512_ps(_mm512_slli_epi32(v1, 16));
+        __m512 x3 = _mm512_castsi512_ps(_mm512_and_si512(v1, high));
+        __m512 x4 = _mm512_castsi512_ps(_mm512_slli_epi32(v2, 16));
+        __m512 x5 = _mm512_castsi512_ps(_mm512_and_si512(v2, high));
+        __m512 x6 = _mm512_castsi512_ps(_mm512_slli_epi32(v3, 16));
+        __m512 x7 = _mm512_castsi512_ps(_mm512_and_si512(v3, high));
+#define FMA8(G)                                                                                         \
+    {                                                                                                   \
+        __m512 wj = _mm512_set1_ps(w[G][j]);                                                            \
+        a##G##0 = _mm512_fmadd_ps(wj, x0, a##G##0), a##G##1 = _mm512_fmadd_ps(wj, x1, a##G##1);         \
+        a##G##2 = _mm512_fmadd_ps(wj, x2, a##G##2), a##G##3 = _mm512_fmadd_ps(wj, x3, a##G##3);         \
+        a##G##4 = _mm512_fmadd_ps(wj, x4, a##G##4), a##G##5 = _mm512_fmadd_ps(wj, x5, a##G##5);         \
+        a##G##6 = _mm512_fmadd_ps(wj, x6, a##G##6), a##G##7 = _mm512_fmadd_ps(wj, x7, a##G##7);         \
+    }
+        FMA8(0)
+        if (queries > 1) FMA8(1)
+        if (queries > 2) FMA8(2)
+#undef FMA8
+    }
+    const __m512i neg_inf = _mm512_set1_epi16((short)BF16_NEG_INF);
+    __mmask32 keep[4];
+    for (int c = 0; c < 4; c++) {
+        int64_t left = visible - 32 * c;
+        keep[c] = left >= 32 ? 0xffffffffu : left <= 0 ? 0 : (__mmask32)((1ull << left) - 1);
+    }
+    /* Even positions' results to the low halves, odd ones' to the high: 32 bfloat16 in order. */
+#define PACK(G, E, O, C)                                                                                \
+    _mm512_storeu_si512(out + G * W + 32 * C,                                                           \
+                        _mm512_mask_mov_epi16(neg_inf, keep[C],                                         \
+                                              _mm512_or_si512(_mm512_srli_epi32(round_high(a##G##E), 16), \
+                                                              round_high(a##G##O))));
+#define STORE8(G) PACK(G, 0, 1, 0) PACK(G, 2, 3, 1) PACK(G, 4, 5, 2) PACK(G, 6, 7, 3)
+    STORE8(0)
+    if (queries > 1) { STORE8(1) }
+    if (queries > 2) { STORE8(2) }
+#undef STORE8
+#undef PACK
+}
+#endif
+
 /* Scores of one (request, KV head): [group, nb * bs] starting at out, rows W apart. */
 INLINE void scores_one(const uint16_t *q, float scale, const uint16_t *keys, int64_t num_blocks,
-                       const int64_t *blocks, int64_t len, int nb, int head, int group, const int d,
+                       const int64_t *blocks, int64_t len, int nb, int head, const int group, const int d,
                        const int bs, uint16_t *out, int64_t W) {
     float w[MAX_GROUP][MAX_HEAD_DIM];
     for (int g = 0; g < group; g++)
@@ -51,6 +123,13 @@ INLINE void scores_one(const uint16_t *q, float scale, const uint16_t *keys, int
             continue;
         }
         const uint16_t *kb = keys + (head * num_blocks + blocks[b]) * (int64_t)d * bs;
+#ifdef HAVE_AVX512
+        if (bs == 128) {
+            for (int g = 0; g < group; g += 3)
+                scores_block128(w + g, group - g < 3 ? group - g : 3, kb, d, visible, out + g * W + b * bs, W);
+            continue;
+        }
+#endif
         for (int g = 0; g < group; g++) {
             float acc[bs];
             for (int t = 0; t < bs; t++) acc[t] = 0.f;
@@ -122,7 +201,7 @@ void llmsched_decode_scores(const uint16_t *q, int64_t q_stride, float scale, co
         scores_one(q + r * q_stride + h * group * (D), scale, keys, num_blocks, table + (int64_t)r * nb, \
                    lens[r], nb, h, group, D, BS, scores + (int64_t)rh * group * W, W);                  \
     }
-    SPECIALIZED(SCORES, group)
+    SPECIALIZED(BY_GROUP, SCORES)
 }
 
 void llmsched_decode_output(const uint16_t *probs, const uint16_t *values, int64_t num_blocks,
