@@ -201,7 +201,7 @@ void llmsched_decode_scores(const uint16_t *q, int64_t q_stride, float scale, co
         scores_one(q + r * q_stride + h * group * (D), scale, keys, num_blocks, table + (int64_t)r * nb, \
                    lens[r], nb, h, group, D, BS, scores + (int64_t)rh * group * W, W);                  \
     }
-    SPECIALIZED(BY_GROUP, SCORES)
+    SPECIALIZED(SCORES, group)
 }
 
 void llmsched_decode_output(const uint16_t *probs, const uint16_t *values, int64_t num_blocks,
