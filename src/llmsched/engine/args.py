@@ -310,7 +310,13 @@ class EngineArgs:
             help="load no tokenizer: prompts must be token ids and outputs are token ids only (no text, "
             "no stop strings, no chat)",
         )
-        g.add_argument("--dtype", choices=DTYPES, default="auto")
+        g.add_argument(
+            "--dtype",
+            choices=DTYPES,
+            default="auto",
+            help="weights and KV cache dtype (default auto); on CPU, bfloat16 decode attention runs C "
+            "kernels built with the system compiler, same outputs (LLMSCHED_CPU_KERNELS=0 turns them off)",
+        )
         g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
         g.add_argument("--seed", type=int, default=0, help="engine seed (default 0)")
         g.add_argument("--max-model-len", type=_positive_int, default=None)

@@ -23,7 +23,6 @@ from typing import IO
 from llmsched.bench.replay import step_record
 from llmsched.core.config import SchedulerConfig
 from llmsched.core.errors import RequestRejected
-from llmsched.core.kv.manager import KVCacheManager
 from llmsched.core.scheduler import Scheduler
 from llmsched.engine.engine_core import EngineCore
 from llmsched.engine.spec_stats import SpecDecodingStats
@@ -54,10 +53,10 @@ class OneEngine:
         self.ex = SimExecutor(cost_model, async_scheduling=sched_config.async_scheduling)
         self.engine = EngineCore(sched_config, self.ex)
         self.sched = self.engine.scheduler
-        if type(self.sched.kv) is KVCacheManager:
+        if self.sched.kv.supports_lazy_registration:
             # Prefix-cache registrations held back until a lookup could hit
             # them (core.kv.deferred): the same decisions, a fraction of the
-            # per-prompt hashing and map work. Hybrid models keep eager ones.
+            # per-prompt hashing and map work.
             self.sched.kv.lazy_registration = True
         # Policies that read the time (slo) read the virtual clock arrivals use.
         self.sched.clock = self.clock

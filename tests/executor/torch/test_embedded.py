@@ -45,8 +45,8 @@ def test_the_folder_is_versioned_and_built_only_once(embedded_cache: Path) -> No
     before = (path / "model.safetensors").stat().st_mtime_ns
     assert ensure_embedded_model(embedded_cache) == path
     assert (path / "model.safetensors").stat().st_mtime_ns == before
-    # No temporary folders are left beside it.
-    assert [p.name for p in embedded_cache.iterdir()] == [path.name]
+    # No temporary folders are left beside it (the CPU kernels' library may share the cache).
+    assert [p.name for p in embedded_cache.iterdir() if p.name != "kernels"] == [path.name]
 
 
 def test_the_cache_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -29,6 +29,9 @@ class HybridKVCacheManager(KVCacheManager):
     """Attention plus Mamba state blocks; same interface as ``KVCacheManager``."""
 
     is_hybrid = True
+    # Each registration also caches the Mamba state at that hash, so
+    # registrations stay eager.
+    supports_lazy_registration = False
 
     def __init__(
         self,

@@ -53,6 +53,9 @@ class KVCacheManager:
     not fit returns None before touching the pool.
     """
 
+    # Whether an owner may turn ``lazy_registration`` on (see __init__).
+    supports_lazy_registration = True
+
     def __init__(
         self,
         num_blocks: int,
