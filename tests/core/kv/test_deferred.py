@@ -74,3 +74,24 @@ def test_a_prompt_nobody_shares_registers_one_block() -> None:
     assert hit == blocks[:7] and n == 28
     assert kv.pool.deferred == {} and len(req.block_hashes) == 8
     assert [b.block_hash for b in blocks] == req.block_hashes
+
+
+def test_only_managers_that_declare_it_take_lazy_registration(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmsched.core.kv.hybrid import HybridKVCacheManager
+    from llmsched.sim import DeploymentSpec, build_deployment, simulate, synthetic_workload
+    from llmsched.sim.one_engine import OneEngine
+
+    assert KVCacheManager.supports_lazy_registration
+    # Each hybrid registration also caches a Mamba state: kept eager.
+    assert not HybridKVCacheManager.supports_lazy_registration
+    seen = {}
+    init = OneEngine.__init__
+
+    def spy(self: OneEngine, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)
+        seen[type(self.sched.kv)] = self.sched.kv.lazy_registration
+
+    monkeypatch.setattr(OneEngine, "__init__", spy)
+    for model in ("llama-3-8b", "bamba-9b"):
+        simulate(build_deployment(DeploymentSpec(model=model, hardware="h100")), synthetic_workload(2, 64, 2))
+    assert seen == {KVCacheManager: True, HybridKVCacheManager: False}
