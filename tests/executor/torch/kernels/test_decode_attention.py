@@ -64,8 +64,9 @@ def test_kernels_give_the_bags_bits(shape, values):
     assert attn.kernels is KERNELS
     num_blocks = 200
     cache = draw((2, kvh, num_blocks, bs, d), values, g)
-    # Contexts of one token, exactly a block, one past it, and longer ones.
-    lens = sorted({1, bs, bs + 1, 3 * bs - 1, 5 * bs + 2, 7 * bs})
+    # Contexts of one token, exactly a block, one past it, last blocks a
+    # third and two thirds full, and longer ones.
+    lens = sorted({1, bs, bs + 1, bs + bs // 3 + 1, 2 * bs + 2 * bs // 3, 3 * bs - 1, 5 * bs + 2, 7 * bs})
     group = decode_group(lens, bs, num_blocks, g)
     # Query rows strided as the projection's split leaves them.
     q = draw((len(lens), nh, 2 * d), values, g)[:, :, :d]
