@@ -62,28 +62,30 @@ INLINE void scores_block128(const float (*w)[MAX_HEAD_DIM], int queries, const u
     __m512 a00 = z, a01 = z, a02 = z, a03 = z, a04 = z, a05 = z, a06 = z, a07 = z;
     __m512 a10 = z, a11 = z, a12 = z, a13 = z, a14 = z, a15 = z, a16 = z, a17 = z;
     __m512 a20 = z, a21 = z, a22 = z, a23 = z, a24 = z, a25 = z, a26 = z, a27 = z;
-    /* Only the 32-position chunks that hold visible positions are read:
-     * a partly filled last block costs its filled cache lines, not 128 rows. */
-    const int chunks = visible >= 128 ? 4 : (int)((visible + 31) / 32);
     const uint16_t *row = kb;
     for (int j = 0; j < d; j++, row += 128) {
-        const __m512 w0 = _mm512_set1_ps(w[0][j]);
-        const __m512 w1 = queries > 1 ? _mm512_set1_ps(w[1][j]) : z;
-        const __m512 w2 = queries > 2 ? _mm512_set1_ps(w[2][j]) : z;
-#define CHUNK(C, E, O)                                                                                  \
+        __m512i v0 = _mm512_loadu_si512(row), v1 = _mm512_loadu_si512(row + 32);
+        __m512i v2 = _mm512_loadu_si512(row + 64), v3 = _mm512_loadu_si512(row + 96);
+        __m512 x0 = _mm512_castsi512_ps(_mm512_slli_epi32(v0, 16));
+        __m512 x1 = _mm512_castsi512_ps(_mm512_and_si512(v0, high));
+        __m512 x2 = _mm512_castsi512_ps(_mm512_slli_epi32(v1, 16));
+        __m512 x3 = _mm512_castsi512_ps(_mm512_and_si512(v1, high));
+        __m512 x4 = _mm512_castsi512_ps(_mm512_slli_epi32(v2, 16));
+        __m512 x5 = _mm512_castsi512_ps(_mm512_and_si512(v2, high));
+        __m512 x6 = _mm512_castsi512_ps(_mm512_slli_epi32(v3, 16));
+        __m512 x7 = _mm512_castsi512_ps(_mm512_and_si512(v3, high));
+#define FMA8(G)                                                                                         \
     {                                                                                                   \
-        __m512i v = _mm512_loadu_si512(row + 32 * C);                                                   \
-        __m512 xe = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));                                      \
-        __m512 xo = _mm512_castsi512_ps(_mm512_and_si512(v, high));                                     \
-        a0##E = _mm512_fmadd_ps(w0, xe, a0##E), a0##O = _mm512_fmadd_ps(w0, xo, a0##O);                 \
-        if (queries > 1) a1##E = _mm512_fmadd_ps(w1, xe, a1##E), a1##O = _mm512_fmadd_ps(w1, xo, a1##O); \
-        if (queries > 2) a2##E = _mm512_fmadd_ps(w2, xe, a2##E), a2##O = _mm512_fmadd_ps(w2, xo, a2##O); \
+        __m512 wj = _mm512_set1_ps(w[G][j]);                                                            \
+        a##G##0 = _mm512_fmadd_ps(wj, x0, a##G##0), a##G##1 = _mm512_fmadd_ps(wj, x1, a##G##1);         \
+        a##G##2 = _mm512_fmadd_ps(wj, x2, a##G##2), a##G##3 = _mm512_fmadd_ps(wj, x3, a##G##3);         \
+        a##G##4 = _mm512_fmadd_ps(wj, x4, a##G##4), a##G##5 = _mm512_fmadd_ps(wj, x5, a##G##5);         \
+        a##G##6 = _mm512_fmadd_ps(wj, x6, a##G##6), a##G##7 = _mm512_fmadd_ps(wj, x7, a##G##7);         \
     }
-        CHUNK(0, 0, 1)
-        if (chunks > 1) CHUNK(1, 2, 3)
-        if (chunks > 2) CHUNK(2, 4, 5)
-        if (chunks > 3) CHUNK(3, 6, 7)
-#undef CHUNK
+        FMA8(0)
+        if (queries > 1) FMA8(1)
+        if (queries > 2) FMA8(2)
+#undef FMA8
     }
     const __m512i neg_inf = _mm512_set1_epi16((short)BF16_NEG_INF);
     __mmask32 keep[4];
