@@ -157,7 +157,8 @@ class PagedAttention:
         # and the (blocks, device) it was made for.
         self._offsets = torch.empty(0, dtype=torch.int64)
         self._offsets_key: tuple[int, torch.device] | None = None
-        # The decode score bags' weights, grown on demand, reused by every layer and step.
+        # The decode score bags' weights (with the C kernels: the scores), grown on
+        # demand, reused by every layer and step.
         self._weights = torch.empty(0)
 
     def _gather(
@@ -196,11 +197,11 @@ class PagedAttention:
         kern = self.kernels
         if kern is not None and kern.writes(cache, k, v):
             kern.write_kv(k, v, cache, meta.slot_blocks, meta.slot_offsets)
-        elif self.keys_transposed:
-            cache[0].view(kvh, -1, d, self.block_size)[:, meta.slot_blocks, :, meta.slot_offsets] = k
-            cache[1].view(kvh, -1, d).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
         else:
-            cache[0].view(kvh, -1, d).index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+            if self.keys_transposed:
+                cache[0].view(kvh, -1, d, self.block_size)[:, meta.slot_blocks, :, meta.slot_offsets] = k
+            else:
+                cache[0].view(kvh, -1, d).index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
             cache[1].view(kvh, -1, d).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
         groups = meta.decode_groups
         if self.keys_transposed and len(groups) == 1 and groups[0].end - groups[0].start == q.shape[0]:

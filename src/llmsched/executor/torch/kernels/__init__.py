@@ -23,7 +23,7 @@ _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
 
 
 class DecodeAttentionKernels:
-    """The scores and output halves of paged decode attention over a bfloat16 cache."""
+    """Paged decode attention's scores and output halves, and the KV cache writes, over 2-byte caches."""
 
     __slots__ = ("_output", "_scores", "_write", "max_group", "max_head_dim")
 
@@ -35,7 +35,7 @@ class DecodeAttentionKernels:
         self._output.argtypes = [_P, _P, _L, _P, _P, _I, _I, _I, _I, _I, _I, _P, _I]
         self._output.restype = None
         self._write = lib.llmsched_write_kv
-        self._write.argtypes = [_P, _P, _P, _P, _P, _P, _L, _P, _P, _I, _I, _I, _I, _I]
+        self._write.argtypes = [_P, _L, _L, _P, _L, _L, _P, _P, _L, _P, _P, _I, _I, _I, _I, _I]
         self._write.restype = None
         group, head_dim = ctypes.c_int(), ctypes.c_int()
         lib.llmsched_decode_limits(ctypes.byref(group), ctypes.byref(head_dim))
@@ -112,10 +112,9 @@ class DecodeAttentionKernels:
         """
         n, kvh, d = k.shape
         _, _, num_blocks, bs, _ = cache.shape
-        ks = (ctypes.c_int64 * 2)(k.stride(0), k.stride(1))
-        vs = (ctypes.c_int64 * 2)(v.stride(0), v.stride(1))
         self._write(
-            k.data_ptr(), ks, v.data_ptr(), vs, cache[0].data_ptr(), cache[1].data_ptr(), num_blocks,
+            k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1),
+            cache[0].data_ptr(), cache[1].data_ptr(), num_blocks,
             blocks.data_ptr(), offsets.data_ptr(), n, kvh, d, bs, torch.get_num_threads(),
         )  # fmt: skip
 

@@ -4,7 +4,7 @@ Built with the system C compiler (``$CC``, else ``cc``) and OpenMP, for
 this machine's CPU (``-march=native``), so the cache key includes the CPU's
 model and flags: a cache directory shared between machines never hands one
 a library built for another. ``make`` builds it at install time; a process
-that finds it missing builds it on first use (under a second), and one
+that finds it missing builds it on first use (a few seconds), and one
 that cannot says why and runs the PyTorch path.
 """
 

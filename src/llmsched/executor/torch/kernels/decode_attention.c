@@ -220,17 +220,18 @@ void llmsched_decode_output(const uint16_t *probs, const uint16_t *values, int64
 
 /* The step's new K and V rows into the cache: token i's row of each KV head
  * goes to (blocks[i], offsets[i]), K transposed. k and v are [tokens,
- * kv_heads, d], strides in elements ([0] token, [1] head), rows contiguous. */
-void llmsched_write_kv(const uint16_t *k, const int64_t *k_strides, const uint16_t *v, const int64_t *v_strides,
-                       uint16_t *keys, uint16_t *values, int64_t num_blocks, const int64_t *blocks,
-                       const int64_t *offsets, int n, int kv_heads, int d, int bs, int threads) {
+ * kv_heads, d], their token and head strides in elements, rows contiguous. */
+void llmsched_write_kv(const uint16_t *k, int64_t k_token_stride, int64_t k_head_stride, const uint16_t *v,
+                       int64_t v_token_stride, int64_t v_head_stride, uint16_t *keys, uint16_t *values,
+                       int64_t num_blocks, const int64_t *blocks, const int64_t *offsets, int n, int kv_heads,
+                       int d, int bs, int threads) {
     _Pragma("omp parallel for num_threads(threads) schedule(static) if (n * kv_heads > 256)")
     for (int ih = 0; ih < n * kv_heads; ih++) {
         int i = ih / kv_heads, h = ih % kv_heads;
         int64_t block = (h * num_blocks + blocks[i]) * (int64_t)d * bs;
-        const uint16_t *ks = k + i * k_strides[0] + h * k_strides[1];
+        const uint16_t *ks = k + i * k_token_stride + h * k_head_stride;
         uint16_t *kd = keys + block + offsets[i];
         for (int j = 0; j < d; j++) kd[(int64_t)j * bs] = ks[j];
-        memcpy(values + block + offsets[i] * d, v + i * v_strides[0] + h * v_strides[1], (size_t)d * 2);
+        memcpy(values + block + offsets[i] * d, v + i * v_token_stride + h * v_head_stride, (size_t)d * 2);
     }
 }
