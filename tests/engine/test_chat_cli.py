@@ -46,7 +46,9 @@ def test_llm_chat_answers_a_batch_of_conversations(smollm2_gguf: Path) -> None:
                     {"role": "user", "content": "What color is the sky on a clear day?"},
                 ],
             ],
-            SamplingParams(max_tokens=24, temperature=0.0),
+            # Room to finish: the sky answer's length swings with rounding (17 tokens
+            # with PyTorch's bfloat16 prefill attention, 54 with the C kernel's, 28 in float32).
+            SamplingParams(max_tokens=64, temperature=0.0),
             use_tqdm=False,
         )
     finally:

@@ -122,12 +122,12 @@ def test_bfloat16_engine_outputs_equal_with_and_without_kernels(tiny_models, mon
 
 def test_switched_off_by_the_environment(monkeypatch):
     monkeypatch.setenv("LLMSCHED_CPU_KERNELS", "0")
-    kernels.decode_attention.cache_clear()
+    kernels.clear_caches()
     try:
         assert kernels.decode_attention() is None
         assert PagedAttention(4, 2, 8, 4, keys_transposed=True).kernels is None
     finally:
-        kernels.decode_attention.cache_clear()
+        kernels.clear_caches()
 
 
 def test_no_compiler_is_reported_and_the_pytorch_path_runs(monkeypatch, tmp_path, caplog):
@@ -135,13 +135,13 @@ def test_no_compiler_is_reported_and_the_pytorch_path_runs(monkeypatch, tmp_path
     monkeypatch.setenv("LLMSCHED_CACHE_DIR", str(tmp_path))
     with pytest.raises(build.KernelBuildError, match="no-such-cc"):
         build.build_library()
-    kernels.decode_attention.cache_clear()
+    kernels.clear_caches()
     try:
         with caplog.at_level(logging.WARNING):
             assert kernels.decode_attention() is None
         assert "no-such-cc" in caplog.text and "PyTorch path" in caplog.text
     finally:
-        kernels.decode_attention.cache_clear()
+        kernels.clear_caches()
 
 
 def test_a_failing_compile_names_the_error(monkeypatch, tmp_path):

@@ -1,4 +1,4 @@
-"""Compiling the C kernels beside this file into a shared library cached per source, compiler and CPU.
+"""Compiling the C kernels beside this file into one shared library cached per source, compiler and CPU.
 
 Built with the system C compiler (``$CC``, else ``cc``) and OpenMP, for
 this machine's CPU (``-march=native``), so the cache key includes the CPU's
@@ -20,8 +20,9 @@ from pathlib import Path
 
 from llmsched.executor.torch.embedded import cache_dir
 
-SOURCE = Path(__file__).with_name("decode_attention.c")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("decode_attention.c", "prefill_attention.c"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
+LIBS = ("-lm",)
 
 
 class KernelBuildError(RuntimeError):
@@ -51,10 +52,11 @@ def library_path() -> Path:
     except (OSError, subprocess.TimeoutExpired) as e:
         raise KernelBuildError(f"no C compiler ({' '.join(cc)}): {e}") from e
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), version.encode(), " ".join(FLAGS).encode(), _cpu_signature().encode()):
+    sources = [src.read_bytes() for src in SOURCES]
+    for part in (*sources, version.encode(), " ".join(FLAGS + LIBS).encode(), _cpu_signature().encode()):
         key.update(part)
         key.update(b"\0")
-    return cache_dir() / "kernels" / f"{SOURCE.stem}-{key.hexdigest()[:16]}.so"
+    return cache_dir() / "kernels" / f"cpu_kernels-{key.hexdigest()[:16]}.so"
 
 
 def build_library(force: bool = False) -> Path:
@@ -67,7 +69,7 @@ def build_library(force: bool = False) -> Path:
     # never load a half-written file.
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [*compiler(), *FLAGS, str(SOURCE), "-o", tmp]
+    cmd = [*compiler(), *FLAGS, *map(str, SOURCES), *LIBS, "-o", tmp]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as e:

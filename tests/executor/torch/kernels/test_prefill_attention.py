@@ -1,0 +1,195 @@
+"""The C prefill attention kernel: as close to float32 attention as PyTorch's bfloat16 SDPA, and the same bits
+for a query however its chunk is cut or threaded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from llmsched.executor.torch import TorchExecutor, kernels
+from llmsched.executor.torch.attention import AttentionMetadata, PagedAttention, PrefillChunk
+from support.hf_reference import randomize
+
+from ..conftest import COMMON, TinyModel, greedy, prompts_of, run_engine
+
+KERNEL = kernels.prefill_attention()
+pytestmark = pytest.mark.skipif(KERNEL is None, reason="needs the C kernels and a CPU with AVX-512 BF16")
+
+
+def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """PyTorch's attention [lq, heads, d], query i seeing keys 0..lk-lq+i."""
+    lq, lk = q.shape[0], k.shape[0]
+    mask = torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + (lk - lq)
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None],
+        k.transpose(0, 1)[None],
+        v.transpose(0, 1)[None],
+        attn_mask=mask,
+        scale=q.shape[-1] ** -0.5,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
+    return o[0].transpose(0, 1)
+
+
+def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(q.shape, dtype=q.dtype)
+    KERNEL.attend(q, k, v, q.shape[-1] ** -0.5, out)
+    return out
+
+
+def inputs(lq: int, lk: int, heads: int, kv_heads: int, d: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """q, k, v as slices of one fused projection (strided rows), bfloat16."""
+    g = torch.Generator().manual_seed(seed)
+    qkv = (torch.randn(lk, heads + 2 * kv_heads, d, generator=g) * 2).bfloat16()
+    return qkv[lk - lq :, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
+
+
+SHAPES = [
+    # (lq, lk, heads, kv_heads, head_dim)
+    (1, 1, 2, 1, 64),
+    (5, 5, 4, 2, 64),
+    (17, 17, 8, 4, 64),
+    (16, 40, 4, 4, 64),
+    (100, 300, 8, 2, 64),
+    (257, 257, 4, 1, 128),
+    (300, 700, 2, 2, 128),
+    (40, 600, 16, 1, 256),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_as_close_to_float32_as_pytorchs_bfloat16_attention(shape):
+    q, k, v = inputs(*shape, seed=sum(shape))
+    exact = causal_sdpa(q.float(), k.float(), v.float())
+    ours = (kernel(q, k, v).float() - exact).abs()
+    torchs = (causal_sdpa(q, k, v).float() - exact).abs()
+    # Both round the output to bfloat16 (2^-9 relative) and the
+    # probabilities too: within twice PyTorch's error, on average and at worst.
+    assert ours.mean() <= 2 * torchs.mean() + 1e-6
+    assert ours.max() <= 2 * torchs.max() + 1e-6
+
+
+def test_a_query_gets_the_same_bits_however_the_chunk_is_cut_or_threaded():
+    q, k, v = inputs(300, 300, 8, 4, 64, seed=7)
+    whole = kernel(q, k, v)
+    # Rows 100.. as a later chunk over the same context (a prefix-cache hit or
+    # chunked prefill), and as chunks of other lengths.
+    assert torch.equal(kernel(q[100:], k, v), whole[100:])
+    assert torch.equal(kernel(q[:37], k[:37], v[:37]), whole[:37])
+    assert torch.equal(kernel(q[257:280], k[:280], v[:280]), whole[257:280])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert torch.equal(kernel(q, k, v), whole)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_row_that_is_exactly_one_key_copies_its_value():
+    q, k, v = inputs(1, 1, 4, 2, 64, seed=3)
+    assert torch.equal(kernel(q, k, v), v.repeat_interleave(2, dim=1))
+
+
+def test_supports_bfloat16_with_head_dims_in_64s_only():
+    assert KERNEL.supports(torch.bfloat16, 64) and KERNEL.supports(torch.bfloat16, 128)
+    assert not KERNEL.supports(torch.bfloat16, 96) and not KERNEL.supports(torch.float32, 64)
+    assert not KERNEL.supports(torch.bfloat16, KERNEL.max_head_dim + 64)
+    assert PagedAttention(4, 2, 64, 16, keys_transposed=True).prefill_kernel is not None
+    assert PagedAttention(4, 2, 32, 16, keys_transposed=True).prefill_kernel is None
+    assert PagedAttention(4, 2, 64, 16, keys_transposed=False).prefill_kernel is None
+
+
+@pytest.mark.parametrize("chunks", [[(0, 23)], [(0, 23), (0, 9), (40, 17)]], ids=["fresh", "mixed"])
+def test_paged_attention_runs_fresh_and_cached_chunks_through_the_kernel(chunks):
+    """A layer's output for (context start, length) chunks: the kernel over each chunk's whole context."""
+    heads, kv_heads, d, bs, num_blocks = 4, 2, 64, 16, 64
+    g = torch.Generator().manual_seed(len(chunks))
+    cache = torch.zeros(2, kv_heads, num_blocks, bs, d, dtype=torch.bfloat16)
+    keys = cache[0].view(kv_heads, num_blocks, d, bs)  # K blocks are stored transposed
+    prefills, slots, new_k, new_v, contexts = [], [], [], [], []
+    for start, n in chunks:
+        ctx_k, ctx_v = (torch.randn(start + n, kv_heads, d, generator=g).bfloat16() for _ in range(2))
+        first = sum(-(-(s + m) // bs) for s, m, _, _ in contexts)
+        blocks = torch.arange(first, first + -(-(start + n) // bs))
+        # The cached context is already in the cache; the chunk's own K/V come
+        # with the step, which writes them.
+        for pos in range(start):
+            keys[:, blocks[pos // bs], :, pos % bs] = ctx_k[pos]
+            cache[1, :, blocks[pos // bs], pos % bs] = ctx_v[pos]
+        rows = len(slots)
+        slots += [int(blocks[p // bs]) * bs + p % bs for p in range(start, start + n)]
+        prefills.append(PrefillChunk(rows, rows + n, start, block_ids=blocks if start else None))
+        new_k.append(ctx_k[start:])
+        new_v.append(ctx_v[start:])
+        contexts.append((start, n, ctx_k, ctx_v))
+    q = torch.randn(len(slots), heads, d, generator=g).bfloat16()
+    slot_mapping = torch.tensor(slots)
+    meta = AttentionMetadata(
+        slot_mapping=slot_mapping,
+        prefills=prefills,
+        slot_blocks=slot_mapping // bs,
+        slot_offsets=slot_mapping % bs,
+    )
+    attn = PagedAttention(heads, kv_heads, d, bs, keys_transposed=True)
+    out = attn.forward(q, torch.cat(new_k), torch.cat(new_v), cache, meta).view(-1, heads, d)
+    for c, (_, _, ctx_k, ctx_v) in zip(prefills, contexts):
+        assert torch.equal(out[c.start : c.end], kernel(q[c.start : c.end], ctx_k, ctx_v))
+
+
+def test_switched_off_with_the_other_kernels(monkeypatch):
+    monkeypatch.setenv("LLMSCHED_CPU_KERNELS", "0")
+    kernels.clear_caches()
+    try:
+        assert kernels.prefill_attention() is None
+        assert PagedAttention(4, 2, 64, 16, keys_transposed=True).prefill_kernel is None
+    finally:
+        kernels.clear_caches()
+
+
+@pytest.fixture(scope="module")
+def wide_heads(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    """A tiny random Qwen3 with 64-wide heads, so that its bfloat16 prefill runs the kernel."""
+    torch.manual_seed(11)
+    hf = Qwen3ForCausalLM(Qwen3Config(**COMMON, head_dim=64)).eval()
+    randomize(hf, 11)
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = 0
+    path = tmp_path_factory.mktemp("wide_heads")
+    hf.save_pretrained(path)
+    return TinyModel("qwen3", path, hf)
+
+
+def bfloat16_run(model: TinyModel, prompts: list[list[int]], max_tokens: int, budget: int) -> list[list[int]]:
+    ex = TorchExecutor(model.path, dtype="bfloat16", num_gpu_blocks=256, max_model_len=128, block_size=16)
+    try:
+        return run_engine(
+            model.path,
+            prompts,
+            greedy(max_tokens),
+            executor=ex,
+            max_num_batched_tokens=budget,
+            max_num_seqs=8,
+        ).outputs
+    finally:
+        ex.close()
+
+
+def test_a_bfloat16_engine_on_the_kernel_agrees_with_float32_transformers(wide_heads, monkeypatch):
+    calls = []
+    attend = kernels.PrefillAttentionKernel.attend
+    monkeypatch.setattr(kernels.PrefillAttentionKernel, "attend", lambda *a: calls.append(1) or attend(*a))
+    prompts = prompts_of([7, 19, 30, 12, 25, 4, 16, 9], seed=13)
+    outputs = bfloat16_run(wide_heads, prompts, 4, budget=256)
+    assert calls
+    agree = sum(o[0] == wide_heads.greedy(p, 4)[0] for o, p in zip(outputs, prompts))
+    assert agree >= 6
+
+
+def test_chunked_prefill_and_prefix_hits_give_the_whole_prompts_tokens(wide_heads):
+    """Each query's attention bits do not depend on where its chunk starts."""
+    shared = prompts_of([40], seed=3)[0]
+    prompts = [shared + tail for tail in prompts_of([3, 21, 9, 30], seed=4)]
+    whole = bfloat16_run(wide_heads, prompts, 6, budget=512)
+    assert bfloat16_run(wide_heads, prompts, 6, budget=24) == whole
