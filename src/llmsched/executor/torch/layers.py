@@ -1,5 +1,8 @@
 """The decoder's elementwise pieces (RMSNorm, SwiGLU) and the prepacked CPU linear.
 
+On CPU, bfloat16 RMSNorm (alone or after the residual add) runs one C pass
+with the same bits as the chain of PyTorch ops below (kernels/elementwise.c).
+
 On CPU, F.linear with a bf16 weight has oneDNN reorder that weight into its
 blocked layout on every call. Reordering once at load and calling the
 linear op that takes the blocked weight gives bit-identical results and,
@@ -12,9 +15,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from llmsched.executor.torch.kernels import elementwise
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Normalise the last dim in float32, cast back, then scale (the reference rounding order)."""
+    if x.dtype == torch.bfloat16:
+        kern = elementwise()
+        if kern is not None and kern.takes(x, weight):
+            return kern.rms_norm(x, weight, eps)
     xf = x.float()
     var = xf.square().mean(-1, keepdim=True)
     var.add_(eps).rsqrt_()
@@ -24,6 +33,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return weight * h  # the reference's type promotion / broadcast
     # Scaled in place (a product commutes bit for bit): one buffer fewer.
     return h.mul_(weight)
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x += delta`` in place (the residual add), then ``rms_norm(x, weight, eps)``."""
+    if x.dtype == torch.bfloat16 and delta.dtype == x.dtype and delta.stride(-1) == 1 and x.dim() == 2:
+        kern = elementwise()
+        if kern is not None and kern.takes(x, weight):
+            return kern.add_rms_norm(x, delta, weight, eps)
+    x.add_(delta)
+    return rms_norm(x, weight, eps)
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:

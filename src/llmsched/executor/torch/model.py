@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from llmsched.executor.torch.attention import AttentionMetadata, PagedAttention
 from llmsched.executor.torch.config import ModelConfig
 from llmsched.executor.torch.kv_cache import KVCache
-from llmsched.executor.torch.layers import packed_linear, rms_norm, swiglu
+from llmsched.executor.torch.layers import add_rms_norm, packed_linear, rms_norm, swiglu
 from llmsched.executor.torch.lora.adapter import DOWN, GATE_UP, O_PROJ, QKV
 from llmsched.executor.torch.lora.step import LoRAStep, StackedLoRAStep
 from llmsched.executor.torch.rope import RotaryEmbedding
@@ -136,8 +136,11 @@ class DecoderModel:
         x = F.embedding(input_ids, w.embed)
         if mm_embeds is not None:
             x.index_copy_(0, mm_embeds[0], mm_embeds[1].to(x.dtype))
+        # A layer's MLP output, added to the residual stream together with the
+        # next layer's input norm (one pass on CPU, see layers.add_rms_norm).
+        mlp: torch.Tensor | None = None
         for i, lw in enumerate(w.layers):
-            h = rms_norm(x, lw.input_norm, eps)
+            h = rms_norm(x, lw.input_norm, eps) if mlp is None else add_rms_norm(x, mlp, lw.input_norm, eps)
             qkv = linear(h, lw.qkv, lw.qkv_bias)
             if lora is not None:
                 lora.apply(i, QKV, h, qkv)
@@ -148,20 +151,19 @@ class DecoderModel:
             qk = rotate(qk, cos, sin)
             attn = attend(qk[:, :nh], qk[:, nh:], qkv[:, nh + nkv :], caches[i], meta)
             if lora is None:
-                x.add_(linear(attn, lw.o_proj, lw.o_bias))
-                h = rms_norm(x, lw.post_norm, eps)
-                x.add_(linear(swiglu(linear(h, lw.gate_up, lw.gate_up_bias)), lw.down, lw.down_bias))
+                h = add_rms_norm(x, linear(attn, lw.o_proj, lw.o_bias), lw.post_norm, eps)
+                mlp = linear(swiglu(linear(h, lw.gate_up, lw.gate_up_bias)), lw.down, lw.down_bias)
                 continue
             o = linear(attn, lw.o_proj, lw.o_bias)
             lora.apply(i, O_PROJ, attn, o)
-            x.add_(o)
-            h = rms_norm(x, lw.post_norm, eps)
+            h = add_rms_norm(x, o, lw.post_norm, eps)
             gate_up = linear(h, lw.gate_up, lw.gate_up_bias)
             lora.apply(i, GATE_UP, h, gate_up)
             act = swiglu(gate_up)
-            down = linear(act, lw.down, lw.down_bias)
-            lora.apply(i, DOWN, act, down)
-            x.add_(down)
+            mlp = linear(act, lw.down, lw.down_bias)
+            lora.apply(i, DOWN, act, mlp)
+        if mlp is not None:
+            x.add_(mlp)
         if logits_indices.shape[0] != ntok:
             x = x.index_select(0, logits_indices)
         return linear(rms_norm(x, w.norm, eps), w.lm_head)
