@@ -53,9 +53,10 @@ from llmsched.sim.settle import measure as measure_figure
 
 CACHE_FILE = "cpu-calibration.json"
 # Bumped when the measurements change meaning, or the executor they time
-# changes speed (5: the C decode attention), so older cached entries are
-# measured again rather than read with the wrong sense.
-_VERSION = 5
+# changes speed (5: the C decode attention; 6: the C prefill attention and
+# RMSNorm), so older cached entries are measured again rather than read
+# with the wrong sense.
+_VERSION = 6
 # Test-sized limits: fewer calls and shorter readings, one attempt.
 QUICK_LIMITS = Limits(max_calls=6, min_reading_s=0.005, max_seconds=0.5, attempts=1)
 # The executor probe runs a few seconds; beyond this something is wrong.

@@ -5,8 +5,9 @@ besides the matmul peak and the memory bandwidth three things decide its
 step time, and each is measured here in bfloat16 (the models' dtype) with
 the threads torch will use:
 
-- prefill attention: a causal ``scaled_dot_product_attention`` over a 1024
-  token prompt reaches a small fraction of the matmul peak (it is not one
+- prefill attention: a causal attention (the C kernel where the executor
+  runs it, else ``scaled_dot_product_attention``) over a 1024
+  token prompt reaches a fraction of the matmul peak (it is not one
   big GEMM); that fraction becomes the attention efficiency;
 - decode attention: paged KV has to be gathered from scattered blocks and
   each request's few query rows multiply against it as tiny batched
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from llmsched.executor.torch.kernels import prefill_attention
 from llmsched.sim.settle import Limits, Reading, measure
 
 _DTYPE = torch.bfloat16
@@ -104,9 +106,18 @@ def weight_stream_bandwidth(rows: int = 4, hidden: int = 2048, width: int = 4096
 
 
 def prefill_attention_flops(tokens: int = 1024, heads: int = 8, head_dim: int = 64) -> Bench:
-    """FLOPs of causal SDPA over one prompt (4 x heads x head_dim per visible pair)."""
-    q, k, v = (torch.randn(1, heads, tokens, head_dim).to(_DTYPE) for _ in range(3))
+    """FLOPs of causal attention over one prompt (4 x heads x head_dim per visible pair).
+
+    Timed as the torch executor runs bfloat16 prefill: the C kernel where it
+    runs (kernels/prefill_attention.c), else PyTorch's SDPA.
+    """
     pairs = tokens * (tokens + 1) / 2
+    kernel = prefill_attention()
+    if kernel is not None and kernel.supports(_DTYPE, head_dim):
+        q, k, v = (torch.randn(tokens, heads, head_dim).to(_DTYPE) for _ in range(3))
+        out = torch.empty_like(q)
+        return 4 * heads * head_dim * pairs, lambda: kernel.attend(q, k, v, head_dim**-0.5, out)
+    q, k, v = (torch.randn(1, heads, tokens, head_dim).to(_DTYPE) for _ in range(3))
     return 4 * heads * head_dim * pairs, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
