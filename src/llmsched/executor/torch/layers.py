@@ -1,7 +1,7 @@
 """The decoder's elementwise pieces (RMSNorm, SwiGLU) and the prepacked CPU linear.
 
 On CPU, bfloat16 RMSNorm (alone or after the residual add) runs one C pass
-with the same bits as the chain of PyTorch ops below (kernels/elementwise.c).
+with the same bits as the chain of PyTorch ops below (kernels/rms_norm.c).
 
 On CPU, F.linear with a bf16 weight has oneDNN reorder that weight into its
 blocked layout on every call. Reordering once at load and calling the
@@ -15,13 +15,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from llmsched.executor.torch.kernels import elementwise
+from llmsched.executor.torch.kernels import rms_norm_kernels
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Normalise the last dim in float32, cast back, then scale (the reference rounding order)."""
     if x.dtype == torch.bfloat16:
-        kern = elementwise()
+        kern = rms_norm_kernels()
         if kern is not None and kern.takes(x, weight):
             return kern.rms_norm(x, weight, eps)
     xf = x.float()
@@ -38,7 +38,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``x += delta`` in place (the residual add), then ``rms_norm(x, weight, eps)``."""
     if x.dtype == torch.bfloat16 and delta.dtype == x.dtype and delta.stride(-1) == 1 and x.dim() == 2:
-        kern = elementwise()
+        kern = rms_norm_kernels()
         if kern is not None and kern.takes(x, weight):
             return kern.add_rms_norm(x, delta, weight, eps)
     x.add_(delta)

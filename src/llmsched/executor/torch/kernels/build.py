@@ -21,7 +21,7 @@ from pathlib import Path
 from llmsched.executor.torch.embedded import cache_dir
 
 SOURCES = tuple(
-    Path(__file__).with_name(name) for name in ("decode_attention.c", "prefill_attention.c", "elementwise.c")
+    Path(__file__).with_name(name) for name in ("decode_attention.c", "prefill_attention.c", "rms_norm.c")
 )
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 LIBS = ("-lm",)

@@ -145,9 +145,51 @@ static void pv_rows(const uint32_t *p32, int rows, int npairs, const uint32_t *v
     }
 }
 
-/* One (head, tile): rows i0..i0+rows-1 of head h. */
-static void attend_tile(const uint16_t *q, int64_t q_tok, const uint32_t *kp, const uint32_t *vp, int lk, int off,
-                        int d, float scale, int i0, int rows, uint16_t *out, int64_t o_tok) {
+/* Lanes c..c+15 of a row that fall among its first `seen` keys. */
+static inline __mmask16 visible(int c, int seen) {
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    return _mm512_cmplt_epi32_mask(_mm512_add_epi32(lane, _mm512_set1_epi32(c)), _mm512_set1_epi32(seen));
+}
+
+/* One row's online-softmax step over a block of nb * 16 raw scores s, of
+ * which the first `seen` are visible: scales them, updates the running max
+ * m and sum l, writes the probabilities as bfloat16 pairs into p32 and
+ * rescales the row's output accumulators o by how far the max moved. */
+static void softmax_block(float *s, int nb, int seen, float scale, float *m, float *l, uint32_t *p32, float *o,
+                          int d) {
+    if (seen <= 0) { /* the row sees none of this block */
+        memset(p32, 0, sizeof(uint32_t) * nb * 8);
+        return;
+    }
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int c = 0; c < nb * 16; c += 16) {
+        __m512 x = _mm512_mul_ps(_mm512_loadu_ps(s + c), _mm512_set1_ps(scale));
+        _mm512_storeu_ps(s + c, x);
+        mx = _mm512_mask_max_ps(mx, visible(c, seen), mx, x);
+    }
+    float mnew = _mm512_reduce_max_ps(mx);
+    if (mnew < *m) mnew = *m;
+    float alpha = expf(*m - mnew);
+    *m = mnew;
+    __m512 vm = _mm512_set1_ps(mnew), sum = _mm512_setzero_ps();
+    for (int c = 0; c < nb * 16; c += 32) {
+        __m512 e0 = _mm512_maskz_mov_ps(visible(c, seen), exp_neg(_mm512_sub_ps(_mm512_loadu_ps(s + c), vm)));
+        __m512 e1 = _mm512_setzero_ps();
+        if (c + 16 < nb * 16)
+            e1 = _mm512_maskz_mov_ps(visible(c + 16, seen), exp_neg(_mm512_sub_ps(_mm512_loadu_ps(s + c + 16), vm)));
+        sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
+        /* 32 probabilities as bfloat16, in key order: pairs (2j, 2j + 1). */
+        _mm512_storeu_si512(p32 + c / 2, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+    }
+    *l = *l * alpha + _mm512_reduce_add_ps(sum);
+    if (alpha != 1.0f)
+        for (int c = 0; c < d; c += 16)
+            _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), _mm512_set1_ps(alpha)));
+}
+
+/* One (head, tile): query rows i0..i0+rows-1 of one head into out. */
+static void attend_tile(const uint16_t *q, int64_t q_tok, const uint32_t *kp, const uint32_t *vp, int off, int d,
+                        float scale, int i0, int rows, uint16_t *out, int64_t o_tok) {
     int pairs = d / 2;
     uint32_t q32[TILE * MAX_HEAD_DIM / 2] __attribute__((aligned(64)));
     float s[TILE * KB] __attribute__((aligned(64)));
@@ -160,60 +202,19 @@ static void attend_tile(const uint16_t *q, int64_t q_tok, const uint32_t *kp, co
         for (int p = 0; p < pairs; p++)
             q32[r * pairs + p] = r < rows ? ((const uint32_t *)(q + (int64_t)(i0 + r) * q_tok))[p] : 0;
     }
-    memset(o, 0, sizeof(float) * TILE * MAX_HEAD_DIM);
-    int kend = off + i0 + rows; /* keys the tile's last row sees */
-    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    memset(o, 0, sizeof(o));
+    int kend = off + i0 + rows; /* the keys the tile's last row sees */
     for (int k0 = 0; k0 < kend; k0 += KB) {
-        int kn = kend - k0 < KB ? kend - k0 : KB;
-        int nb = (kn + 15) / 16;
+        int kn = kend - k0 < KB ? kend - k0 : KB, nb = (kn + 15) / 16;
         const uint32_t *kblk = kp + (int64_t)(k0 / 16) * pairs * 16;
         scores_rows(q32, rows < 8 ? rows : 8, pairs, kblk, nb, s);
         if (rows > 8) scores_rows(q32 + 8 * pairs, rows - 8, pairs, kblk, nb, s + 8 * KB);
         for (int r = 0; r < rows; r++) {
-            int seen = off + i0 + r + 1 - k0; /* keys of this block row r sees */
-            if (seen > kn) seen = kn;
-            float *sr = s + r * KB;
-            __m512 vs = _mm512_set1_ps(scale);
-            __m512 mx = _mm512_set1_ps(-INFINITY);
-            for (int c = 0; c < nb * 16; c += 16) {
-                __mmask16 ok = _mm512_cmplt_epi32_mask(_mm512_add_epi32(lane, _mm512_set1_epi32(c)),
-                                                       _mm512_set1_epi32(seen));
-                __m512 x = _mm512_mul_ps(_mm512_loadu_ps(sr + c), vs);
-                _mm512_storeu_ps(sr + c, x);
-                mx = _mm512_mask_max_ps(mx, ok, mx, x);
-            }
-            float mnew = _mm512_reduce_max_ps(mx);
-            if (seen <= 0) {
-                memset(p32 + r * (KB / 2), 0, sizeof(uint32_t) * nb * 8);
-                continue;
-            }
-            if (mnew < m[r]) mnew = m[r];
-            float alpha = expf(m[r] - mnew);
-            m[r] = mnew;
-            __m512 vm = _mm512_set1_ps(mnew), sum = _mm512_setzero_ps();
-            for (int c = 0; c < nb * 16; c += 32) {
-                __mmask16 ok0 = _mm512_cmplt_epi32_mask(_mm512_add_epi32(lane, _mm512_set1_epi32(c)),
-                                                        _mm512_set1_epi32(seen));
-                __mmask16 ok1 = _mm512_cmplt_epi32_mask(_mm512_add_epi32(lane, _mm512_set1_epi32(c + 16)),
-                                                        _mm512_set1_epi32(seen));
-                __m512 e0 = _mm512_maskz_mov_ps(ok0, exp_neg(_mm512_sub_ps(_mm512_loadu_ps(sr + c), vm)));
-                __m512 e1 = c + 16 < nb * 16
-                                ? _mm512_maskz_mov_ps(ok1, exp_neg(_mm512_sub_ps(_mm512_loadu_ps(sr + c + 16), vm)))
-                                : _mm512_setzero_ps();
-                sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
-                /* 32 probabilities as bf16, in key order: pairs (2j, 2j+1). */
-                __m512bh pb = _mm512_cvtne2ps_pbh(e1, e0);
-                _mm512_storeu_si512(p32 + r * (KB / 2) + c / 2, (__m512i)pb);
-            }
-            l[r] = l[r] * alpha + _mm512_reduce_add_ps(sum);
-            if (alpha != 1.0f) {
-                __m512 va = _mm512_set1_ps(alpha);
-                for (int c = 0; c < d; c += 16)
-                    _mm512_storeu_ps(o + r * MAX_HEAD_DIM + c, _mm512_mul_ps(_mm512_loadu_ps(o + r * MAX_HEAD_DIM + c), va));
-            }
+            int seen = off + i0 + r + 1 - k0;
+            softmax_block(s + r * KB, nb, seen < kn ? seen : kn, scale, &m[r], &l[r], p32 + r * (KB / 2),
+                          o + r * MAX_HEAD_DIM, d);
         }
-        int npairs = (nb * 16) / 2;
-        pv_rows(p32, rows, npairs, vp + (int64_t)(k0 / 2) * d, d, o);
+        pv_rows(p32, rows, nb * 8, vp + (int64_t)(k0 / 2) * d, d, o);
     }
     for (int r = 0; r < rows; r++) {
         __m512 inv = _mm512_set1_ps(1.0f / l[r]);
@@ -251,8 +252,8 @@ void llmsched_prefill_attention(const uint16_t *q, int64_t q_tok, int64_t q_head
         for (int t = 0; t < nh * ntiles; t++) {
             int tile = ntiles - 1 - t / nh, h = t % nh, g = h / group;
             int i0 = tile * TILE, rows = lq - i0 < TILE ? lq - i0 : TILE;
-            attend_tile(q + h * q_head, q_tok, kp + (int64_t)g * nblk * 16 * pairs, vp + (int64_t)g * npairs * d, lk,
-                        off, d, scale, i0, rows, out + h * o_head, o_tok);
+            attend_tile(q + h * q_head, q_tok, kp + (int64_t)g * nblk * 16 * pairs, vp + (int64_t)g * npairs * d, off,
+                        d, scale, i0, rows, out + h * o_head, o_tok);
         }
     }
     free(kp);

@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from llmsched.executor.torch import TorchExecutor, kernels, layers
+from llmsched.executor.torch.kernels import rms_norm
 
 from ..conftest import greedy, prompts_of, run_engine
 
-KERNELS = kernels.elementwise()
+KERNELS = kernels.rms_norm_kernels()
 pytestmark = pytest.mark.skipif(kernels.library() is None, reason="no C compiler here: the PyTorch path runs")
 
 
@@ -31,12 +32,12 @@ WIDTHS = [1, 7, 24, 64, 100, 128, 576, 1000, 1536, 2048, 4096, 5120, 16384, 6558
 
 def torch_chain(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """layers.rms_norm's PyTorch ops, with the kernel out of the way."""
-    saved = layers.elementwise
-    layers.elementwise = lambda: None
+    saved = layers.rms_norm_kernels
+    layers.rms_norm_kernels = lambda: None
     try:
         return layers.rms_norm(x, weight, eps)
     finally:
-        layers.elementwise = saved
+        layers.rms_norm_kernels = saved
 
 
 def sum_squares(x: torch.Tensor, lanes: int) -> torch.Tensor:
@@ -101,15 +102,15 @@ def test_a_pytorch_that_sums_in_another_order_gets_no_kernel(caplog):
     class Lib:
         llmsched_sum_squares = nudged
 
-    assert kernels._sum_order_lanes(lib) == KERNELS.lanes
-    assert kernels._sum_order_lanes(Lib()) is None
-    kernels.elementwise.cache_clear()
+    assert rms_norm.sum_order_lanes(lib) == KERNELS.lanes
+    assert rms_norm.sum_order_lanes(Lib()) is None
+    kernels.rms_norm_kernels.cache_clear()
     try:
         kernels.library.cache_clear()
         import unittest.mock
 
-        with unittest.mock.patch.object(kernels, "library", lambda: Lib()), caplog.at_level(logging.WARNING):
-            assert kernels.elementwise() is None
+        with unittest.mock.patch.object(rms_norm, "library", lambda: Lib()), caplog.at_level(logging.WARNING):
+            assert kernels.rms_norm_kernels() is None
         assert "RMSNorm kernel off" in caplog.text
     finally:
         kernels.clear_caches()
@@ -138,8 +139,8 @@ def test_an_avx2_pytorchs_sums_are_followed_too():
         "import torch\n"
         "from llmsched.executor.torch import kernels, layers\n"
         "assert torch.backends.cpu.get_cpu_capability() == 'AVX2'\n"
-        "k = kernels.elementwise()\n"
-        "layers.elementwise = lambda: None\n"
+        "k = kernels.rms_norm_kernels()\n"
+        "layers.rms_norm_kernels = lambda: None\n"
         "g = torch.Generator().manual_seed(0)\n"
         f"for width in {WIDTHS}:\n"
         "    x = torch.randn(7, width, generator=g).bfloat16()\n"
@@ -168,9 +169,9 @@ def test_a_bfloat16_engine_gives_the_same_tokens_with_and_without_it(tiny_models
             ex.close()
 
     calls = []
-    norm = kernels.ElementwiseKernels.rms_norm
-    monkeypatch.setattr(kernels.ElementwiseKernels, "rms_norm", lambda *a: calls.append(1) or norm(*a))
+    norm = kernels.RMSNormKernels.rms_norm
+    monkeypatch.setattr(kernels.RMSNormKernels, "rms_norm", lambda *a: calls.append(1) or norm(*a))
     with_kernel = run()
     assert calls
-    monkeypatch.setattr(layers, "elementwise", lambda: None)
+    monkeypatch.setattr(layers, "rms_norm_kernels", lambda: None)
     assert run() == with_kernel
