@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from llmsched.executor.torch.kernels import prefill_attention
+from llmsched.executor.torch.layers import can_prepack_linears, packed_linear, prepack_linear
 from llmsched.sim.settle import Limits, Reading, measure
 
 _DTYPE = torch.bfloat16
@@ -58,6 +59,7 @@ class Sizes:
     stream_hidden: int = 2048
     stream_width: int = 4096
     attention_tokens: int = 1024
+    linear_rows: int = 512
     decode_seqs: int = 32
     decode_context: int = 512
 
@@ -69,6 +71,7 @@ QUICK = Sizes(
     stream_hidden=512,
     stream_width=1024,
     attention_tokens=256,
+    linear_rows=64,
     decode_seqs=8,
     decode_context=128,
 )
@@ -103,6 +106,16 @@ def weight_stream_bandwidth(rows: int = 4, hidden: int = 2048, width: int = 4096
             F.linear(x, w)
 
     return mats * width * hidden * 2, run
+
+
+def linear_flops(rows: int = 512, hidden: int = 1024, width: int = 2048) -> Bench:
+    """FLOPs of a bfloat16 linear as the torch executor runs it (weights prepacked for oneDNN if it can)."""
+    x = torch.randn(rows, hidden).to(_DTYPE)
+    w = torch.randn(width, hidden).to(_DTYPE)
+    if can_prepack_linears(torch.device("cpu"), _DTYPE):
+        packed = prepack_linear(w)
+        return 2 * rows * hidden * width, lambda: packed_linear(x, packed)
+    return 2 * rows * hidden * width, lambda: F.linear(x, w)
 
 
 def prefill_attention_flops(tokens: int = 1024, heads: int = 8, head_dim: int = 64) -> Bench:
@@ -226,13 +239,15 @@ def measure_torch(limits: Limits | None = None, sizes: Sizes = FULL) -> tuple[di
         limits,
     )
     attn = measure("prefill_attention_flops", *prefill_attention_flops(sizes.attention_tokens), limits)
+    gemm = measure("linear_flops", *linear_flops(sizes.linear_rows), limits)
     figures = {
         "peak_flops": peak.value,
         "mem_bandwidth": copy.value,
         "memory_efficiency": min(1.0, stream.value / copy.value),
         "attention_efficiency": min(1.0, attn.value / peak.value),
+        "gemm_efficiency": min(1.0, gemm.value / peak.value),
     }
-    return figures, [peak, copy, stream, attn]
+    return figures, [peak, copy, stream, attn, gemm]
 
 
 def host_figures(limits: Limits | None = None, sizes: Sizes = FULL) -> tuple[dict, list[Reading]]:

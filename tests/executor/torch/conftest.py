@@ -212,6 +212,33 @@ def run_engine(
     return run
 
 
+def bfloat16_outputs(
+    model: Path | str,
+    prompts: Sequence[Sequence[int]],
+    max_tokens: int,
+    *,
+    block_size: int = 4,
+    max_model_len: int = 96,
+    max_num_batched_tokens: int = 256,
+) -> list[list[int]]:
+    """Greedy outputs of an engine on a bfloat16 TorchExecutor (closed afterwards)."""
+    ex = TorchExecutor(
+        model, dtype="bfloat16", num_gpu_blocks=256, max_model_len=max_model_len, block_size=block_size
+    )
+    try:
+        return run_engine(
+            model,
+            prompts,
+            greedy(max_tokens),
+            executor=ex,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=8,
+        ).outputs
+    finally:
+        ex.close()
+
+
 @pytest.fixture(params=[False, True], ids=["sync", "async"])
 def async_scheduling(request: pytest.FixtureRequest) -> bool:
     """Run a test with the engine's scheduling in both modes."""

@@ -7,11 +7,11 @@ import logging
 import pytest
 import torch
 
-from llmsched.executor.torch import TorchExecutor, attention, kernels
+from llmsched.executor.torch import attention, kernels
 from llmsched.executor.torch.attention import DecodeGroup, PagedAttention
 from llmsched.executor.torch.kernels import build
 
-from ..conftest import greedy, prompts_of, run_engine
+from ..conftest import bfloat16_outputs, prompts_of
 
 KERNELS = kernels.decode_attention()
 needs_kernels = pytest.mark.skipif(KERNELS is None, reason="no C compiler here: the PyTorch path runs")
@@ -108,16 +108,9 @@ def test_bfloat16_engine_outputs_equal_with_and_without_kernels(tiny_models, mon
     model = tiny_models["llama"]
     prompts = prompts_of([5, 19, 33, 12, 40, 7])
 
-    def run() -> list[list[int]]:
-        ex = TorchExecutor(model.path, dtype="bfloat16", num_gpu_blocks=128, max_model_len=96, block_size=4)
-        try:
-            return run_engine(model.path, prompts, greedy(24), executor=ex, max_model_len=96).outputs
-        finally:
-            ex.close()
-
-    with_kernels = run()
+    with_kernels = bfloat16_outputs(model.path, prompts, 24)
     monkeypatch.setattr(attention, "decode_attention", lambda: None)
-    assert run() == with_kernels
+    assert bfloat16_outputs(model.path, prompts, 24) == with_kernels
 
 
 def test_switched_off_by_the_environment(monkeypatch):

@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from llmsched.executor.torch import TorchExecutor, kernels
+from llmsched.executor.torch import kernels
 from llmsched.executor.torch.attention import AttentionMetadata, PagedAttention, PrefillChunk
 from support.hf_reference import randomize
 
-from ..conftest import COMMON, TinyModel, greedy, prompts_of, run_engine
+from ..conftest import COMMON, TinyModel, bfloat16_outputs, prompts_of
 
 KERNEL = kernels.prefill_attention()
 pytestmark = pytest.mark.skipif(KERNEL is None, reason="needs the C kernels and a CPU with AVX-512 BF16")
@@ -162,18 +162,9 @@ def wide_heads(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
 
 
 def bfloat16_run(model: TinyModel, prompts: list[list[int]], max_tokens: int, budget: int) -> list[list[int]]:
-    ex = TorchExecutor(model.path, dtype="bfloat16", num_gpu_blocks=256, max_model_len=128, block_size=16)
-    try:
-        return run_engine(
-            model.path,
-            prompts,
-            greedy(max_tokens),
-            executor=ex,
-            max_num_batched_tokens=budget,
-            max_num_seqs=8,
-        ).outputs
-    finally:
-        ex.close()
+    return bfloat16_outputs(
+        model.path, prompts, max_tokens, block_size=16, max_model_len=128, max_num_batched_tokens=budget
+    )
 
 
 def test_a_bfloat16_engine_on_the_kernel_agrees_with_float32_transformers(wide_heads, monkeypatch):

@@ -11,10 +11,10 @@ import sys
 import pytest
 import torch
 
-from llmsched.executor.torch import TorchExecutor, kernels, layers
+from llmsched.executor.torch import kernels, layers
 from llmsched.executor.torch.kernels import rms_norm
 
-from ..conftest import greedy, prompts_of, run_engine
+from ..conftest import bfloat16_outputs, prompts_of
 
 KERNELS = kernels.rms_norm_kernels()
 pytestmark = pytest.mark.skipif(kernels.library() is None, reason="no C compiler here: the PyTorch path runs")
@@ -161,17 +161,10 @@ def test_a_bfloat16_engine_gives_the_same_tokens_with_and_without_it(tiny_models
     model = tiny_models["qwen3"]  # per-head q/k norms too
     prompts = prompts_of([5, 19, 33, 12, 40, 7])
 
-    def run() -> list[list[int]]:
-        ex = TorchExecutor(model.path, dtype="bfloat16", num_gpu_blocks=128, max_model_len=96, block_size=4)
-        try:
-            return run_engine(model.path, prompts, greedy(24), executor=ex, max_model_len=96).outputs
-        finally:
-            ex.close()
-
     calls = []
     norm = kernels.RMSNormKernels.rms_norm
     monkeypatch.setattr(kernels.RMSNormKernels, "rms_norm", lambda *a: calls.append(1) or norm(*a))
-    with_kernel = run()
+    with_kernel = bfloat16_outputs(model.path, prompts, 24)
     assert calls
     monkeypatch.setattr(layers, "rms_norm_kernels", lambda: None)
-    assert run() == with_kernel
+    assert bfloat16_outputs(model.path, prompts, 24) == with_kernel

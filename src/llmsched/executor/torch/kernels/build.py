@@ -23,6 +23,7 @@ from llmsched.executor.torch.embedded import cache_dir
 SOURCES = tuple(
     Path(__file__).with_name(name) for name in ("decode_attention.c", "prefill_attention.c", "rms_norm.c")
 )
+HEADERS = (Path(__file__).with_name("bf16.h"),)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 LIBS = ("-lm",)
 
@@ -54,7 +55,7 @@ def library_path() -> Path:
     except (OSError, subprocess.TimeoutExpired) as e:
         raise KernelBuildError(f"no C compiler ({' '.join(cc)}): {e}") from e
     key = hashlib.sha256()
-    sources = [src.read_bytes() for src in SOURCES]
+    sources = [src.read_bytes() for src in SOURCES + HEADERS]
     for part in (*sources, version.encode(), " ".join(FLAGS + LIBS).encode(), _cpu_signature().encode()):
         key.update(part)
         key.update(b"\0")

@@ -14,27 +14,11 @@
  * the thread count never changes them (each output is summed by one thread).
  * Only the rows of a request's context are read; scores past it are -inf.
  */
-#include <stdint.h>
-#include <string.h>
+#include "bf16.h"
 
-#define INLINE static inline __attribute__((always_inline))
 #define BF16_NEG_INF 0xff80
 #define MAX_GROUP 16
 #define MAX_HEAD_DIM 256
-
-INLINE float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-INLINE uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    return (uint16_t)((u + 0x8000u) >> 16);
-}
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
@@ -114,7 +98,7 @@ INLINE void scores_one(const uint16_t *q, float scale, const uint16_t *keys, int
                        const int bs, uint16_t *out, int64_t W) {
     float w[MAX_GROUP][MAX_HEAD_DIM];
     for (int g = 0; g < group; g++)
-        for (int j = 0; j < d; j++) w[g][j] = bf16_to_f32(f32_to_bf16(bf16_to_f32(q[g * d + j]) * scale));
+        for (int j = 0; j < d; j++) w[g][j] = bf16_to_f32(f32_to_bf16_away(bf16_to_f32(q[g * d + j]) * scale));
     for (int b = 0; b < nb; b++) {
         int64_t visible = len - (int64_t)b * bs;
         if (visible <= 0) {
@@ -138,7 +122,7 @@ INLINE void scores_one(const uint16_t *q, float scale, const uint16_t *keys, int
                 for (int t = 0; t < bs; t++) acc[t] += wj * bf16_to_f32(kb[j * bs + t]);
             }
             uint16_t *o = out + g * W + b * bs;
-            for (int t = 0; t < bs; t++) o[t] = t < visible ? f32_to_bf16(acc[t]) : BF16_NEG_INF;
+            for (int t = 0; t < bs; t++) o[t] = t < visible ? f32_to_bf16_away(acc[t]) : BF16_NEG_INF;
         }
     }
 }
@@ -161,7 +145,7 @@ INLINE void output_one(const uint16_t *p, const uint16_t *values, int64_t num_bl
         }
     }
     for (int g = 0; g < group; g++)
-        for (int j = 0; j < d; j++) o[g * d + j] = f32_to_bf16(acc[g][j]);
+        for (int j = 0; j < d; j++) o[g * d + j] = f32_to_bf16_away(acc[g][j]);
 }
 
 /* The common (head_dim, block_size) pairs get loops of constant length,

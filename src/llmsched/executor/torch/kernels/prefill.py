@@ -20,27 +20,8 @@ class PrefillAttentionKernel:
 
     def __init__(self, lib: ctypes.CDLL, max_head_dim: int) -> None:
         self._attend = lib.llmsched_prefill_attention
-        self._attend.argtypes = [
-            _P,
-            _L,
-            _L,
-            _P,
-            _L,
-            _L,
-            _P,
-            _L,
-            _L,
-            _P,
-            _L,
-            _L,
-            _I,
-            _I,
-            _I,
-            _I,
-            _I,
-            ctypes.c_float,
-            _I,
-        ]
+        # q, k, v and out (each a pointer and two strides), sizes, scale, threads.
+        self._attend.argtypes = [*[_P, _L, _L] * 4, _I, _I, _I, _I, _I, ctypes.c_float, _I]
         self._attend.restype = None
         self.max_head_dim = max_head_dim
 

@@ -9,10 +9,9 @@
  * each computed by one, so the thread count never changes the bits.
  */
 #include <math.h>
-#include <stdint.h>
-#include <string.h>
 
-#define INLINE static inline __attribute__((always_inline))
+#include "bf16.h"
+
 #define ILP 4
 #define LEVELS 4
 #define LEVEL_STEP 16
@@ -22,28 +21,13 @@ typedef float v8f __attribute__((vector_size(32)));
 typedef uint32_t v8u __attribute__((vector_size(32)));
 typedef uint16_t v8h __attribute__((vector_size(16)));
 
-INLINE float bf16_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* Round to nearest even, NaN to 0xffff: PyTorch's float -> bfloat16. */
-INLINE uint16_t f32_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? 0xffffu : rounded);
-}
-
 INLINE v8f load8(const uint16_t *p) {
     v8h h;
     memcpy(&h, p, sizeof h);
     return (v8f)(__builtin_convertvector(h, v8u) << 16);
 }
 
-/* f32_bf16 on eight lanes. */
+/* f32_to_bf16_even on eight lanes. */
 INLINE v8h bf16x8(v8f f) {
     v8u u = (v8u)f;
     v8u rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
@@ -65,7 +49,7 @@ INLINE __m512 load16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
 
-/* f32_bf16 on sixteen lanes, as the low halves of 32-bit lanes. */
+/* f32_to_bf16_even on sixteen lanes, as the low halves of 32-bit lanes. */
 INLINE __m512i bf16x16(__m512 f) {
     __m512i u = _mm512_castps_si512(f);
     __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
@@ -101,8 +85,8 @@ static float sum_squares(const uint16_t *x, int h, int lanes) {
         float a[ILP] = {0};
         int i = 0;
         for (; i + ILP <= h; i += ILP)
-            for (int k = 0; k < ILP; k++) a[k] += bf16_f32(x[i + k]) * bf16_f32(x[i + k]);
-        for (; i < h; i++) a[0] += bf16_f32(x[i]) * bf16_f32(x[i]);
+            for (int k = 0; k < ILP; k++) a[k] += bf16_to_f32(x[i + k]) * bf16_to_f32(x[i + k]);
+        for (; i < h; i++) a[0] += bf16_to_f32(x[i]) * bf16_to_f32(x[i]);
         return ((a[0] + a[1]) + a[2]) + a[3];
     }
     int m = lanes / 8, nvec = h / lanes, groups = nvec / ILP, g = 0;
@@ -129,7 +113,7 @@ static float sum_squares(const uint16_t *x, int h, int lanes) {
     for (int k = 1; k < ILP; k++)
         for (int j = 0; j < m; j++) acc[0][0][j] += acc[0][k][j];
     float total = 0.0f;
-    for (int i = nvec * lanes; i < h; i++) total += bf16_f32(x[i]) * bf16_f32(x[i]);
+    for (int i = nvec * lanes; i < h; i++) total += bf16_to_f32(x[i]) * bf16_to_f32(x[i]);
     for (int j = 0; j < m; j++)
         for (int l = 0; l < 8; l++) total += acc[0][0][j][l];
     return total;
@@ -144,7 +128,7 @@ INLINE void norm_row(const uint16_t *x, const uint16_t *w, int h, float eps, int
     for (; i + 16 <= h; i += 16) store16(out + i, _mm512_mul_ps(round16(_mm512_mul_ps(load16(x + i), vr)), load16(w + i)));
 #endif
     for (; i + 8 <= h; i += 8) store8(out + i, round8(load8(x + i) * r) * load8(w + i));
-    for (; i < h; i++) out[i] = f32_bf16(bf16_f32(f32_bf16(bf16_f32(x[i]) * r)) * bf16_f32(w[i]));
+    for (; i < h; i++) out[i] = f32_to_bf16_even(bf16_to_f32(f32_to_bf16_even(bf16_to_f32(x[i]) * r)) * bf16_to_f32(w[i]));
 }
 
 /* RMSNorm of rows x[a, b, :h] (strides in elements, last dim contiguous) into out[a, b, :h]. */
@@ -169,7 +153,7 @@ void llmsched_add_rms_norm(uint16_t *x, int64_t xs, const uint16_t *d, int64_t d
         for (; i + 16 <= h; i += 16) store16(xr + i, _mm512_add_ps(load16(xr + i), load16(dr + i)));
 #endif
         for (; i + 8 <= h; i += 8) store8(xr + i, load8(xr + i) + load8(dr + i));
-        for (; i < h; i++) xr[i] = f32_bf16(bf16_f32(xr[i]) + bf16_f32(dr[i]));
+        for (; i < h; i++) xr[i] = f32_to_bf16_even(bf16_to_f32(xr[i]) + bf16_to_f32(dr[i]));
         norm_row(xr, w, h, eps, lanes, out + r * os);
     }
 }
