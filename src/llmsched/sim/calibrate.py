@@ -377,9 +377,9 @@ def profile_from_calibration(c: dict, name: str = "cpu") -> HardwareProfile:
     efficiency = None
     if "attention_efficiency" in c:
         efficiency = {"attention": c["attention_efficiency"], "memory": c["memory_efficiency"]}
-        # The executor's prepacked linears reach 0.9-1.0 of the measured
-        # matmul peak here, from 32 rows up, so the GEMM share is measured
-        # too rather than a GPU profile's 0.7 kept.
+        # The GEMM share is measured too (on the executor's own linears,
+        # see calibrate_torch.linear_flops) rather than a GPU profile's 0.7
+        # kept: here it is about 0.9.
         if "gemm_efficiency" in c:
             efficiency["gemm"] = c["gemm_efficiency"]
     unsettled = "" if c.get("settled", True) else " UNSETTLED: " + "; ".join(c.get("problems", []))
