@@ -3,6 +3,9 @@ for a query however its chunk is cut or threaded."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -184,3 +187,24 @@ def test_chunked_prefill_and_prefix_hits_give_the_whole_prompts_tokens(wide_head
     prompts = [shared + tail for tail in prompts_of([3, 21, 9, 30], seed=4)]
     whole = bfloat16_run(wide_heads, prompts, 6, budget=512)
     assert bfloat16_run(wide_heads, prompts, 6, budget=24) == whole
+
+
+def test_no_memory_for_the_packed_keys_is_a_memory_error_not_a_crash():
+    """In a child whose address space is capped: a context too long to repack raises MemoryError."""
+    code = (
+        "import resource, torch\n"
+        "from llmsched.executor.torch import kernels\n"
+        "k = kernels.prefill_attention()\n"
+        "keys = 1 << 22\n"
+        "row = torch.zeros(1, 8, 64, dtype=torch.bfloat16).expand(keys, 8, 64)  # 4 GiB once packed\n"
+        "q = torch.zeros(1, 8, 64, dtype=torch.bfloat16)\n"
+        "used = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (used + (1 << 30), resource.RLIM_INFINITY))\n"
+        "try:\n"
+        "    k.attend(q, row, row, 0.125, torch.empty_like(q))\n"
+        "except MemoryError as e:\n"
+        "    print('raised:', e)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "raised: prefill attention: no memory to repack 4194304 keys" in done.stdout

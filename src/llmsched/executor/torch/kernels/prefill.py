@@ -22,7 +22,7 @@ class PrefillAttentionKernel:
         self._attend = lib.llmsched_prefill_attention
         # q, k, v and out (each a pointer and two strides), sizes, scale, threads.
         self._attend.argtypes = [*[_P, _L, _L] * 4, _I, _I, _I, _I, _I, ctypes.c_float, _I]
-        self._attend.restype = None
+        self._attend.restype = _I
         self.max_head_dim = max_head_dim
 
     def supports(self, dtype: torch.dtype, head_dim: int) -> bool:
@@ -39,11 +39,15 @@ class PrefillAttentionKernel:
         """
         lq, nh, d = q.shape
         lk, kvh, _ = k.shape
-        self._attend(
+        failed = self._attend(
             q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0), k.stride(1),
             v.data_ptr(), v.stride(0), v.stride(1), out.data_ptr(), out.stride(0), out.stride(1),
             lq, lk, nh, kvh, d, scale, torch.get_num_threads(),
         )  # fmt: skip
+        if failed:
+            raise MemoryError(
+                f"prefill attention: no memory to repack {lk} keys and values of {kvh} KV heads"
+            )
 
 
 @functools.cache

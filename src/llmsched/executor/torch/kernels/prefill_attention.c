@@ -228,17 +228,23 @@ static void attend_tile(const uint16_t *q, int64_t q_tok, const uint32_t *kp, co
 }
 #endif
 
-/* out[i, h, :] = softmax(scale * q[i, h] . k[0..off+i, h / group]) . v[...], all bf16.
+/* Returns 0, or -1 when the packed K and V cannot be allocated (nothing is written then).
+ * out[i, h, :] = softmax(scale * q[i, h] . k[0..off+i, h / group]) . v[...], all bf16.
  * Strides are in elements; each row's head_dim values are contiguous.
  * head_dim must be a multiple of 64 and at most MAX_HEAD_DIM. */
-void llmsched_prefill_attention(const uint16_t *q, int64_t q_tok, int64_t q_head, const uint16_t *k, int64_t k_tok,
-                                int64_t k_head, const uint16_t *v, int64_t v_tok, int64_t v_head, uint16_t *out,
-                                int64_t o_tok, int64_t o_head, int lq, int lk, int nh, int kvh, int d, float scale,
-                                int threads) {
+int llmsched_prefill_attention(const uint16_t *q, int64_t q_tok, int64_t q_head, const uint16_t *k, int64_t k_tok,
+                               int64_t k_head, const uint16_t *v, int64_t v_tok, int64_t v_head, uint16_t *out,
+                               int64_t o_tok, int64_t o_head, int lq, int lk, int nh, int kvh, int d, float scale,
+                               int threads) {
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
     int nblk = (lk + 31) / 32 * 2, npairs = nblk * 8, pairs = d / 2, group = nh / kvh;
     uint32_t *kp = aligned_alloc(64, sizeof(uint32_t) * (size_t)kvh * nblk * 16 * pairs);
     uint32_t *vp = aligned_alloc(64, sizeof(uint32_t) * (size_t)kvh * npairs * d);
+    if (kp == NULL || vp == NULL) {
+        free(kp);
+        free(vp);
+        return -1;
+    }
     int off = lk - lq, ntiles = (lq + TILE - 1) / TILE;
 #pragma omp parallel num_threads(threads)
     {
@@ -259,4 +265,5 @@ void llmsched_prefill_attention(const uint16_t *q, int64_t q_tok, int64_t q_head
     free(kp);
     free(vp);
 #endif
+    return 0;
 }
