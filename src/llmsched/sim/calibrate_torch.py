@@ -130,20 +130,29 @@ def linear_flops(rows: int = 512, layers: int = 8, hidden: int = 512, intermedia
     return flops, lambda: [F.linear(inputs[k], w) for k, w in weights]
 
 
-def prefill_attention_flops(tokens: int = 1024, heads: int = 8, head_dim: int = 64) -> Bench:
+def prefill_attention_flops(
+    tokens: int = 1024, heads: int = 8, kv_heads: int = 4, head_dim: int = 64
+) -> Bench:
     """FLOPs of causal attention over one prompt (4 x heads x head_dim per visible pair).
 
     Timed as the torch executor runs bfloat16 prefill: the C kernel where it
-    runs (kernels/prefill_attention.c), else PyTorch's SDPA.
+    runs (kernels/prefill_attention.c), else PyTorch's SDPA; with the
+    attention core of common small models (64-wide heads, two query heads
+    per KV head), whose shared K and V the kernel packs once.
     """
     pairs = tokens * (tokens + 1) / 2
+    flops = 4 * heads * head_dim * pairs
     kernel = prefill_attention()
     if kernel is not None and kernel.supports(_DTYPE, head_dim):
-        q, k, v = (torch.randn(tokens, heads, head_dim).to(_DTYPE) for _ in range(3))
+        q = torch.randn(tokens, heads, head_dim).to(_DTYPE)
+        k, v = (torch.randn(tokens, kv_heads, head_dim).to(_DTYPE) for _ in range(2))
         out = torch.empty_like(q)
-        return 4 * heads * head_dim * pairs, lambda: kernel.attend(q, k, v, head_dim**-0.5, out)
-    q, k, v = (torch.randn(1, heads, tokens, head_dim).to(_DTYPE) for _ in range(3))
-    return 4 * heads * head_dim * pairs, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return flops, lambda: kernel.attend(q, k, v, head_dim**-0.5, out)
+    q = torch.randn(1, heads, tokens, head_dim).to(_DTYPE)
+    k, v = (torch.randn(1, kv_heads, tokens, head_dim).to(_DTYPE) for _ in range(2))
+    return flops, lambda: F.scaled_dot_product_attention(
+        q, k, v, is_causal=True, enable_gqa=heads != kv_heads
+    )
 
 
 def decode_kv_bandwidth(
