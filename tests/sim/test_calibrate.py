@@ -185,19 +185,3 @@ def test_a_calibration_beside_a_cpu_heavy_process_is_flagged_and_not_cached(cach
     assert result["load"]["during"] > limits.max_foreign_share
     assert any(r["foreign_share"] > limits.max_foreign_share for r in result["readings"])
     assert not cache.exists()
-
-
-def test_cpu_profile_takes_the_measured_efficiencies_and_a_gpus_gemm_share_without_one():
-    c = dict(FAKE, attention_efficiency=0.55, memory_efficiency=0.65, gemm_efficiency=0.97)
-    eff = calibrate.profile_from_calibration(c).efficiency
-    assert eff == {"attention": 0.55, "memory": 0.65, "gemm": 0.97}
-    del c["gemm_efficiency"]
-    assert "gemm" not in calibrate.profile_from_calibration(c).efficiency
-
-
-def test_the_torch_microbenchmarks_measure_the_executors_linears():
-    from llmsched.sim import calibrate_torch
-
-    figures, readings = calibrate_torch.measure_torch(calibrate.QUICK_LIMITS, calibrate_torch.QUICK)
-    assert 0.0 < figures["gemm_efficiency"] <= 1.0
-    assert "linear_flops" in [r.name for r in readings]

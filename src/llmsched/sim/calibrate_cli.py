@@ -17,9 +17,9 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPa
         "calibrate",
         help="measure this CPU for the simulator and write a named hardware profile file",
         description="Measure this machine's CPU as the simulator's cost model sees it (bf16 matmul peak, "
-        "copy bandwidth, attention, GEMM and weight-streaming efficiencies, then the torch executor's "
-        "per-step, per-layer and per-request host costs and decode KV read rate) and write a profile file "
-        "that `llmsched simulate --hardware FILE` loads. Every figure is timed until its readings settle and "
+        "copy bandwidth, attention and weight-streaming efficiencies, then the torch executor's per-step, "
+        "per-layer and per-request host costs and decode KV read rate) and write a profile file that "
+        "`llmsched simulate --hardware FILE` loads. Every figure is timed until its readings settle and "
         "agree, each in a window checked for other processes' CPU time; a calibration that does not "
         "settle, or that ran beside a busy process, says why and writes nothing (exit status 1) unless "
         "--keep-unsettled. A settled calibration also replaces the cached `cpu` profile.",

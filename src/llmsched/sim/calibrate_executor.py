@@ -371,11 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         link_bandwidth=figures["mem_bandwidth"] / 2,
         collective_latency_s=0.0,
         cuda_graphs=False,
-        efficiency={
-            "attention": figures["attention_efficiency"],
-            "memory": figures["memory_efficiency"],
-            **({"gemm": figures["gemm_efficiency"]} if "gemm_efficiency" in figures else {}),
-        },
+        efficiency={"attention": figures["attention_efficiency"], "memory": figures["memory_efficiency"]},
     )
     # The matmul peak measured again here, before and after the probe, with
     # the executor's thread and allocator settings: the caller compares it

@@ -39,7 +39,6 @@ import torch
 import torch.nn.functional as F
 
 from llmsched.executor.torch.kernels import prefill_attention
-from llmsched.executor.torch.layers import can_prepack_linears, packed_linear, prepack_linear
 from llmsched.sim.settle import Limits, Reading, measure
 
 _DTYPE = torch.bfloat16
@@ -59,8 +58,6 @@ class Sizes:
     stream_hidden: int = 2048
     stream_width: int = 4096
     attention_tokens: int = 1024
-    linear_rows: int = 512
-    linear_layers: int = 8
     decode_seqs: int = 32
     decode_context: int = 512
 
@@ -72,8 +69,6 @@ QUICK = Sizes(
     stream_hidden=512,
     stream_width=1024,
     attention_tokens=256,
-    linear_rows=64,
-    linear_layers=1,
     decode_seqs=8,
     decode_context=128,
 )
@@ -108,26 +103,6 @@ def weight_stream_bandwidth(rows: int = 4, hidden: int = 2048, width: int = 4096
             F.linear(x, w)
 
     return mats * width * hidden * 2, run
-
-
-def linear_flops(rows: int = 512, layers: int = 8, hidden: int = 512, intermediate: int = 1536) -> Bench:
-    """FLOPs of the bfloat16 linears of ``layers`` decoder layers, as the torch executor runs them.
-
-    Each layer's qkv (GQA group 2), o, gate_up and down of a small Llama,
-    weights prepacked for oneDNN where the executor prepacks them: their
-    output widths differ, and so do their shares of the peak. Eight layers'
-    weights (50 MB) outgrow the caches, as a model's do in a step: repeating
-    one layer's linears measured 1.02-1.03 of the matmul peak here, eight
-    layers' 0.85-0.97, and a real prefill step's about 0.91.
-    """
-    shapes = [(hidden, 2 * hidden), (hidden, hidden), (hidden, 2 * intermediate), (intermediate, hidden)]
-    inputs = {k: torch.randn(rows, k).to(_DTYPE) for k, _ in shapes}
-    weights = [(k, torch.randn(n, k).to(_DTYPE)) for _ in range(layers) for k, n in shapes]
-    flops = layers * sum(2 * rows * k * n for k, n in shapes)
-    if can_prepack_linears(torch.device("cpu"), _DTYPE):
-        packed = [(k, prepack_linear(w)) for k, w in weights]
-        return flops, lambda: [packed_linear(inputs[k], w) for k, w in packed]
-    return flops, lambda: [F.linear(inputs[k], w) for k, w in weights]
 
 
 def prefill_attention_flops(
@@ -260,15 +235,13 @@ def measure_torch(limits: Limits | None = None, sizes: Sizes = FULL) -> tuple[di
         limits,
     )
     attn = measure("prefill_attention_flops", *prefill_attention_flops(sizes.attention_tokens), limits)
-    gemm = measure("linear_flops", *linear_flops(sizes.linear_rows, sizes.linear_layers), limits)
     figures = {
         "peak_flops": peak.value,
         "mem_bandwidth": copy.value,
         "memory_efficiency": min(1.0, stream.value / copy.value),
         "attention_efficiency": min(1.0, attn.value / peak.value),
-        "gemm_efficiency": min(1.0, gemm.value / peak.value),
     }
-    return figures, [peak, copy, stream, attn, gemm]
+    return figures, [peak, copy, stream, attn]
 
 
 def host_figures(limits: Limits | None = None, sizes: Sizes = FULL) -> tuple[dict, list[Reading]]:

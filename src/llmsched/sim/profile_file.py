@@ -25,7 +25,6 @@ FITTED = (
     "mem_bandwidth",
     "memory_efficiency",
     "attention_efficiency",
-    "gemm_efficiency",
     "decode_kv_bandwidth",
     "step_overhead_s",
     "layer_overhead_s",
