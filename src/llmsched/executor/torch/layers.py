@@ -15,15 +15,23 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from llmsched.executor.torch.kernels import rms_norm_kernels
+from llmsched.executor.torch.kernels import RMSNormKernels, rms_norm_kernels
+
+
+def _cpu_norm(x: torch.Tensor, weight: torch.Tensor) -> RMSNormKernels | None:
+    """The C RMSNorm when it takes x and weight, else None."""
+    # Dtype and device first: GPU and float32 rows never load the CPU library.
+    if x.dtype != torch.bfloat16 or x.device.type != "cpu":
+        return None
+    kern = rms_norm_kernels()
+    return kern if kern is not None and kern.takes(x, weight) else None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Normalise the last dim in float32, cast back, then scale (the reference rounding order)."""
-    if x.dtype == torch.bfloat16:
-        kern = rms_norm_kernels()
-        if kern is not None and kern.takes(x, weight):
-            return kern.rms_norm(x, weight, eps)
+    kern = _cpu_norm(x, weight)
+    if kern is not None:
+        return kern.rms_norm(x, weight, eps)
     xf = x.float()
     var = xf.square().mean(-1, keepdim=True)
     var.add_(eps).rsqrt_()
@@ -37,9 +45,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``x += delta`` in place (the residual add), then ``rms_norm(x, weight, eps)``."""
-    if x.dtype == torch.bfloat16 and delta.dtype == x.dtype and delta.stride(-1) == 1 and x.dim() == 2:
-        kern = rms_norm_kernels()
-        if kern is not None and kern.takes(x, weight):
+    # The kernel reads delta row by row: same shape as x, no broadcasting.
+    if x.dim() == 2 and delta.shape == x.shape and delta.dtype == x.dtype and delta.stride(-1) == 1:
+        kern = _cpu_norm(x, weight)
+        if kern is not None:
             return kern.add_rms_norm(x, delta, weight, eps)
     x.add_(delta)
     return rms_norm(x, weight, eps)

@@ -87,6 +87,16 @@ def test_add_rms_norm_adds_in_place_then_normalises_with_the_chains_bits():
     assert torch.equal(x, want_x) and torch.equal(out, want)
 
 
+def test_add_rms_norm_with_a_broadcast_delta_adds_it_to_every_row():
+    """The kernel reads delta row by row, so a [1, h] delta takes the PyTorch path, which broadcasts it."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(9, 64, generator=g).bfloat16()
+    delta, w = torch.randn(1, 64, generator=g).bfloat16(), torch.randn(64, generator=g).bfloat16()
+    want_x = x + delta
+    out = layers.add_rms_norm(x, delta, w, 1e-6)
+    assert torch.equal(x, want_x) and torch.equal(out, torch_chain(want_x, w, 1e-6))
+
+
 def test_a_pytorch_that_sums_in_another_order_gets_no_kernel(caplog):
     """The load-time check: sums one ulp off in any row switch the kernel off, with a warning."""
     lib = kernels.library()
