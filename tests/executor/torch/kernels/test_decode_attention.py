@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
 
 from llmsched.executor.torch import attention, kernels
 from llmsched.executor.torch.attention import DecodeGroup, PagedAttention
-from llmsched.executor.torch.kernels import build
 
 from ..conftest import bfloat16_outputs, prompts_of
 
@@ -111,54 +108,6 @@ def test_bfloat16_engine_outputs_equal_with_and_without_kernels(tiny_models, mon
     with_kernels = bfloat16_outputs(model.path, prompts, 24)
     monkeypatch.setattr(attention, "decode_attention", lambda: None)
     assert bfloat16_outputs(model.path, prompts, 24) == with_kernels
-
-
-def test_switched_off_by_the_environment(monkeypatch):
-    monkeypatch.setenv("LLMSCHED_CPU_KERNELS", "0")
-    kernels.clear_caches()
-    try:
-        assert kernels.decode_attention() is None
-        assert PagedAttention(4, 2, 8, 4, keys_transposed=True).kernels is None
-    finally:
-        kernels.clear_caches()
-
-
-def test_no_compiler_is_reported_and_the_pytorch_path_runs(monkeypatch, tmp_path, caplog):
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    monkeypatch.setenv("LLMSCHED_CACHE_DIR", str(tmp_path))
-    with pytest.raises(build.KernelBuildError, match="no-such-cc"):
-        build.build_library()
-    kernels.clear_caches()
-    try:
-        with caplog.at_level(logging.WARNING):
-            assert kernels.decode_attention() is None
-        assert "no-such-cc" in caplog.text and "PyTorch path" in caplog.text
-    finally:
-        kernels.clear_caches()
-
-
-def test_a_failing_compile_names_the_error(monkeypatch, tmp_path):
-    cc = tmp_path / "cc"
-    cc.write_text(
-        "#!/bin/sh\n[ \"$1\" = --version ] && { echo fake 1.0; exit 0; }\necho 'boom: bad flag' >&2\nexit 3\n"
-    )
-    cc.chmod(0o755)
-    monkeypatch.setenv("CC", str(cc))
-    monkeypatch.setenv("LLMSCHED_CACHE_DIR", str(tmp_path))
-    with pytest.raises(build.KernelBuildError, match="failed \\(3\\): boom: bad flag"):
-        build.build_library()
-    assert not list((tmp_path / "kernels").glob("*.so"))
-
-
-@needs_kernels
-def test_the_library_is_built_once_per_source_compiler_and_cpu(monkeypatch, tmp_path):
-    monkeypatch.setenv("LLMSCHED_CACHE_DIR", str(tmp_path))
-    first = build.build_library()
-    assert first.parent == tmp_path / "kernels" and first.exists()
-    stamp = first.stat().st_mtime_ns
-    assert build.build_library() == first and first.stat().st_mtime_ns == stamp
-    monkeypatch.setattr(build, "_cpu_signature", lambda: "another CPU")
-    assert build.library_path() != first
 
 
 @needs_kernels

@@ -141,16 +141,6 @@ def test_paged_attention_runs_fresh_and_cached_chunks_through_the_kernel(chunks)
         assert torch.equal(out[c.start : c.end], kernel(q[c.start : c.end], ctx_k, ctx_v))
 
 
-def test_switched_off_with_the_other_kernels(monkeypatch):
-    monkeypatch.setenv("LLMSCHED_CPU_KERNELS", "0")
-    kernels.clear_caches()
-    try:
-        assert kernels.prefill_attention() is None
-        assert PagedAttention(4, 2, 64, 16, keys_transposed=True).prefill_kernel is None
-    finally:
-        kernels.clear_caches()
-
-
 @pytest.fixture(scope="module")
 def wide_heads(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
     """A tiny random Qwen3 with 64-wide heads, so that its bfloat16 prefill runs the kernel."""
