@@ -14,6 +14,7 @@ from llmsched.bench.parity import compare, decisions
 from llmsched.bench.replay import replay
 from llmsched.bench.workload import load_workload, parse_workload
 from llmsched.core import Scheduler, SchedulerConfig
+from llmsched.core.decode_cohort import DecodeCohort
 from llmsched.executor.sim.cost_model import ConstantCostModel, CostModel
 from llmsched.executor.sim.hardware import load_hardware
 from llmsched.executor.sim.model_shapes import load_model
@@ -368,3 +369,49 @@ def test_plain_decode_steps_leave_trace_series_and_figures_unchanged(spec, workl
     assert runs[0][0] == runs[1][0]
     assert runs[0][1] == runs[1][1]
     assert runs[0][2] == runs[1][2]
+
+
+@pytest.mark.parametrize(
+    ("spec", "workload", "cohort_share"),
+    [
+        ({}, {"request_rate": 30.0}, 0.9),
+        # Prompts often chunked: fewer steps keep their decodes lazy.
+        ({"max_num_batched_tokens": 2048}, {"request_rate": 40.0, "range_ratio": 0.5}, 0.3),
+        # KV-bound: preemptions, and queues held back by the watermark.
+        (
+            {"num_gpu_blocks": 400, "max_num_seqs": 24, "max_model_len": 2048},
+            {"request_rate": 25.0, "prefix_len": 256, "range_ratio": 0.9},
+            0.25,
+        ),
+        (
+            {"scheduling_policy": "priority", "max_model_len": 1100},
+            {"request_rate": 20.0, "range_ratio": 0.5},
+            0.9,
+        ),
+    ],
+)
+def test_cohort_steps_under_load_leave_every_figure_and_request_unchanged(
+    spec, workload, cohort_share, monkeypatch
+):
+    cohort_steps = []
+    original = DecodeCohort.advance
+    monkeypatch.setattr(DecodeCohort, "advance", lambda c, k: cohort_steps.append(k) or original(c, k))
+    dep = build_deployment(DeploymentSpec(model="llama-3-8b", hardware="h100", **spec))
+    wl = synthetic_workload(
+        300,
+        1000,
+        60,
+        seed=5,
+        **{"num_prefix_groups": 3, **workload} if "prefix_len" in workload else workload,
+    )
+    runs = []
+    for fast in (False, True):
+        res = simulate(dep, wl, fast_forward=fast, record_requests=True)
+        data = res.to_json()
+        data["simulation"].pop("wall_s")
+        data["simulation"].pop("wall_us_per_request")
+        runs.append((data, res.requests))
+    # Steps that admit while others decode went through cohorts too, not only plain runs.
+    assert spec.get("num_gpu_blocks") is None or runs[0][0]["simulation"]["num_preemptions"]
+    assert sum(cohort_steps) > cohort_share * runs[0][0]["simulation"]["num_steps"]
+    assert runs[0] == runs[1]

@@ -11,12 +11,12 @@ preempt. In its default configuration every decision equals vLLM V1's.
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections.abc import Callable, Iterable
 
 from llmsched.core.config import SchedulerConfig
 from llmsched.core.connector import KVConnector
+from llmsched.core.decode_cohort import DecodeCohort
 from llmsched.core.encoder_inputs import EncoderScheduler
 from llmsched.core.errors import RequestRejected
 from llmsched.core.kv.hybrid import HybridKVCacheManager
@@ -511,15 +511,10 @@ class Scheduler:
         """
         running = self.running
         if (
-            self._async
-            or self.connector is not None
-            or self._has_drafts
-            or self._lookahead
-            or self._trace_enabled
+            not self._steps_may_be_plain()
             or (self._finished_ids and not finished_ids_unread)
             or len(self.waiting)
             or len(self.holding)
-            or self._hybrid
             or not running
             or len(running) > self._max_tokens_budget
         ):
@@ -560,36 +555,163 @@ class Scheduler:
         sampled token. Returns the requests the last step finished, in
         running order (only a run ``through_finish`` ends finishing any).
         """
+        cohort = DecodeCohort(self.kv, token_id)
+        for r in self.running:
+            cohort.join(r)
+        finished = self.advance_cohort(cohort, num_steps)
+        cohort.flush()
+        return finished
+
+    # ---- decode cohorts: plain decodes kept lazily across admitting steps --------
+
+    def _steps_may_be_plain(self) -> bool:
+        """False where a step always does more than schedule what it is asked (see ``plain_decode_steps``)."""
+        return not (
+            self._async
+            or self.connector is not None
+            or self._has_drafts
+            or self._lookahead
+            or self._trace_enabled
+            or self._hybrid
+        )
+
+    def start_cohort(self, token_id: int) -> DecodeCohort | None:
+        """A DecodeCohort of every running request, if ``cohort_step`` can serve the coming steps.
+
+        Besides what plain steps need, admissions must be the plain FCFS
+        kind (no policy that preempts, declines or reorders, no gate, no
+        cadence, no LoRA slots, no encoder inputs), so that a step's decodes
+        stay one token each whatever is admitted behind them. None when any
+        running request is not a plain decode (or could stop on ``token_id``,
+        or is a session).
+        """
+        if (
+            not self._steps_may_be_plain()
+            or self.policy.decides_admission
+            or self.admission_gate is not None
+            or self._prefill_interval > 1
+            or self._max_loras is not None
+            or self._enc is not None
+            or self._mamba_align
+            or self._debug
+            or self._declined
+            or len(self.holding)
+            or len(self.running) > self._max_tokens_budget
+        ):
+            return None
+        for r in self.running:
+            if (
+                r.is_prefill_chunk
+                or r.num_tokens != r.num_computed_tokens + 1
+                or token_id in r.stop_ids
+                or r.resumable
+            ):
+                return None
+        cohort = DecodeCohort(self.kv, token_id)
+        for r in self.running:
+            cohort.join(r)
+        return cohort
+
+    def cohort_plain_steps(self, cohort: DecodeCohort, limit: int) -> int:
+        """How many of the next steps (at most ``limit``) are plain decodes of ``cohort``.
+
+        ``plain_decode_steps`` for a cohort, without a pass over it: every
+        running request must be a member and nothing may wait. The steps run
+        through the one that finishes the next member. A member's table
+        covers its computed tokens, so k more tokens need at most
+        k // block_size + 1 new blocks: while the free blocks cover that for
+        every member, no allocation can fail and nobody is preempted.
+        """
+        d = len(self.running)
+        if not d or d != len(cohort) or len(self.waiting) or len(self.holding):
+            return 0
         kv = self.kv
-        running = self.running
-        base = [r.num_computed_tokens for r in running]
-        # Only allocation events touch shared state (the pool, the cache), so
-        # they alone run in step order, and in running order within a step:
-        # (step index, running index) on a heap. A request's own counts and
-        # tokens are caught up lazily, just before its event and at the end.
-        events = [(kv.next_decode_event(r) - base[i] - 1, i) for i, r in enumerate(running)]
-        heapq.heapify(events)
-        while events and events[0][0] < num_steps:
-            j, i = heapq.heappop(events)
-            r = running[i]
-            _catch_up(r, base[i] + j, token_id)
-            kv.allocate_slots(r, 1)
-            heapq.heappush(events, (kv.next_decode_event(r) - base[i] - 1, i))
-        for i, r in enumerate(running):
-            _catch_up(r, base[i] + num_steps, token_id)
+        k = min(
+            limit, int(cohort.next_finish()) - cohort.steps + 1, (kv.num_free_blocks // d) * kv.block_size - 1
+        )
+        return k if k > 0 else 0
+
+    def advance_cohort(self, cohort: DecodeCohort, num_steps: int) -> list[Request]:
+        """Apply ``num_steps`` plain decode steps (see ``cohort_plain_steps``) to ``cohort``.
+
+        Returns the requests the last step finished, freed.
+        """
+        finished = cohort.advance(num_steps)
         # The first step's finished_req_ids (see plain_decode_steps).
         self._finished_ids = []
         self._step += num_steps
         self._num_executed_steps += num_steps
         # What an admitting step with an empty queue sets.
         self._prefill_capacity_bound = False
-        finished = [r for r in running if r.num_tokens >= r.stop_length]
         if finished:
             # update_from_output's stop check and removal, in its order.
             for r in finished:
-                check_stop(r, token_id)
+                check_stop(r, cohort.token_id)
             self._remove_stopped(finished, set())
         return finished
+
+    def cohort_schedule(self, cohort: DecodeCohort) -> tuple[SchedulerOutput, list[Request]] | None:
+        """schedule() for a step in which ``cohort`` (all that runs) decodes and the queue is admitted.
+
+        The decodes run first, as schedule()'s running phase would give them
+        one token each; admissions are schedule()'s own, with the budget the
+        decodes leave. The output lists the admitted requests only (the
+        executor adds the members). Returns it and the members this step
+        finishes (their token appended), for ``cohort_update``; None when the
+        step may be anything else (the caller then flushes the cohort).
+        """
+        running = self.running
+        d = len(running)
+        if (
+            d != len(cohort)
+            or len(self.holding)
+            or d > self._max_tokens_budget
+            # One new block per member at most (see cohort_plain_steps).
+            or d > self.kv.num_free_blocks
+        ):
+            return None
+        out = SchedulerOutput(self._step)
+        self._step += 1
+        out.finished_req_ids, self._finished_ids = self._finished_ids, []
+        finishing = cohort.advance(1)
+        num_waiting = len(self.waiting)
+        threshold = self._threshold if d + num_waiting > 1 else 0
+        budget = self._max_tokens_budget - d
+        if num_waiting:
+            budget = self._admit(out, budget, threshold, False, None)[0]
+        self._prefill_capacity_bound = self.num_waiting > len(self._set_aside)
+        out.total_num_scheduled_tokens = total = self._max_tokens_budget - budget
+        if total:
+            self._num_executed_steps += 1
+        return out, finishing
+
+    def cohort_update(
+        self, cohort: DecodeCohort, out: SchedulerOutput, finishing: list[Request]
+    ) -> tuple[list[Request], list[Request]]:
+        """update_from_output() for a ``cohort_schedule`` step, every sampler given the cohort's token.
+
+        Admitted requests that sampled a token and decode plainly from now
+        on join the cohort. Returns the admitted requests that sampled, and
+        every request the step finished, in update order (members first).
+        """
+        token = cohort.token_id
+        finished = finishing
+        for r in finished:
+            check_stop(r, token)
+        samplers = []
+        for req in out.scheduled:
+            if req.num_computed_tokens < req.num_tokens:
+                continue  # a partial prefill chunk
+            samplers.append(req)
+            req.token_ids.append(token)
+            req.num_tokens += 1
+            if (req.num_tokens >= req.stop_length or token in req.stop_ids) and check_stop(req, token):
+                finished.append(req)
+            elif not req.resumable and token not in req.stop_ids:
+                cohort.join(req)
+        if finished:
+            self._remove_stopped(finished, set())
+        return samplers, finished
 
     def _mark_in_flight(self, out: SchedulerOutput) -> None:
         """Async mode: count the batch in flight and give each sampling request its placeholders."""
@@ -1204,12 +1326,3 @@ class Scheduler:
             self.kv.check_invariants(self._remote.detached_tables())
         else:
             self.kv.check_invariants()
-
-
-def _catch_up(r: Request, computed: int, token_id: int) -> None:
-    """Bring a plainly decoding request to ``computed`` computed tokens, one sampled token ahead."""
-    more = computed - r.num_computed_tokens
-    if more > 0:
-        r.num_computed_tokens = computed
-        r.token_ids.extend([token_id] * more)
-        r.num_tokens = computed + 1

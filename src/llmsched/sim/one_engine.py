@@ -12,6 +12,9 @@ them for an async workload.
 Sync steps in which every running request decodes one token and nothing
 else can happen are applied without building their batches (see
 ``Scheduler.plain_decode_steps``): the same steps, trace and figures.
+Without a trace or series, plainly decoding requests are moreover kept as
+a ``DecodeCohort`` across steps that admit others, so such steps cost
+their admissions and block events, not a pass over the batch.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import IO
 
 from llmsched.bench.replay import step_record
 from llmsched.core.config import SchedulerConfig
+from llmsched.core.decode_cohort import DecodeCohort
 from llmsched.core.errors import RequestRejected
 from llmsched.core.scheduler import Scheduler
 from llmsched.engine.engine_core import EngineCore
@@ -76,6 +80,10 @@ class OneEngine:
         # For the trace and series: (loop turn, requests added, requests held
         # back) when each step not yet applied was scheduled, by its step number.
         self.keep = tally.trace_out is not None or tally.series is not None
+        # Plain decodes kept lazily across admitting steps (see _cohort_steps);
+        # a trace or series needs every step's running requests, so not then.
+        self.cohort: DecodeCohort | None = None
+        self.use_cohort = self.plain and not self.keep
         self.scheduled_at: dict[int, tuple[int, list | None, int, int]] = {}
         self.turns = 0
         self.prev_end = -1.0
@@ -121,7 +129,10 @@ class OneEngine:
         self.ex.advance_to(t)
 
     def step(self, now: float, added: list | None) -> None:
-        """One EngineCore.step() (or a run of plain decode steps); record the step it applied."""
+        """One EngineCore.step(), or cohort steps, or plain decode steps; record what was applied."""
+        if self.use_cohort and self._cohort_steps():
+            return
+        self.stop_cohort()
         if self.plain and self._plain_decodes():
             return
         engine = self.engine
@@ -268,8 +279,119 @@ class OneEngine:
             tally.max_running = d
         return n
 
+    def _cohort_steps(self) -> int:
+        """Run the next step, or plain run, with the running requests kept as a DecodeCohort; how many ran.
+
+        While every running request decodes plainly, a step costs only its
+        admissions, finishes and block events, not a pass over the batch
+        (see ``Scheduler.cohort_schedule``); with nothing waiting, the steps
+        up to the next finish or arrival run at once. 0 when the step may be
+        anything else: the caller then catches the cohort up and builds it.
+        """
+        cohort = self.cohort
+        if cohort is None:
+            cohort = self._start_cohort()
+            if cohort is None:
+                return 0
+        if len(self.sched.waiting) or not len(cohort):
+            return self._cohort_admitting_step(cohort)
+        return self._cohort_plain_run(cohort)
+
+    def _start_cohort(self) -> DecodeCohort | None:
+        """A cohort of the running requests, if all sampled at the last step and decode plainly."""
+        ex = self.ex
+        if ex.spec is not None or ex.prices_lora or ex.vision is not None:
+            return None
+        prev_end = self.prev_end
+        for r in self.sched.running:
+            if r.last_token_time != prev_end:
+                return None
+        self.cohort = self.sched.start_cohort(ex.sample_token_id)
+        return self.cohort
+
+    def stop_cohort(self) -> None:
+        """Catch the cohort's requests up (each sampled at the last step's end) and drop it."""
+        if self.cohort is not None:
+            for r in self.cohort.flush():
+                r.last_token_time = self.prev_end
+            self.cohort = None
+
+    def _cohort_plain_run(self, cohort: DecodeCohort) -> int:
+        """Plain decode steps until an arrival is due or a member finishes, counted as ``_plain_decodes``."""
+        sched, ex, tally = self.sched, self.ex, self.tally
+        d = len(cohort)
+        limit = self.max_steps - self.turns if self.max_steps is not None else _PLAIN_RUN
+        k = sched.cohort_plain_steps(cohort, limit)
+        if not k:
+            return 0
+        run = ex.run_decodes(sched.next_step, d, cohort.context(), k, self.arrivals.next_due_time())
+        n = len(run)
+        if not n:
+            return 0
+        self.prev_end = end = tally.metrics.add_steps(run.ends, self.prev_end, d)
+        self.costs.add_serial(run.hosts, run.models)
+        for r in sched.advance_cohort(cohort, n):
+            r.last_token_time = end
+            tally.finished(r, end)
+        self.turns += n
+        tally.num_steps += n
+        tally.num_busy += n
+        if d > tally.max_running:
+            tally.max_running = d
+        return n
+
+    def _cohort_admitting_step(self, cohort: DecodeCohort) -> int:
+        """One step: the cohort decodes, the queue is admitted; counted as ``step()`` counts a built one."""
+        sched, tally = self.sched, self.tally
+        if self.max_steps is not None and self.turns >= self.max_steps:
+            return 0
+        d = len(cohort)
+        context = cohort.context()
+        got = sched.cohort_schedule(cohort)
+        if got is None:
+            return 0
+        out, finishing = got
+        num_running = len(sched.running)
+        timing = self.ex.execute_with_decodes(out, d, context + d)
+        end = timing.end
+        if timing.batch.num_tokens:
+            self.costs.add(timing)
+        samplers, finished = sched.cohort_update(cohort, out, finishing)
+        self._count_cohort_tokens(d, samplers, end)
+        for r in finished:
+            r.last_token_time = end
+            tally.finished(r, end)
+        self.turns += 1
+        tally.num_steps += 1
+        if out.total_num_scheduled_tokens:
+            tally.num_busy += 1
+        if num_running > tally.max_running:
+            tally.max_running = num_running
+        return 1
+
+    def _count_cohort_tokens(self, num_members: int, samplers: list, end: float) -> None:
+        """``_count_tokens`` for a cohort step: its members (all sampled last step), then ``samplers``."""
+        metrics = self.tally.metrics
+        prev_end = self.prev_end
+        self.prev_end = end
+        if num_members or samplers:
+            metrics.add_tokens_at(end, num_members + len(samplers))
+        same = num_members
+        for r in samplers:
+            last = r.last_token_time
+            if last < 0.0:
+                r.first_token_time = end
+            elif last == prev_end:
+                same += 1
+            else:
+                metrics.add_itl(end - last)
+            r.last_token_time = end
+        if same:
+            metrics.add_itl(end - prev_end, same)
+
     def result_fields(self) -> dict:
         """SimResult's fields that come from the engine."""
+        self.stop_cohort()
         sched = self.sched
         return {
             "num_preemptions": sched.num_preemptions,

@@ -141,6 +141,34 @@ class SimExecutor:
         """Price the batch, advance the clock, sample one token per completed request."""
         if self.spec is not None:
             return execute_speculative(self, scheduler_output)
+        batch, sampled, samplers = self._shape(scheduler_output)
+        self._price(scheduler_output, batch)
+        self.last_sampled = samplers
+        return ModelRunnerOutput(sampled_token_ids=sampled)
+
+    def execute_with_decodes(
+        self, scheduler_output: SchedulerOutput, num_decodes: int, decode_context: int
+    ) -> StepTiming:
+        """Clock the batch plus ``num_decodes`` one-token decodes it does not list; its timing.
+
+        Sync scheduling only, without speculative decoding. For steps whose
+        decodes the caller does not build (the simulator's cohort steps):
+        ``decode_context`` is their summed computed counts after scheduling,
+        as ``execute()`` sums them; each samples a token, as do the listed
+        requests that complete. ``last_sampled`` is left empty.
+        """
+        if self.async_scheduling or self.spec is not None or self.prices_lora:
+            raise ValueError("execute_with_decodes() clocks sync steps without drafts or LoRA pricing only")
+        batch = self._shape(scheduler_output)[0]
+        batch.num_tokens += num_decodes
+        batch.num_sampled += num_decodes
+        batch.num_decodes += num_decodes
+        batch.decode_context += decode_context
+        self.last_sampled = []
+        return self._price(scheduler_output, batch)
+
+    def _shape(self, so: SchedulerOutput) -> tuple[BatchShape, list[tuple[int, ...]], list[Request]]:
+        """The batch's shape, each listed request's sampled tokens, and the requests that sample."""
         token = self._token
         sampled: list[tuple[int, ...]] = []
         samplers: list[Request] = []
@@ -150,7 +178,7 @@ class SimExecutor:
         # would run, and vLLM never recomputes a withdrawn chunk's blocks (it
         # reads them as cached). The extra tokens are this project's torch
         # executor's repair, and rare.
-        for req, n in zip(scheduler_output.scheduled, scheduler_output.num_scheduled_tokens):
+        for req, n in zip(so.scheduled, so.num_scheduled_tokens):
             end = req.num_computed_tokens
             num_tokens += n
             if n == 1:
@@ -178,15 +206,17 @@ class SimExecutor:
             num_prefills,
         )
         if self.prices_lora:
-            _count_lora(batch, scheduler_output)
+            _count_lora(batch, so)
+        return batch, sampled, samplers
+
+    def _price(self, so: SchedulerOutput, batch: BatchShape) -> StepTiming:
+        """Clock ``so``'s step as ``batch``, its images encoded on the device first."""
         extra = 0.0
-        enc = scheduler_output.encoder_inputs
+        enc = so.encoder_inputs
         if enc and self.vision is not None:
             extra = self.vision.seconds(sum(len(v) for v in enc.values()))
             self.vision_seconds += extra
-        self._run(scheduler_output.step, batch, extra)
-        self.last_sampled = samplers
-        return ModelRunnerOutput(sampled_token_ids=sampled)
+        return self._run(so.step, batch, extra)
 
     def run_decodes(
         self, first_step: int, num_decodes: int, decode_context: int, num_steps: int, until: float

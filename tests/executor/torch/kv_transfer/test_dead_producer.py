@@ -54,7 +54,11 @@ def test_a_producer_killed_between_handshake_and_read_fails_the_load_within_seco
     ours, theirs = ctx.Pipe()
     proc = ctx.Process(target=_producer, args=(theirs,), daemon=True)
     proc.start()
+    # Our copy of the child's end closed, a producer that dies before sending
+    # ends the wait with EOFError instead of leaving it blocked forever.
+    theirs.close()
     try:
+        assert ours.poll(60), f"the producer sent nothing in 60 s (exit code {proc.exitcode})"
         params = ours.recv()
         cfg = {"kv_connector": "MooncakeConnector", "kv_role": "kv_consumer"}
         cc = MooncakeConnector(
