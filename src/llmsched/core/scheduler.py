@@ -85,6 +85,10 @@ class Scheduler:
         self.admission_gate: AdmissionGate | None = None
         # The clock that requests' arrival times read (the simulator sets its own).
         self.clock: Callable[[], float] = time.monotonic
+        # False for an executor that never reads block ids (the simulator's):
+        # an admission's block ids (SchedulerOutput.admitted_block_ids) are
+        # then left empty rather than listed, 64 of them for a 1024-token prompt.
+        self.list_block_ids = True
         # Waiting requests the policy declined this step: reported finished by the next update.
         self._declined: list[Request] = []
         self.num_preemptions = 0
@@ -1037,7 +1041,7 @@ class Scheduler:
         out.scheduled.append(req)
         out.num_scheduled_tokens.append(n)
         out.admitted.append(req)
-        out.admitted_block_ids.append([b.block_id for b in blocks])
+        out.admitted_block_ids.append([b.block_id for b in blocks] if self.list_block_ids else [])
         out.admitted_num_cached_tokens.append(computed)
         out.admitted_resumed.append(req.num_preemptions > 0)
         if kv.pool.unwritten and hit > 0:

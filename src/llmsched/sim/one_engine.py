@@ -62,6 +62,8 @@ class OneEngine:
             # them (core.kv.deferred): the same decisions, a fraction of the
             # per-prompt hashing and map work.
             self.sched.kv.lazy_registration = True
+        # The simulated executor reads no block ids.
+        self.sched.list_block_ids = False
         # Policies that read the time (slo) read the virtual clock arrivals use.
         self.sched.clock = self.clock
         if tally.explain:

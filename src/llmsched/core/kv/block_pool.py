@@ -155,14 +155,24 @@ class BlockPool:
 
     def defer(self, request: Request, blocks: list[KVBlock], start: int, end: int, root: bytes) -> None:
         """Register ``blocks[start:end]`` of ``request``'s table lazily under root hash ``root``."""
-        seg = Deferred(request, blocks, start, end, root)
+        segs = self.deferred.get(root)
+        last = segs[-1] if segs else None
+        if last is not None and last.blocks is blocks and last.end == start:
+            # The table's previous registration, the latest under this root,
+            # ends where this one starts: one record covers both, in the same
+            # registration order (a decoding request registers a block every
+            # block_size tokens).
+            seg = last
+            seg.end = end
+            seg.live += end - start
+        else:
+            seg = Deferred(request, blocks, start, end, root)
+            if segs is None:
+                self.deferred[root] = [seg]
+            else:
+                segs.append(seg)
         for i in range(start, end):
             blocks[i].block_hash = seg  # type: ignore[assignment]
-        segs = self.deferred.get(root)
-        if segs is None:
-            self.deferred[root] = [seg]
-        else:
-            segs.append(seg)
 
     def take_deferred(self, root: bytes) -> list[Deferred]:
         """The registrations held back under ``root``, in order, forgotten (the caller registers them)."""

@@ -184,15 +184,16 @@ class KVCacheManager:
         bs = self.block_size
         num_hit = len(hit_blocks)
         pool = self.pool
+        num_slots = min(num_hit * bs + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        num_more = cdiv(num_slots, bs) - num_hit
         if num_hit:
             pool.touch(hit_blocks)
             blocks = list(hit_blocks)
+            if num_more > 0:
+                blocks.extend(pool.get_new_blocks(num_more))
         else:
-            blocks = []
-        num_slots = min(num_hit * bs + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        num_more = cdiv(num_slots, bs) - num_hit
-        if num_more > 0:
-            blocks.extend(pool.get_new_blocks(num_more))
+            # get_new_blocks hands over a list of its own: it becomes the table.
+            blocks = pool.get_new_blocks(num_more) if num_more > 0 else []
         table = BlockTable(blocks, num_hit)
         self._tables[request.request_id] = table
         if self.enable_caching and not delay_caching:
