@@ -8,7 +8,8 @@ reports wall time, this process's CPU time (less sensitive to a busy shared
 machine), microseconds per request, peak RSS, and the split between the
 scheduler (schedule() + update_from_output() of the steps built), the
 SimExecutor (cost model included), and the rest of the simulation loop
-(arrivals, request creation, metrics, plain decode steps).
+(arrivals, request creation, metrics, and the steps applied without being
+built: plain decode runs and decode-cohort steps, scheduler work included).
 
 Baseline in the same run: the first rate is also simulated step by step
 (``fast_forward=False``: every step's batch built and priced), which gives

@@ -325,6 +325,14 @@ def _without_wall_times(text: str) -> list[dict]:
     return out
 
 
+def _llama_run(spec: dict, workload: dict, n: int, seed: int, num_prefix_groups: int) -> tuple:
+    """llama-3-8b on an H100 (``spec`` overrides) and ``n`` requests of about 1000/60 tokens."""
+    dep = build_deployment(DeploymentSpec(model="llama-3-8b", hardware="h100", **spec))
+    if "prefix_len" in workload:
+        workload = {"num_prefix_groups": num_prefix_groups, **workload}
+    return dep, synthetic_workload(n, 1000, 60, seed=seed, **workload)
+
+
 @pytest.mark.parametrize(
     ("spec", "workload", "kwargs"),
     [
@@ -342,14 +350,7 @@ def test_plain_decode_steps_leave_trace_series_and_figures_unchanged(spec, workl
     monkeypatch.setattr(
         Scheduler, "advance_decode_steps", lambda s, k, t: applied.append(k) or advance(s, k, t)
     )
-    dep = build_deployment(DeploymentSpec(model="llama-3-8b", hardware="h100", **spec))
-    wl = synthetic_workload(
-        150,
-        1000,
-        60,
-        seed=3,
-        **{"num_prefix_groups": 2, **workload} if "prefix_len" in workload else workload,
-    )
+    dep, wl = _llama_run(spec, workload, 150, seed=3, num_prefix_groups=2)
     runs = []
     for fast in (False, True):
         buf = io.StringIO()
@@ -396,14 +397,7 @@ def test_cohort_steps_under_load_leave_every_figure_and_request_unchanged(
     cohort_steps = []
     original = DecodeCohort.advance
     monkeypatch.setattr(DecodeCohort, "advance", lambda c, k: cohort_steps.append(k) or original(c, k))
-    dep = build_deployment(DeploymentSpec(model="llama-3-8b", hardware="h100", **spec))
-    wl = synthetic_workload(
-        300,
-        1000,
-        60,
-        seed=5,
-        **{"num_prefix_groups": 3, **workload} if "prefix_len" in workload else workload,
-    )
+    dep, wl = _llama_run(spec, workload, 300, seed=5, num_prefix_groups=3)
     runs = []
     for fast in (False, True):
         res = simulate(dep, wl, fast_forward=fast, record_requests=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from typing import IO
 
 from llmsched.bench.replay import step_record
@@ -33,6 +34,7 @@ from llmsched.engine.spec_stats import SpecDecodingStats
 from llmsched.executor.sim.cost_model import BatchShape, StepCostModel
 from llmsched.executor.sim.executor import SimExecutor, StepTiming
 from llmsched.sim.loop import Arrivals, Tally
+from llmsched.sim.requests import SimRequest
 from llmsched.sim.results import StepCosts, StepSeries
 
 # A step that ran nothing: no time of its own.
@@ -193,16 +195,19 @@ class OneEngine:
                     rec["in_frontend"] = in_frontend
                 write_step(tally.trace_out, rec, t, end)
 
-    def _count_tokens(self, samplers: list, end: float, accepted: int = 0) -> None:
-        """Count the tokens of the requests a step gave one (plus ``accepted`` drafts kept)."""
+    def _count_tokens(self, samplers: list, end: float, accepted: int = 0, members: int = 0) -> None:
+        """Count the tokens of the requests a step gave one (plus ``accepted`` drafts kept).
+
+        ``members``: a cohort step's members, who sampled too, each last at the step before.
+        """
         prev_end = self.prev_end
         self.prev_end = end
-        if not samplers:
+        if not samplers and not members:
             return
         metrics = self.tally.metrics
-        metrics.add_tokens_at(end, len(samplers) + accepted)
+        metrics.add_tokens_at(end, members + len(samplers) + accepted)
         add_itl = metrics.add_itl
-        same = 0
+        same = members
         for r in samplers:
             last = r.last_token_time
             if last < 0.0:
@@ -269,16 +274,7 @@ class OneEngine:
                 _record_plain(sched, t, run.ends[j], tally, self.turns + j, ns, in_frontend)
         for r in running:
             r.last_token_time = prev_end
-        if finished:
-            # As step() counts a step's finished requests (running may have lost them already).
-            for r in finished:
-                r.last_token_time = prev_end
-                tally.finished(r, prev_end)
-        self.turns += n
-        tally.num_steps += n
-        tally.num_busy += n
-        if d > tally.max_running:
-            tally.max_running = d
+        self._count_plain_run(n, d, finished or (), prev_end)
         return n
 
     def _cohort_steps(self) -> int:
@@ -332,7 +328,14 @@ class OneEngine:
             return 0
         self.prev_end = end = tally.metrics.add_steps(run.ends, self.prev_end, d)
         self.costs.add_serial(run.hosts, run.models)
-        for r in sched.advance_cohort(cohort, n):
+        self._count_plain_run(n, d, sched.advance_cohort(cohort, n), end)
+        return n
+
+    def _count_plain_run(self, n: int, d: int, finished: Iterable[SimRequest], end: float) -> None:
+        """Count ``n`` plain steps of ``d`` decodes, the last ending at ``end`` and finishing ``finished``."""
+        tally = self.tally
+        for r in finished:
+            # As step() counts a step's finished requests (running may have lost them already).
             r.last_token_time = end
             tally.finished(r, end)
         self.turns += n
@@ -340,7 +343,6 @@ class OneEngine:
         tally.num_busy += n
         if d > tally.max_running:
             tally.max_running = d
-        return n
 
     def _cohort_admitting_step(self, cohort: DecodeCohort) -> int:
         """One step: the cohort decodes, the queue is admitted; counted as ``step()`` counts a built one."""
@@ -359,7 +361,7 @@ class OneEngine:
         if timing.batch.num_tokens:
             self.costs.add(timing)
         samplers, finished = sched.cohort_update(cohort, out, finishing)
-        self._count_cohort_tokens(d, samplers, end)
+        self._count_tokens(samplers, end, members=d)
         for r in finished:
             r.last_token_time = end
             tally.finished(r, end)
@@ -370,26 +372,6 @@ class OneEngine:
         if num_running > tally.max_running:
             tally.max_running = num_running
         return 1
-
-    def _count_cohort_tokens(self, num_members: int, samplers: list, end: float) -> None:
-        """``_count_tokens`` for a cohort step: its members (all sampled last step), then ``samplers``."""
-        metrics = self.tally.metrics
-        prev_end = self.prev_end
-        self.prev_end = end
-        if num_members or samplers:
-            metrics.add_tokens_at(end, num_members + len(samplers))
-        same = num_members
-        for r in samplers:
-            last = r.last_token_time
-            if last < 0.0:
-                r.first_token_time = end
-            elif last == prev_end:
-                same += 1
-            else:
-                metrics.add_itl(end - last)
-            r.last_token_time = end
-        if same:
-            metrics.add_itl(end - prev_end, same)
 
     def result_fields(self) -> dict:
         """SimResult's fields that come from the engine."""
