@@ -11,7 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmsched.core.kv.block import KVBlock
+from llmsched.core.kv.deferred import Deferred
 from llmsched.core.kv.free_queue import FreeBlockQueue
+from llmsched.core.request import Request
 
 
 def make_blocks(n: int) -> list[KVBlock]:
@@ -244,10 +246,11 @@ def test_take_n_gives_first_references_and_takes_the_hashes_off() -> None:
     blocks[1].block_hash = b"h1"
     blocks[3].block_hash = b"h3"
     blocks[5].block_hash = b"h5"
-    taken, hashed, hashes = q.take_n(4)
+    taken, hashed, hashes, gone = q.take_n(4)
     assert taken == blocks[:4]
     assert hashed == [blocks[1], blocks[3]]
     assert hashes == [b"h1", b"h3"]
+    assert gone == []
     assert [b.block_hash for b in taken] == [None] * 4
     assert blocks[5].block_hash == b"h5"  # still queued: untouched
     assert [b.ref_cnt for b in taken] == [1, 1, 1, 1]
@@ -257,9 +260,30 @@ def test_take_n_gives_first_references_and_takes_the_hashes_off() -> None:
         q.take_n(3)
 
 
+def test_take_n_drops_lazy_registration_marks_when_asked() -> None:
+    q, blocks = make_queue(6)
+    table = blocks[:]
+    seg = Deferred(Request("r", [1] * 80), table, 1, 5, b"root")
+    seg_tail = Deferred(Request("s", [1] * 80), table, 5, 6, b"root")
+    for b in blocks[1:5]:
+        b.block_hash = seg
+    blocks[5].block_hash = seg_tail
+    blocks[0].block_hash = b"root"
+    # Without drop_marks the marks are listed with the hashes, for the caller.
+    kept = q.take_n(2)
+    assert kept[2] == [b"root", seg] and kept[3] == []
+    seg.live -= 1  # what the caller's _drop_marks does for the listed mark
+    taken, hashed, hashes, gone = q.take_n(4, drop_marks=True)
+    assert taken == blocks[2:6] and hashed == [] and hashes == []
+    # seg lost its last three marks here (one went above), seg_tail its only one.
+    assert gone == [seg, seg_tail] and seg.live == 0 and seg_tail.live == 0
+    assert [b.block_hash for b in taken] == [None] * 4
+    assert_links_consistent(q)
+
+
 def test_release_n_links_unreferenced_hashed_blocks_at_the_tail_in_order() -> None:
     q, _ = make_queue(8)
-    taken, _, _ = q.take_n(5)
+    taken = q.take_n(5)[0]
     for b in taken[:4]:
         b.block_hash = f"h{b.block_id}".encode()
     taken[1].ref_cnt = 2  # shared with another request: stays out of the queue

@@ -93,7 +93,11 @@ class BlockPool:
             return [block]
         # A 1024-token prompt takes 64 blocks, nearly all still carrying an
         # earlier request's hash: those are dropped from the map together.
-        blocks, hashed, hashes = self.free_queue.take_n(n)
+        # Marks of lazy registrations are dropped in the walk, unless a marked
+        # block may also be unwritten (then _drop_marks clears that too).
+        blocks, hashed, hashes, gone = self.free_queue.take_n(n, drop_marks=not self.unwritten)
+        for seg in gone:
+            self._forget(seg)
         if hashed:
             self._uncache_all(hashed, hashes)
         if self.residency is not None:
@@ -104,7 +108,8 @@ class BlockPool:
     def _uncache_all(self, blocks: list[KVBlock], hashes: list[bytes]) -> None:
         """``_uncache`` each of ``blocks``, in order; ``take_n`` already took their ``hashes`` off them."""
         # Batched only where it pays: a decode step takes one block at a time.
-        if self.deferred:
+        if self.deferred and self.unwritten:
+            # take_n listed the marks instead of dropping them (see get_new_blocks).
             blocks, hashes = self._drop_marks(blocks, hashes)
         if len(blocks) >= _MIN_BATCH and not self.unwritten:
             cached = self._cached

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from llmsched.core.kv.block import KVBlock
+from llmsched.core.kv.deferred import Deferred
 
 
 class FreeBlockQueue:
@@ -42,19 +43,24 @@ class FreeBlockQueue:
         self.num_free -= 1
         return block
 
-    def take_n(self, n: int) -> tuple[list[KVBlock], list[KVBlock], list[bytes]]:
+    def take_n(
+        self, n: int, drop_marks: bool = False
+    ) -> tuple[list[KVBlock], list[KVBlock], list[bytes], list[Deferred]]:
         """Remove the first ``n`` blocks in queue order, each given a first reference and its hash taken off.
 
-        Returns the blocks, those that carried a hash, and those hashes (the
-        caller drops them from the prefix-cache map). One walk instead of
-        four: allocating a prompt's blocks must set their counts and clear
-        the hashes that earlier requests left on them.
+        Returns the blocks, those that carried a hash, those hashes (the
+        caller drops them from the prefix-cache map), and, with
+        ``drop_marks``, the lazy-registration records whose last mark went
+        (marks are dropped here instead of listed: see core.kv.deferred).
+        One walk instead of several: allocating a prompt's blocks must set
+        their counts and clear what earlier requests left on them.
         """
         if n > self.num_free:
             raise IndexError(f"asked for {n} blocks, {self.num_free} free")
         out: list[KVBlock] = []
         hashed: list[KVBlock] = []
         hashes: list[bytes] = []
+        gone: list[Deferred] = []
         append = out.append
         block = self._head.next_free
         for _ in range(n):
@@ -62,16 +68,21 @@ class FreeBlockQueue:
             block.ref_cnt = 1
             h = block.block_hash
             if h is not None:
-                hashed.append(block)
-                hashes.append(h)
                 block.block_hash = None
+                if drop_marks and type(h) is Deferred:
+                    h.live -= 1
+                    if not h.live:
+                        gone.append(h)
+                else:
+                    hashed.append(block)
+                    hashes.append(h)
             nxt = block.next_free
             block.prev_free = block.next_free = None
             block = nxt
         self._head.next_free = block
         block.prev_free = self._head
         self.num_free -= n
-        return out, hashed, hashes
+        return out, hashed, hashes, gone
 
     def remove(self, block: KVBlock) -> None:
         """Unlink ``block`` from wherever it sits in the queue."""
