@@ -6,6 +6,7 @@ import pytest
 
 from llmsched.core.kv.block import KVBlock
 from llmsched.core.kv.block_pool import BlockPool
+from llmsched.core.request import Request
 
 
 def h(name: str) -> bytes:
@@ -308,3 +309,31 @@ def test_batched_register_and_evict_equal_one_by_one(unwritten: bool) -> None:
     assert pools[0] == pools[1]
     # The holder's hash is all that stays findable.
     assert pools[0][-2] == ("a", None, 1)
+
+
+@pytest.mark.parametrize("unwritten", [False, True])
+def test_handing_out_marked_blocks_in_one_call_equals_one_by_one(unwritten: bool) -> None:
+    """Blocks marked by lazy registrations (some unwritten), handed out again in
+    one call, leave what one-block calls leave: marks, records and the set cleared."""
+    results = []
+    for batched in (True, False):
+        pool = BlockPool(16)
+        blocks = pool.get_new_blocks(6)
+        pool.cache_block(blocks[0], h("root"))
+        pool.defer(Request("r", list(range(96))), blocks, 1, 4, h("root"))
+        pool.defer(Request("r", list(range(96))), blocks, 4, 6, h("root"))
+        other = pool.get_new_blocks(2)
+        pool.cache_block(other[0], h("root2"))
+        pool.defer(Request("s", list(range(32))), other, 1, 2, h("root2"))
+        # A table's consecutive registrations share one record.
+        assert [len(segs) for segs in pool.deferred.values()] == [1, 1]
+        if unwritten:
+            pool.unwritten.update([blocks[2], blocks[5], other[1]])
+        pool.free_blocks(blocks + other)
+        got = pool.get_new_blocks(15) if batched else [pool.get_new_blocks(1)[0] for _ in range(15)]
+        results.append(
+            (ids(got), [b.block_hash for b in got], sorted(b.block_id for b in pool.unwritten), pool.deferred)
+        )
+        assert pool.num_cached_blocks() == 0
+    assert results[0] == results[1]
+    assert results[0][1] == [None] * 15 and results[0][2] == [] and results[0][3] == {}

@@ -260,7 +260,7 @@ def test_take_n_gives_first_references_and_takes_the_hashes_off() -> None:
         q.take_n(3)
 
 
-def test_take_n_drops_lazy_registration_marks_when_asked() -> None:
+def test_take_n_drops_lazy_registration_marks() -> None:
     q, blocks = make_queue(6)
     table = blocks[:]
     seg = Deferred(Request("r", [1] * 80), table, 1, 5, b"root")
@@ -269,15 +269,14 @@ def test_take_n_drops_lazy_registration_marks_when_asked() -> None:
         b.block_hash = seg
     blocks[5].block_hash = seg_tail
     blocks[0].block_hash = b"root"
-    # Without drop_marks the marks are listed with the hashes, for the caller.
-    kept = q.take_n(2)
-    assert kept[2] == [b"root", seg] and kept[3] == []
-    seg.live -= 1  # what the caller's _drop_marks does for the listed mark
-    taken, hashed, hashes, gone = q.take_n(4, drop_marks=True)
-    assert taken == blocks[2:6] and hashed == [] and hashes == []
-    # seg lost its last three marks here (one went above), seg_tail its only one.
+    taken, hashed, hashes, gone = q.take_n(3)
+    assert hashed == [blocks[0]] and hashes == [b"root"]
+    assert gone == [] and seg.live == 2  # two of its four marks went
+    taken, hashed, hashes, gone = q.take_n(3)
+    assert taken == blocks[3:6] and hashed == [] and hashes == []
+    # seg lost its last two marks here, seg_tail its only one.
     assert gone == [seg, seg_tail] and seg.live == 0 and seg_tail.live == 0
-    assert [b.block_hash for b in taken] == [None] * 4
+    assert [b.block_hash for b in taken] == [None] * 3
     assert_links_consistent(q)
 
 

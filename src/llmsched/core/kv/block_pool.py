@@ -93,9 +93,10 @@ class BlockPool:
             return [block]
         # A 1024-token prompt takes 64 blocks, nearly all still carrying an
         # earlier request's hash: those are dropped from the map together.
-        # Marks of lazy registrations are dropped in the walk, unless a marked
-        # block may also be unwritten (then _drop_marks clears that too).
-        blocks, hashed, hashes, gone = self.free_queue.take_n(n, drop_marks=not self.unwritten)
+        blocks, hashed, hashes, gone = self.free_queue.take_n(n)
+        if self.unwritten:
+            # Only blocks with a hash or a mark can be unwritten, and both go now.
+            self.unwritten.difference_update(blocks)
         for seg in gone:
             self._forget(seg)
         if hashed:
@@ -106,11 +107,11 @@ class BlockPool:
         return blocks
 
     def _uncache_all(self, blocks: list[KVBlock], hashes: list[bytes]) -> None:
-        """``_uncache`` each of ``blocks``, in order; ``take_n`` already took their ``hashes`` off them."""
+        """``_uncache`` each of ``blocks``, in order; ``take_n`` already took their ``hashes`` off them.
+
+        Marks of lazy registrations are not among them: take_n dropped those.
+        """
         # Batched only where it pays: a decode step takes one block at a time.
-        if self.deferred and self.unwritten:
-            # take_n listed the marks instead of dropping them (see get_new_blocks).
-            blocks, hashes = self._drop_marks(blocks, hashes)
         if len(blocks) >= _MIN_BATCH and not self.unwritten:
             cached = self._cached
             popped = list(map(cached.pop, hashes, repeat(None, len(hashes))))
@@ -125,24 +126,6 @@ class BlockPool:
         for block, h in zip(blocks, hashes):
             block.block_hash = h
             self._uncache(block)
-
-    def _drop_marks(self, blocks: list[KVBlock], hashes: list) -> tuple[list[KVBlock], list[bytes]]:
-        """Unmark the deferred among ``blocks`` (hashes already off); the others and their hashes."""
-        kept: list[KVBlock] = []
-        kept_hashes: list[bytes] = []
-        unwritten = self.unwritten
-        for block, h in zip(blocks, hashes):
-            if type(h) is Deferred:
-                if unwritten:
-                    unwritten.discard(block)
-                # _unmark(h), inline: a prompt's blocks mostly share one record.
-                h.live -= 1
-                if not h.live:
-                    self._forget(h)
-            else:
-                kept.append(block)
-                kept_hashes.append(h)
-        return kept, kept_hashes
 
     def _unmark(self, seg: Deferred) -> None:
         """One block of ``seg`` lost its mark; a record with none left is dropped."""

@@ -43,17 +43,15 @@ class FreeBlockQueue:
         self.num_free -= 1
         return block
 
-    def take_n(
-        self, n: int, drop_marks: bool = False
-    ) -> tuple[list[KVBlock], list[KVBlock], list[bytes], list[Deferred]]:
+    def take_n(self, n: int) -> tuple[list[KVBlock], list[KVBlock], list[bytes], list[Deferred]]:
         """Remove the first ``n`` blocks in queue order, each given a first reference and its hash taken off.
 
         Returns the blocks, those that carried a hash, those hashes (the
-        caller drops them from the prefix-cache map), and, with
-        ``drop_marks``, the lazy-registration records whose last mark went
-        (marks are dropped here instead of listed: see core.kv.deferred).
-        One walk instead of several: allocating a prompt's blocks must set
-        their counts and clear what earlier requests left on them.
+        caller drops them from the prefix-cache map), and the
+        lazy-registration records whose last mark went with them (marks are
+        dropped here, not listed: see core.kv.deferred). One walk instead of
+        several: allocating a prompt's blocks must set their counts and clear
+        what earlier requests left on them.
         """
         if n > self.num_free:
             raise IndexError(f"asked for {n} blocks, {self.num_free} free")
@@ -69,7 +67,7 @@ class FreeBlockQueue:
             h = block.block_hash
             if h is not None:
                 block.block_hash = None
-                if drop_marks and type(h) is Deferred:
+                if type(h) is Deferred:
                     h.live -= 1
                     if not h.live:
                         gone.append(h)
