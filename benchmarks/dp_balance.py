@@ -217,7 +217,7 @@ def main() -> int:
         "--api-server-count",
         type=int,
         default=None,
-        help="model API servers in front of the engine (as llmsched simulate; open-loop scenarios only)",
+        help="model API servers in front of the engine (as llmsched simulate)",
     )
     ap.add_argument("--api-server-us-per-token", type=float, default=DEFAULT_TOKEN_S * 1e6)
     ap.add_argument("--json", default=str(ROOT / "results" / "dp_balance.json"))
@@ -226,14 +226,6 @@ def main() -> int:
     unknown = [s for s in scenarios if s not in SCENARIOS]
     if unknown:
         ap.error(f"unknown scenarios {unknown}; choose from {', '.join(SCENARIOS)}")
-    if args.api_server_count:
-        closed = [s for s in scenarios if SCENARIOS[s]["max_concurrency"] is not None]
-        if closed:
-            print(
-                f"the API-server model covers open-loop arrivals: skipping {', '.join(closed)}",
-                file=sys.stderr,
-            )
-            scenarios = [s for s in scenarios if s not in closed]
     rows = []
     for sc in scenarios:
         for policy in ("baseline", "balance", "cadence"):

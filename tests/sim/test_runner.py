@@ -342,6 +342,7 @@ def _llama_run(spec: dict, workload: dict, n: int, seed: int, num_prefix_groups:
         ({"enable_prefix_caching": False}, {"request_rate": math.inf}, {"max_concurrency": 5}),
         ({"block_size": 32}, {"request_rate": 2.0, "burstiness": 0.3}, {"max_steps": 3000}),
         ({}, {"request_rate": 5.0}, {"frontend": Frontend(1, 2e-5)}),
+        ({}, {"request_rate": math.inf}, {"max_concurrency": 6, "frontend": Frontend(2, 4e-5)}),
     ],
 )
 def test_plain_decode_steps_leave_trace_series_and_figures_unchanged(spec, workload, kwargs, monkeypatch):

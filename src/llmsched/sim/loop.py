@@ -26,7 +26,7 @@ from collections import deque
 from typing import IO, TYPE_CHECKING, Protocol
 
 from llmsched.bench.metrics import MetricsCollector
-from llmsched.core.errors import ConfigError, RequestRejected
+from llmsched.core.errors import RequestRejected
 from llmsched.core.sampling_params import SamplingParams
 from llmsched.sim.frontend import Frontend
 from llmsched.sim.requests import SimRequest
@@ -57,6 +57,8 @@ class Arrivals:
         "out_lens",
         "params",
         "prios",
+        "reached",
+        "server_free",
         "slots",
         "workload",
     )
@@ -71,10 +73,17 @@ class Arrivals:
         # servers stand in between.
         self.frontend = frontend
         self.due_at = workload.arrivals
+        # Closed loop through API servers: when each server is next free. A
+        # request is sent only once a client slot frees, so when it reaches
+        # the engine is known only then (``_closed_reach``), not up front.
+        self.server_free: list[float] | None = None
         if frontend is not None:
-            if max_concurrency is not None:
-                raise ConfigError("the API-server model covers open-loop arrivals: drop --max-concurrency")
-            self.due_at = frontend.delivery_times(workload.arrivals, workload.input_lens)
+            if max_concurrency is None:
+                self.due_at = frontend.delivery_times(workload.arrivals, workload.input_lens)
+            else:
+                self.server_free = [0.0] * frontend.count
+        # When the request taken last reached the engine.
+        self.reached = 0.0
         self.out_lens = workload.output_lens
         self.prios = workload.priorities
         self.loras = workload.loras
@@ -91,21 +100,39 @@ class Arrivals:
     def due(self, now: float) -> bool:
         """True if the next request reaches the engine by ``now`` and a client slot is free for it."""
         i = self.nxt
+        if self.server_free is not None:
+            return i < self.n and self._closed_reach() <= now
         return i < self.n and self.due_at[i] <= now and (self.slots is None or bool(self.slots))
 
     def next_time(self) -> float:
         """When the next request reaches the engine (inf: none left)."""
-        return self.due_at[self.nxt] if self.nxt < self.n else math.inf
+        if self.nxt >= self.n:
+            return math.inf
+        return self._closed_reach() if self.server_free is not None else self.due_at[self.nxt]
 
     def next_due_time(self) -> float:
-        """When the next request can be sent: its arrival, or never while no client slot is free."""
+        """When the next request reaches the engine, or never while no client slot is free for it."""
         if self.nxt >= self.n or (self.slots is not None and not self.slots):
             return math.inf
-        return self.due_at[self.nxt]
+        return self._closed_reach() if self.server_free is not None else self.due_at[self.nxt]
+
+    def _closed_reach(self) -> float:
+        """Closed loop through API servers: when the next request would reach the engine (inf: no slot)."""
+        slots = self.slots
+        if not slots:
+            return math.inf
+        i = self.nxt
+        t = self.arrivals[i]
+        sent = t if t > slots[0] else slots[0]
+        free = self.server_free[i % len(self.server_free)]
+        start = sent if sent > free else free
+        return start + self.frontend.token_s * self.workload.input_lens[i]
 
     def reach_time(self, i: int, sent: float) -> float:
-        """When request ``i``, sent at ``sent``, reaches the engine."""
-        return sent if self.frontend is None else self.due_at[i]
+        """When request ``i``, sent at ``sent`` and just taken, reaches the engine."""
+        if self.frontend is None:
+            return sent
+        return self.reached if self.server_free is not None else self.due_at[i]
 
     def num_due(self, now: float) -> int:
         """Requests not yet taken that have reached the engine by ``now``."""
@@ -115,7 +142,30 @@ class Arrivals:
         """Requests sent by ``now`` that the API servers have not handed to the engine yet."""
         if self.frontend is None or self.nxt >= self.n:
             return 0
+        if self.server_free is not None:
+            return self._closed_in_frontend(now)
         return bisect_right(self.arrivals, now, self.nxt) - bisect_right(self.due_at, now, self.nxt)
+
+    def _closed_in_frontend(self, now: float) -> int:
+        """``in_frontend`` in a closed loop: the next requests each take the next free slot, in order."""
+        free = list(self.server_free)
+        token_s = self.frontend.token_s
+        lens = self.workload.input_lens
+        count = 0
+        for k, slot in enumerate(self.slots):
+            i = self.nxt + k
+            if i >= self.n:
+                break
+            t = self.arrivals[i]
+            sent = t if t > slot else slot
+            if sent > now:
+                break
+            s = i % len(free)
+            start = sent if sent > free[s] else free[s]
+            free[s] = start + token_s * lens[i]
+            if free[s] > now:
+                count += 1
+        return count
 
     def take(self) -> tuple[int, float, float]:
         """Send the next request (``due`` must hold): its index, sent time and ordering time."""
@@ -126,6 +176,11 @@ class Arrivals:
             sent = t_arr if t_arr > free_at else free_at
         else:
             sent = t_arr
+        servers = self.server_free
+        if servers is not None:
+            s = i % len(servers)
+            start = sent if sent > servers[s] else servers[s]
+            servers[s] = self.reached = start + self.frontend.token_s * self.workload.input_lens[i]
         # The scheduler breaks priority ties by arrival time: keep it
         # strictly increasing in arrival order, as wall-clock arrivals are.
         last = self.last_arrival
