@@ -131,3 +131,37 @@ def test_data_parallel_closed_loop_clients_go_through_the_frontend():
     assert sum(len(r["added"]) for r in lines if r["group_step"] == 0) == 1
     # Each request was sent when a client slot freed: never more than six at a time.
     assert res.max_running <= 6
+
+
+def test_api_servers_route_for_data_parallel_ranks_and_see_every_request_finish(monkeypatch):
+    import llmsched.sim.dp_group as dp_group
+    from llmsched.engine.dp import ApiServerRouter, DPConfig
+
+    servers: list[ApiServerRouter] = []
+    routed: list[tuple[int, int]] = []
+
+    class Recorded(ApiServerRouter):
+        __slots__ = ()
+
+        def __init__(self, *args: int) -> None:
+            super().__init__(*args)
+            servers.append(self)
+
+        def route(self) -> int:
+            rank = super().route()
+            routed.append((servers.index(self), rank))
+            return rank
+
+    monkeypatch.setattr(dp_group, "ApiServerRouter", Recorded)
+    dep = build_deployment(DeploymentSpec(data_parallel_size=3))
+    wl = synthetic_workload(60, 256, 8, request_rate=200.0, seed=4, range_ratio=0.5)
+    res = simulate(dep, wl, dp=DPConfig(3), frontend=Frontend(2, 2e-6))
+    assert res.summary["completed"] == 60
+    # Requests are dealt to the two servers in turn, and each server routes its own.
+    assert len(servers) == 2 and [k for k, _ in routed] == [0, 1] * 30
+    # Over idle ranks the two start their scans at ranks 0 and 1.
+    assert routed[:2] == [(0, 0), (1, 1)]
+    # Each server's own count of unfinished requests per rank is back to zero.
+    assert [s.inflight for s in servers] == [[0, 0, 0], [0, 0, 0]]
+    per_rank = [r["requests"] for r in res.data_parallel["per_rank"]]
+    assert per_rank == [sum(1 for _, r in routed if r == k) for k in range(3)]

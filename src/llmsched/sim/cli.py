@@ -290,8 +290,9 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         default=None,
         help="model N API servers in front of each engine core (vLLM's flag): each tokenizes and passes on "
         "one request at a time, so requests reach the engine over time and it starts stepping as soon as it "
-        "has work; the trace's in_frontend counts those still on the way (default: none, every request "
-        "reaches the engine when sent, as llmsched's offline path queues a batch)",
+        "has work; the trace's in_frontend counts those still on the way; with data-parallel ranks each "
+        "server routes its requests as vLLM's do, from 100 ms snapshots of the ranks' queues (default: none, "
+        "every request reaches the engine when sent, as llmsched's offline path queues a batch)",
     )
     f.add_argument(
         "--api-server-us-per-token",

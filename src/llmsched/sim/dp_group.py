@@ -6,6 +6,11 @@ independent ranks, one step of the rank furthest behind). Under FCFS a
 request is routed when it arrives but built only once its rank's queue is
 short enough for the scheduler to reach it (as one engine holds requests
 back), so memory stays bounded.
+
+With API servers modelled, each routes its own requests as vLLM's do, from
+the coordinator's snapshots of the ranks (``ApiServerRouter``), published
+every ``SNAPSHOT_INTERVAL_S`` of simulated time at the end of a step;
+without them the router sees every rank's counts after every step.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from llmsched.core.config import SchedulerConfig
 from llmsched.core.errors import RequestRejected
 from llmsched.engine.dp.config import DPConfig
 from llmsched.engine.dp.engine import DPEngine
+from llmsched.engine.dp.router import SNAPSHOT_INTERVAL_S, ApiServerRouter
 from llmsched.engine.dp.sim_transport import SimTransport
 from llmsched.executor.sim.cost_model import (
     LAUNCH_EAGER,
@@ -63,6 +69,14 @@ class DPGroup:
         # Routed but not yet built, per rank: (workload index, sent, order time).
         self.deferred: list[deque[tuple[int, float, float]]] = [deque() for _ in self.ranks]
         self.turns = 0
+        # The API servers' routers (request i goes through server i mod count), and whose each request is.
+        self.servers: list[ApiServerRouter] | None = None
+        self.server_of: dict[str, ApiServerRouter] = {}
+        self.next_snapshot = 0.0
+        fe = arrivals.frontend
+        if fe is not None:
+            n = len(self.ranks)
+            self.servers = [ApiServerRouter(n, fe.count, k) for k in range(fe.count)]
 
     def clock(self) -> float:
         """When the next rank step starts (the group's clock when none is due)."""
@@ -77,9 +91,17 @@ class DPGroup:
         """Route request ``i``; build it now unless its rank's queue is held back."""
         self.transport.advance_to(self.arrivals.reach_time(i, sent))
         if self.hold:
-            self.deferred[self.engine.route()].append((i, sent, order_t))
+            self.deferred[self.route(i)].append((i, sent, order_t))
         else:
-            self._admit(self.arrivals.build(i, sent, order_t), None, added)
+            self._admit(self.arrivals.build(i, sent, order_t), self.route(i), added)
+
+    def route(self, i: int) -> int:
+        """The rank request ``i`` goes to: its API server's choice, or the front end's."""
+        if self.servers is None:
+            return self.engine.route()
+        server = self.servers[i % len(self.servers)]
+        self.server_of[self.arrivals.workload.request_id(i)] = server
+        return server.route()
 
     def feed(self, added: list | None) -> None:
         """Build held-back requests while their rank's waiting queue is within reach."""
@@ -96,6 +118,9 @@ class DPGroup:
             rank = self.engine.add_request(req, rank)
         except RequestRejected as e:
             self.tally.rejected(req, e)
+            server = self.server_of.pop(req.request_id, None)
+            if server is not None:
+                server.finished(rank)
         else:
             self.live[req.request_id] = req
             if added is not None:
@@ -133,6 +158,20 @@ class DPGroup:
             tally.max_running = group_running
         if tally.series is not None and reports:
             self._record(tally.series, reports, sum(len(q) for q in self.deferred))
+        if self.servers is not None and reports:
+            self._publish(max(rep.time for rep in reports))
+
+    def _publish(self, t: float) -> None:
+        """The coordinator's snapshot of every rank's queues, when the last is old enough."""
+        if t < self.next_snapshot:
+            return
+        self.next_snapshot = t + SNAPSHOT_INTERVAL_S
+        counts = [
+            (r.scheduler.num_waiting + len(held), len(r.scheduler.running), r.scheduler.kv_usage)
+            for r, held in zip(self.ranks, self.deferred)
+        ]
+        for server in self.servers:
+            server.snapshot(counts)
 
     def _count(self, rep: object) -> None:
         """One rank's tokens (they share a time, and mostly a gap: counted together) and finishes."""
@@ -158,6 +197,9 @@ class DPGroup:
             if out.finish_reason is not None:
                 del live[out.request_id]
                 tally.finished(r, end)
+                server = self.server_of.pop(out.request_id, None)
+                if server is not None:
+                    server.finished(rep.rank)
         if tokens:
             tally.metrics.add_tokens_at(end, tokens)
         add_itl = tally.metrics.add_itl

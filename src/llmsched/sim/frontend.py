@@ -11,7 +11,8 @@ handles its requests one after another, ``token_s`` per prompt token each
 (tokenizing and sending grow with the prompt), so request i reaches the
 engine at ``max(sent_i, server free) + token_s x prompt_len_i``. Without a
 frontend the engine gets every request at its send time (llmsched's offline
-path, which queues a whole batch before the first step).
+path, which queues a whole batch before the first step). With data-parallel
+ranks each server also routes its requests (``engine.dp.ApiServerRouter``).
 """
 
 from __future__ import annotations

@@ -10,10 +10,11 @@ from llmsched.engine.dp.config import DPConfig, lockstep_for
 from llmsched.engine.dp.engine import DPEngine, DPResult
 from llmsched.engine.dp.policies import BalanceGate, PrefillCadence
 from llmsched.engine.dp.rank import DPRank
-from llmsched.engine.dp.router import LeastLoadedRouter
+from llmsched.engine.dp.router import ApiServerRouter, LeastLoadedRouter
 from llmsched.engine.dp.transport import DPRankError, DPTransport, RankReport, RankStatus, TokenOutput
 
 __all__ = [
+    "ApiServerRouter",
     "BalanceGate",
     "DPConfig",
     "DPEngine",
