@@ -93,6 +93,36 @@ def test_a_point_that_cannot_run_says_why():
     assert "tpu9" in rows[1]["error"] and rows[1]["meets_slo"] is False and rows[1]["cost"] is None
 
 
+def test_data_parallel_policies_and_api_servers_are_knobs_too():
+    from llmsched.engine.dp.config import DPConfig
+    from llmsched.sim.deployment import DeploymentSpec, build_deployment
+    from llmsched.sim.frontend import Frontend
+    from llmsched.sim.runner import simulate
+    from llmsched.sim.workload import synthetic_workload
+
+    workload = {"num_prompts": 48, "input_len": 256, "output_len": 24, "range_ratio": 0.5, "seed": 1}
+    sweep = parse_sweep(
+        {
+            "slo": {"p99_ttft_ms": 1000},
+            "workload": workload,
+            "deployment": {"model": "qwen3-30b-a3b", "max_num_seqs": 4, "api_server_count": 1},
+            "grid": {"data_parallel_size": [1, 2], "balance_scheduling": [False, True]},
+        }
+    )
+    rows = run_sweep(sweep, workers=1)
+    # One engine has no ranks to balance: that point says so instead of running.
+    assert "error" not in rows[0]
+    assert "need data_parallel_size > 1" in rows[1]["error"]
+    # Each point is the simulation its knobs name.
+    dep = build_deployment(DeploymentSpec(model="qwen3-30b-a3b", max_num_seqs=4, data_parallel_size=2))
+    wl = synthetic_workload(48, 256, 24, range_ratio=0.5, seed=1)
+    for r, balance in ((rows[2], False), (rows[3], True)):
+        direct = simulate(dep, wl, dp=DPConfig(2, balance_scheduling=balance), frontend=Frontend(1))
+        assert r["output_throughput"] == direct.summary["output_throughput"]
+        assert r["p99_ttft_ms"] == direct.summary["p99_ttft_ms"]
+    assert rows[2]["output_throughput"] != rows[3]["output_throughput"]
+
+
 @pytest.mark.slow
 def test_two_hundred_points_give_the_same_table_on_a_process_pool_and_a_local_ray_cluster():
     pytest.importorskip("ray")
@@ -130,3 +160,12 @@ def test_simulate_sweep_writes_the_table_json_and_plot(tmp_path, capsys):
 def test_ray_address_without_a_sweep_is_refused(capsys):
     assert main(["simulate", "--ray-address", "auto", "--num-prompts", "1"]) != 0
     assert "--ray-address runs a sweep" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("name", "num_points"), [("sweep.yaml", 108), ("sweep_dp.yaml", 12)])
+def test_the_example_sweeps_parse(name, num_points):
+    from pathlib import Path
+
+    pytest.importorskip("yaml")
+    path = Path(__file__).resolve().parents[2] / "examples" / name
+    assert len(load_sweep(path).points) == num_points

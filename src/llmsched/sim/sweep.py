@@ -14,6 +14,8 @@ A sweep file (YAML or JSON) names the knobs to vary and the workload:
       max_num_seqs: [64, 128, 256]
       max_num_batched_tokens: [2048, 8192]
       scheduling_policy: [fcfs, priority]
+      balance_scheduling: [false, true]      # also: prefill_schedule_interval,
+                                             # api_server_count (as simulate's flags)
 
 Every point is an independent simulation, run on a local process pool or,
 given a Ray address, as Ray tasks; each point's figures depend only on the
@@ -34,11 +36,18 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmsched.core.errors import ConfigError
-from llmsched.sim.deployment import DeploymentSpec
+from llmsched.sim.deployment import Deployment, DeploymentSpec
+
+if TYPE_CHECKING:
+    from llmsched.engine.dp.config import DPConfig
 
 _SPEC_FIELDS = {f.name for f in fields(DeploymentSpec)}
+# How a deployment is run rather than built: the data-parallel policies and
+# the API servers in front of each engine core (``llmsched simulate``'s flags).
+_RUN_KEYS = {"balance_scheduling", "prefill_schedule_interval", "api_server_count"}
 _WORKLOAD_KEYS = {
     "num_prompts",
     "input_len",
@@ -96,8 +105,8 @@ def parse_sweep(data: object, where: str = "sweep") -> Sweep:
     workload = {**_WORKLOAD_DEFAULTS, **(data.get("workload") or {})}
     slo = data.get("slo") or {}
     for name, section, keys in (
-        ("grid", grid, _SPEC_FIELDS),
-        ("deployment", fixed, _SPEC_FIELDS),
+        ("grid", grid, _SPEC_FIELDS | _RUN_KEYS),
+        ("deployment", fixed, _SPEC_FIELDS | _RUN_KEYS),
         ("workload", workload, _WORKLOAD_KEYS),
         ("slo", slo, _SLO_KEYS),
     ):
@@ -133,22 +142,21 @@ def _known(section: dict, keys: set[str], where: str) -> None:
 
 def run_point(point: dict, workload: dict) -> dict:
     """Simulate one configuration; its figures, or the reason it cannot run."""
-    from llmsched.engine.dp.config import DPConfig, lockstep_for
     from llmsched.sim.deployment import build_deployment
+    from llmsched.sim.frontend import Frontend
     from llmsched.sim.runner import simulate
     from llmsched.sim.workload import synthetic_workload
 
     t0 = time.perf_counter()
     row: dict = {"config": point}
     try:
-        dep = build_deployment(DeploymentSpec(**point))
+        dep = build_deployment(DeploymentSpec(**{k: v for k, v in point.items() if k not in _RUN_KEYS}))
         w = dict(workload)
         max_concurrency = w.pop("max_concurrency", None)
         wl = synthetic_workload(w.pop("num_prompts"), w.pop("input_len"), w.pop("output_len"), **w)
-        dp = None
-        if dep.data_parallel_size > 1:
-            dp = DPConfig(dep.data_parallel_size, lockstep=lockstep_for(dep.model.is_moe))
-        res = simulate(dep, wl, dp=dp, max_concurrency=max_concurrency)
+        count = point.get("api_server_count")
+        frontend = Frontend(count) if count is not None else None
+        res = simulate(dep, wl, dp=_dp_config(dep, point), max_concurrency=max_concurrency, frontend=frontend)
     except (ConfigError, ValueError) as e:
         row["error"] = str(e)
         row["wall_s"] = time.perf_counter() - t0
@@ -166,6 +174,24 @@ def run_point(point: dict, workload: dict) -> dict:
         wall_s=time.perf_counter() - t0,
     )
     return row
+
+
+def _dp_config(dep: Deployment, point: dict) -> DPConfig | None:
+    """The point's data-parallel settings (None for one engine, where its DP policies cannot apply)."""
+    from llmsched.engine.dp.config import DPConfig, lockstep_for
+
+    balance = point.get("balance_scheduling", False)
+    interval = point.get("prefill_schedule_interval", 1)
+    if dep.data_parallel_size == 1:
+        if balance or interval != 1:
+            raise ConfigError("balance_scheduling and prefill_schedule_interval need data_parallel_size > 1")
+        return None
+    return DPConfig(
+        dep.data_parallel_size,
+        lockstep=lockstep_for(dep.model.is_moe),
+        balance_scheduling=balance,
+        prefill_schedule_interval=interval,
+    )
 
 
 def _run_point_args(args: tuple[dict, dict]) -> dict:
