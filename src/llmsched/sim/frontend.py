@@ -49,13 +49,15 @@ class Frontend:
         """When each request (sent at ``sent``, in order, with ``prompt_lens``) reaches the engine core."""
         free = [0.0] * self.count
         out = array("d")
-        cost = self.token_s
         for i, t in enumerate(sent):
             s = i % self.count
-            start = t if t > free[s] else free[s]
-            free[s] = done = start + cost * prompt_lens[i]
+            free[s] = done = self.done_at(t, free[s], prompt_lens[i])
             out.append(done)
         return out
+
+    def done_at(self, sent: float, free: float, prompt_len: int) -> float:
+        """When a server that is free from ``free`` has passed on a request sent at ``sent``."""
+        return (sent if sent > free else free) + self.token_s * prompt_len
 
     def to_dict(self) -> dict:
         """The settings, for the trace header and the result JSON."""

@@ -124,9 +124,8 @@ class Arrivals:
         i = self.nxt
         t = self.arrivals[i]
         sent = t if t > slots[0] else slots[0]
-        free = self.server_free[i % len(self.server_free)]
-        start = sent if sent > free else free
-        return start + self.frontend.token_s * self.workload.input_lens[i]
+        servers = self.server_free
+        return self.frontend.done_at(sent, servers[i % len(servers)], self.workload.input_lens[i])
 
     def reach_time(self, i: int, sent: float) -> float:
         """When request ``i``, sent at ``sent`` and just taken, reaches the engine."""
@@ -149,7 +148,6 @@ class Arrivals:
     def _closed_in_frontend(self, now: float) -> int:
         """``in_frontend`` in a closed loop: the next requests each take the next free slot, in order."""
         free = list(self.server_free)
-        token_s = self.frontend.token_s
         lens = self.workload.input_lens
         count = 0
         for k, slot in enumerate(self.slots):
@@ -161,8 +159,7 @@ class Arrivals:
             if sent > now:
                 break
             s = i % len(free)
-            start = sent if sent > free[s] else free[s]
-            free[s] = start + token_s * lens[i]
+            free[s] = self.frontend.done_at(sent, free[s], lens[i])
             if free[s] > now:
                 count += 1
         return count
@@ -179,8 +176,7 @@ class Arrivals:
         servers = self.server_free
         if servers is not None:
             s = i % len(servers)
-            start = sent if sent > servers[s] else servers[s]
-            servers[s] = self.reached = start + self.frontend.token_s * self.workload.input_lens[i]
+            servers[s] = self.reached = self.frontend.done_at(sent, servers[s], self.workload.input_lens[i])
         # The scheduler breaks priority ties by arrival time: keep it
         # strictly increasing in arrival order, as wall-clock arrivals are.
         last = self.last_arrival
