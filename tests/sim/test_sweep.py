@@ -123,6 +123,26 @@ def test_data_parallel_policies_and_api_servers_are_knobs_too():
     assert rows[2]["output_throughput"] != rows[3]["output_throughput"]
 
 
+@pytest.mark.parametrize(
+    ("knobs", "message"),
+    [
+        (
+            {"data_parallel_size": 2, "balance_scheduling": "yes"},
+            "balance_scheduling='yes' must be true or false",
+        ),
+        ({"data_parallel_size": 2, "prefill_schedule_interval": 0}, "prefill_schedule_interval=0"),
+        ({"api_server_count": 0}, "api_server_count=0"),
+        ({"balance_scheduling": True}, "need data_parallel_size > 1"),
+    ],
+)
+def test_bad_run_knobs_are_listed_with_the_reason(knobs, message):
+    sweep = parse_sweep(
+        {"slo": {"p99_ttft_ms": 100}, "workload": TINY, "deployment": {"model": "qwen3-30b-a3b", **knobs}}
+    )
+    (row,) = run_sweep(sweep, workers=1)
+    assert message in row["error"] and row["meets_slo"] is False
+
+
 @pytest.mark.slow
 def test_two_hundred_points_give_the_same_table_on_a_process_pool_and_a_local_ray_cluster():
     pytest.importorskip("ray")

@@ -459,7 +459,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     for line in deployment.describe():
         print(line)
     if dp is not None:
-        print(f"data       {describe_dp(dp)}")
+        if frontend is not None:
+            print(f"data       {describe_dp(dp, 'routed by the API servers from 100 ms snapshots')}")
+        else:
+            print(f"data       {describe_dp(dp)}")
     print(f"workload   {workload.describe()}")
     if frontend is not None:
         print(f"frontend   {frontend.describe()}")

@@ -182,6 +182,8 @@ def _dp_config(dep: Deployment, point: dict) -> DPConfig | None:
 
     balance = point.get("balance_scheduling", False)
     interval = point.get("prefill_schedule_interval", 1)
+    if not isinstance(balance, bool):
+        raise ConfigError(f"balance_scheduling={balance!r} must be true or false")
     if dep.data_parallel_size == 1:
         if balance or interval != 1:
             raise ConfigError("balance_scheduling and prefill_schedule_interval need data_parallel_size > 1")

@@ -94,14 +94,12 @@ def dp_config_from_args(args: argparse.Namespace, is_moe: bool) -> DPConfig:
     )
 
 
-def describe_dp(dp: DPConfig) -> str:
-    """One line: ranks, mode, policies."""
+def describe_dp(dp: DPConfig, routing: str = "least-loaded routing") -> str:
+    """One line: ranks, mode, routing, policies."""
     mode = "lock-step (a rank with nothing to run steps a dummy batch)" if dp.lockstep else "independent"
     policies = []
     if dp.balance_scheduling:
         policies.append("balance scheduling")
     if dp.prefill_schedule_interval > 1:
         policies.append(f"prefills every {dp.prefill_schedule_interval} steps")
-    return f"{dp.data_parallel_size} ranks, {mode}, least-loaded routing" + (
-        f", {', '.join(policies)}" if policies else ""
-    )
+    return ", ".join([f"{dp.data_parallel_size} ranks", mode, routing, *policies])
