@@ -20,7 +20,9 @@ The second table says where the time went: lock-steps carrying a prefill
 (they stall every rank's decodes), how the steps launched their kernels
 (a CUDA graph for decode-only steps within the capture size, eagerly for
 the rest: the group runs in the lowest mode any rank needs), the share of
-time spent on eager launches, and how full the 128 request slots were.
+time spent on eager launches, how full the 128 request slots were, and
+how many requests were routed to a rank at its cap while another had room
+(with ``--api-server-count``, routing follows vLLM's 100 ms snapshots).
 The cost-model flags (``--cuda-graph-max-tokens``, ``--launch-latency-us``,
 ``--kernels-per-layer``) are ``llmsched simulate``'s, for what-ifs.
 
@@ -131,6 +133,7 @@ def run(args: argparse.Namespace, scenario: str, policy: str) -> dict:
         "launch_time_share": launch_time / total,
         "gate_held_rank_steps": sum(p["gate_held_steps"] for p in figures.get("per_rank", [])),
         "throttled_rank_steps": sum(p["throttled_steps"] for p in figures.get("per_rank", [])),
+        "sent_to_full_rank": figures.get("sent_to_full_rank", 0),
         "wall_s": time.perf_counter() - t0,
         "deployment": deployment.describe()[1].strip(),
         "launches": deployment.describe()[-1].strip(),
@@ -174,13 +177,13 @@ def table(rows: list[dict], interval: int) -> str:
 
 
 def why_table(rows: list[dict], interval: int) -> str:
-    """Where the time went: steps carrying prefill (they stall every rank) and slots in use."""
+    """Where the time went: steps carrying prefill (they stall every rank), slots in use, misroutes."""
     label = {"baseline": "baseline", "balance": "balance scheduling", "cadence": f"prefill every {interval}"}
     out = [
         "| scenario | policy | group steps | steps with a prefill | time in them | "
         "graph / piecewise / eager steps | time launching eagerly | slots in use | "
-        "rank-steps held by the gate |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "rank-steps held by the gate | sent to a full rank |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         m = r["launch_modes"]
@@ -188,7 +191,7 @@ def why_table(rows: list[dict], interval: int) -> str:
             f"| {r['scenario']} | {label[r['policy']]} | {r['num_steps']} | {r['prefill_steps']} | "
             f"{100 * r['prefill_time_share']:.0f}% | {m['graph']} / {m['piecewise']} / {m['eager']} | "
             f"{100 * r['launch_time_share']:.1f}% | {100 * r['slot_occupancy']:.1f}% | "
-            f"{r['gate_held_rank_steps']} |"
+            f"{r['gate_held_rank_steps']} | {r['sent_to_full_rank']} |"
         )
     return "\n".join(out)
 

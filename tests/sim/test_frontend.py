@@ -165,3 +165,20 @@ def test_api_servers_route_for_data_parallel_ranks_and_see_every_request_finish(
     assert [s.inflight for s in servers] == [[0, 0, 0], [0, 0, 0]]
     per_rank = [r["requests"] for r in res.data_parallel["per_rank"]]
     assert per_rank == [sum(1 for _, r in routed if r == k) for k in range(3)]
+
+
+def test_requests_routed_to_a_full_rank_are_counted():
+    from llmsched.engine.dp import DPConfig
+
+    dep = build_deployment(DeploymentSpec(model="qwen3-30b-a3b", data_parallel_size=2, max_num_seqs=4))
+    wl = synthetic_workload(80, 256, 32, seed=5, range_ratio=0.8)
+    counts = []
+    for frontend in (None, Frontend(1, 2e-6)):
+        res = simulate(dep, wl, dp=DPConfig(2), frontend=frontend, max_concurrency=8)
+        counts.append(res.data_parallel["sent_to_full_rank"])
+        assert ("Sent to a full rank, another had room:", counts[-1]) in res.data_parallel["rows"]
+    # Stale snapshots send more of the eight clients' requests to a rank whose
+    # four slots are taken while the other has one free than a router that
+    # sees both ranks after every step (which misroutes too: it weighs a
+    # queued request four times a running one).
+    assert 0 < counts[0] < counts[1] < 80

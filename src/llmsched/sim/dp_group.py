@@ -65,6 +65,9 @@ class DPGroup:
         self.tally = tally
         self.hold = hold
         self.window = 2 * sched_config.max_num_seqs + 2
+        self.max_num_seqs = sched_config.max_num_seqs
+        # Requests routed to a rank at its cap while another had room (what stale routing costs).
+        self.num_sent_to_full = 0
         self.live: dict[str, SimRequest] = {}
         # Routed but not yet built, per rank: (workload index, sent, order time).
         self.deferred: list[deque[tuple[int, float, float]]] = [deque() for _ in self.ranks]
@@ -98,10 +101,20 @@ class DPGroup:
     def route(self, i: int) -> int:
         """The rank request ``i`` goes to: its API server's choice, or the front end's."""
         if self.servers is None:
-            return self.engine.route()
-        server = self.servers[i % len(self.servers)]
-        self.server_of[self.arrivals.workload.request_id(i)] = server
-        return server.route()
+            rank = self.engine.route()
+        else:
+            server = self.servers[i % len(self.servers)]
+            self.server_of[self.arrivals.workload.request_id(i)] = server
+            rank = server.route()
+        cap = self.max_num_seqs
+        if self._occupancy(rank) >= cap and any(self._occupancy(k) < cap for k in range(len(self.ranks))):
+            self.num_sent_to_full += 1
+        return rank
+
+    def _occupancy(self, rank: int) -> int:
+        """Requests on ``rank``: running, waiting, and routed but not yet built."""
+        sched = self.ranks[rank].scheduler
+        return len(sched.running) + sched.num_waiting + len(self.deferred[rank])
 
     def feed(self, added: list | None) -> None:
         """Build held-back requests while their rank's waiting queue is within reach."""
@@ -251,7 +264,7 @@ class DPGroup:
             "num_preemptions": sum(r.scheduler.num_preemptions for r in self.ranks),
             "prefix_cache_hit_rate": hits / queries if queries else 0.0,
             "sim_duration_s": max([transport.now, *(ex.now for ex in transport.executors)]),
-            "data_parallel": dp_figures(self.dp, transport),
+            "data_parallel": dp_figures(self.dp, transport, self.num_sent_to_full),
         }
 
 
@@ -266,8 +279,8 @@ def dp_dict(dp: DPConfig) -> dict:
     }
 
 
-def dp_figures(dp: DPConfig, transport: SimTransport) -> dict:
-    """The DP run's own figures: what each rank did and how often the policies held back."""
+def dp_figures(dp: DPConfig, transport: SimTransport, sent_to_full: int) -> dict:
+    """The DP run's own figures: what each rank did, how often the policies held back, misroutes."""
     per_rank = [
         {
             "rank": r.rank,
@@ -282,6 +295,7 @@ def dp_figures(dp: DPConfig, transport: SimTransport) -> dict:
     ]
     figures = dp_dict(dp)
     figures["per_rank"] = per_rank
+    figures["sent_to_full_rank"] = sent_to_full
     mode = "lock-step" if dp.lockstep else "independent"
     policies = []
     if dp.balance_scheduling:
@@ -296,6 +310,7 @@ def dp_figures(dp: DPConfig, transport: SimTransport) -> dict:
         ("Requests per rank:", "/".join(str(p["requests"]) for p in per_rank)),
         ("Rank steps with nothing to run:", sum(p["dummy_steps"] for p in per_rank)),
         ("Rank steps held by the balance gate:", sum(p["gate_held_steps"] for p in per_rank)),
+        ("Sent to a full rank, another had room:", sent_to_full),
     ]
     if dp.prefill_schedule_interval > 1:
         figures["rows"].append(
