@@ -17,6 +17,7 @@ from llmsched.bench.metrics import parse_goodput, parse_percentiles
 from llmsched.core.errors import ConfigError
 from llmsched.core.kv.block_hash import HASH_ALGOS
 from llmsched.engine.dp.cli_args import add_dp_args, describe_dp, dp_config_from_args
+from llmsched.engine.dp.router import SNAPSHOT_INTERVAL_S
 from llmsched.engine.dp.sim_transport import DEFAULT_SYNC_S
 from llmsched.engine.policy_args import add_policy_args
 from llmsched.executor.sim.cost_model import Efficiency
@@ -291,8 +292,9 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         help="model N API servers in front of each engine core (vLLM's flag): each tokenizes and passes on "
         "one request at a time, so requests reach the engine over time and it starts stepping as soon as it "
         "has work; the trace's in_frontend counts those still on the way; with data-parallel ranks each "
-        "server routes its requests as vLLM's do, from 100 ms snapshots of the ranks' queues (default: none, "
-        "every request reaches the engine when sent, as llmsched's offline path queues a batch)",
+        f"server routes its requests as vLLM's do, from {SNAPSHOT_INTERVAL_S * 1e3:g} ms snapshots of the "
+        "ranks' queues (default: none, every request reaches the engine when sent, as llmsched's offline "
+        "path queues a batch)",
     )
     f.add_argument(
         "--api-server-us-per-token",
@@ -460,7 +462,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         print(line)
     if dp is not None:
         if frontend is not None:
-            print(f"data       {describe_dp(dp, 'routed by the API servers from 100 ms snapshots')}")
+            routing = f"routed by the API servers from {SNAPSHOT_INTERVAL_S * 1e3:g} ms snapshots"
+            print(f"data       {describe_dp(dp, routing)}")
         else:
             print(f"data       {describe_dp(dp)}")
     print(f"workload   {workload.describe()}")

@@ -112,9 +112,12 @@ class DPGroup:
         return rank
 
     def _occupancy(self, rank: int) -> int:
-        """Requests on ``rank``: running, waiting, and routed but not yet built."""
-        sched = self.ranks[rank].scheduler
-        return len(sched.running) + sched.num_waiting + len(self.deferred[rank])
+        """Requests on ``rank``: running and waiting."""
+        return len(self.ranks[rank].scheduler.running) + self._waiting(rank)
+
+    def _waiting(self, rank: int) -> int:
+        """Requests waiting on ``rank``, those routed there but not yet built included."""
+        return self.ranks[rank].scheduler.num_waiting + len(self.deferred[rank])
 
     def feed(self, added: list | None) -> None:
         """Build held-back requests while their rank's waiting queue is within reach."""
@@ -180,8 +183,8 @@ class DPGroup:
             return
         self.next_snapshot = t + SNAPSHOT_INTERVAL_S
         counts = [
-            (r.scheduler.num_waiting + len(held), len(r.scheduler.running), r.scheduler.kv_usage)
-            for r, held in zip(self.ranks, self.deferred)
+            (self._waiting(k), len(r.scheduler.running), r.scheduler.kv_usage)
+            for k, r in enumerate(self.ranks)
         ]
         for server in self.servers:
             server.snapshot(counts)

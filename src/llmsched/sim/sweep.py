@@ -14,8 +14,9 @@ A sweep file (YAML or JSON) names the knobs to vary and the workload:
       max_num_seqs: [64, 128, 256]
       max_num_batched_tokens: [2048, 8192]
       scheduling_policy: [fcfs, priority]
-      balance_scheduling: [false, true]      # also: prefill_schedule_interval,
-                                             # api_server_count (as simulate's flags)
+      api_server_count: [1, 2]               # also balance_scheduling and
+                                             # prefill_schedule_interval (simulate's
+                                             # flags; DP policies need DP > 1)
 
 Every point is an independent simulation, run on a local process pool or,
 given a Ray address, as Ray tasks; each point's figures depend only on the
