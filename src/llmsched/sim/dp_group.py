@@ -128,8 +128,8 @@ class DPGroup:
             while queue and len(waiting) < self.window:
                 self._admit(self.arrivals.build(*queue.popleft()), rank, added)
 
-    def _admit(self, req: SimRequest, rank: int | None, added: list | None) -> None:
-        """Hand a request to the front end (to ``rank`` if already routed); count a rejection."""
+    def _admit(self, req: SimRequest, rank: int, added: list | None) -> None:
+        """Hand a request routed to ``rank`` to the front end; count a rejection."""
         try:
             rank = self.engine.add_request(req, rank)
         except RequestRejected as e:

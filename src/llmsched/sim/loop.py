@@ -122,10 +122,16 @@ class Arrivals:
         if not slots:
             return math.inf
         i = self.nxt
+        return self._passed_on(i, self._sent_at(i, slots[0]), self.server_free)
+
+    def _sent_at(self, i: int, slot_free: float) -> float:
+        """When request ``i`` is sent by a client whose slot frees at ``slot_free``."""
         t = self.arrivals[i]
-        sent = t if t > slots[0] else slots[0]
-        servers = self.server_free
-        return self.frontend.done_at(sent, servers[i % len(servers)], self.workload.input_lens[i])
+        return t if t > slot_free else slot_free
+
+    def _passed_on(self, i: int, sent: float, server_free: list[float]) -> float:
+        """When request ``i``, sent at ``sent``, leaves its API server (``server_free``: when each frees)."""
+        return self.frontend.done_at(sent, server_free[i % len(server_free)], self.workload.input_lens[i])
 
     def reach_time(self, i: int, sent: float) -> float:
         """When request ``i``, sent at ``sent`` and just taken, reaches the engine."""
@@ -148,35 +154,26 @@ class Arrivals:
     def _closed_in_frontend(self, now: float) -> int:
         """``in_frontend`` in a closed loop: the next requests each take the next free slot, in order."""
         free = list(self.server_free)
-        lens = self.workload.input_lens
         count = 0
         for k, slot in enumerate(self.slots):
             i = self.nxt + k
             if i >= self.n:
                 break
-            t = self.arrivals[i]
-            sent = t if t > slot else slot
+            sent = self._sent_at(i, slot)
             if sent > now:
                 break
-            s = i % len(free)
-            free[s] = self.frontend.done_at(sent, free[s], lens[i])
-            if free[s] > now:
+            free[i % len(free)] = done = self._passed_on(i, sent, free)
+            if done > now:
                 count += 1
         return count
 
     def take(self) -> tuple[int, float, float]:
         """Send the next request (``due`` must hold): its index, sent time and ordering time."""
         i = self.nxt
-        t_arr = self.arrivals[i]
-        if self.slots is not None:
-            free_at = self.slots.popleft()
-            sent = t_arr if t_arr > free_at else free_at
-        else:
-            sent = t_arr
+        sent = self.arrivals[i] if self.slots is None else self._sent_at(i, self.slots.popleft())
         servers = self.server_free
         if servers is not None:
-            s = i % len(servers)
-            servers[s] = self.reached = self.frontend.done_at(sent, servers[s], self.workload.input_lens[i])
+            servers[i % len(servers)] = self.reached = self._passed_on(i, sent, servers)
         # The scheduler breaks priority ties by arrival time: keep it
         # strictly increasing in arrival order, as wall-clock arrivals are.
         last = self.last_arrival
