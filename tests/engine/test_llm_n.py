@@ -108,7 +108,9 @@ def test_seeded_sampling_gives_distinct_reproducible_completions(use_embedded: P
         # Greedy children are identical, and equal to the n=1 answer.
         greedy = SamplingParams(n=3, temperature=0, max_tokens=8, ignore_eos=True)
         (g,) = llm.generate(PROMPT, greedy, use_tqdm=False)
-        (g1,) = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+        (g1,) = llm.generate(
+            PROMPT, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False
+        )
         assert [c.token_ids for c in g.outputs] == [g1.outputs[0].token_ids] * 3
     finally:
         llm.close()

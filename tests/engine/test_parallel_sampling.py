@@ -29,7 +29,10 @@ def test_seeded_children_get_seed_plus_index_and_n_1() -> None:
 
 def test_unseeded_children_keep_no_seed() -> None:
     params = SamplingParams(n=2, temperature=0)
-    assert [(k.n, k.seed) for k in (child_params(params, 0), child_params(params, 1))] == [(1, None), (1, None)]
+    assert [(k.n, k.seed) for k in (child_params(params, 0), child_params(params, 1))] == [
+        (1, None),
+        (1, None),
+    ]
     single = SamplingParams()
     assert child_params(single, 0) is single
 
