@@ -75,8 +75,11 @@ INVALID: list[tuple[str, Any]] = [
     ("logprobs", 2.0),
     ("logprobs", True),
     ("n", 0),
-    ("n", 2),
+    ("n", -2),
     ("n", 1.0),
+    ("n", True),
+    ("n", "2"),
+    ("n", None),
 ]
 
 
@@ -147,6 +150,8 @@ VALID: list[tuple[str, Any]] = [
     ("logprobs", 5),
     ("logprobs", MAX_LOGPROBS),
     ("n", 1),
+    ("n", 2),
+    ("n", 64),
 ]
 
 
@@ -218,3 +223,8 @@ def test_defaults_not_shared_between_instances() -> None:
 )
 def test_greedy(fields: dict[str, Any], greedy: bool) -> None:
     assert make(**fields).greedy is greedy
+
+
+def test_a_bad_n_says_what_n_must_be() -> None:
+    with pytest.raises(InvalidSamplingParams, match=r"n=0 is invalid: must be an integer >= 1"):
+        SamplingParams(n=0)

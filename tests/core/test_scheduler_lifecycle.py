@@ -468,3 +468,11 @@ def test_without_debug_the_checks_are_skipped(monkeypatch: pytest.MonkeyPatch) -
     s.kv.pool.blocks[s.kv.get_block_ids("A")[0]].ref_cnt += 1
     out = s.schedule()
     assert out.num_scheduled_tokens_by_id() == {"A": 1}
+
+
+def test_a_request_with_n_above_1_is_refused_not_run_as_one_sequence() -> None:
+    s = make_sched()
+    before = snapshot(s)
+    with pytest.raises(RequestRejected, match=r"'fork': n=3, but a scheduler request is one sequence"):
+        s.add_request(Request("fork", [1, 2, 3], SamplingParams(n=3)))
+    assert snapshot(s) == before and "fork" not in s.requests

@@ -27,6 +27,8 @@ class SamplingParams:
     ``min_tokens`` holds back EOS and stop tokens (not the length limits) until
     that many tokens were generated. ``structured_outputs`` constrains the
     output (a JSON schema, regex, choice or grammar; a dict is converted).
+    ``n`` completions are generated per prompt, each an independent request
+    sharing the prompt; with a ``seed``, completion i samples with seed + i.
     """
 
     max_tokens: int = 16
@@ -110,8 +112,8 @@ class SamplingParams:
             if not isinstance(self.structured_outputs, dict):
                 _fail("structured_outputs", self.structured_outputs, "must be StructuredOutputsParams")
             self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
-        if not _is_int(self.n) or self.n != 1:
-            _fail("n", self.n, "only n=1 is supported; send n separate requests")
+        if not _is_int(self.n) or self.n < 1:
+            _fail("n", self.n, "must be an integer >= 1 (the number of completions per prompt)")
 
     @property
     def greedy(self) -> bool:

@@ -159,6 +159,12 @@ class Scheduler:
             request.num_computed_tokens
         ):
             raise RequestRejected(f"request {rid!r} was already scheduled once; add a fresh Request")
+        if request.sampling_params.n != 1:
+            # One Request is one sequence; n > 1 would silently give one.
+            raise RequestRejected(
+                f"request {rid!r}: n={request.sampling_params.n}, but a scheduler request is one sequence; "
+                "add n requests with n=1 (LLMEngine.add_request forks them)"
+            )
         n = request.num_prompt_tokens
         max_len = self._max_model_len
         if n == 0:

@@ -18,6 +18,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ from llmsched.engine.executor import Executor
 from llmsched.engine.lora_request import LoRARequest
 from llmsched.engine.model_files import load_model_files
 from llmsched.engine.outputs import RequestMetrics, RequestOutput, RequestOutputKind
+from llmsched.engine.parallel_sampling import ParentRequest, child_params
 from llmsched.engine.request_state import RequestState, turn_reason
 from llmsched.engine.serve_threads import serving_threads
 from llmsched.engine.sessions import SessionState, add_input, check_session_params, end_input
@@ -41,6 +43,7 @@ from llmsched.engine.spec_stats import SpecDecodingStats
 from llmsched.engine.tokenizer import Tokenizer, load_tokenizer
 
 if TYPE_CHECKING:
+    from llmsched.core.encoder_inputs import MMItem
     from llmsched.core.session import TurnEnd
     from llmsched.structured.manager import GrammarHandle, StructuredOutputManager
 
@@ -50,6 +53,23 @@ ExecutorFactory = Callable[..., Executor]
 
 # A prompt: text, {"prompt": text}, or {"prompt_token_ids": [...]}.
 PromptType = str | Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _NewRequest:
+    """A checked request's prompt and options, shared by the children of a request with n > 1."""
+
+    text: str | None
+    ids: list[int]
+    mm_items: tuple[MMItem, ...]
+    arrival: float
+    priority: int
+    output_kind: RequestOutputKind
+    cache_salt: str | None
+    tenant: str | None
+    lora_request: LoRARequest | None
+    kv_transfer_params: dict | None
+    resumable: bool
 
 
 def _torch_executor(model: Path, **kwargs: Any) -> Executor:
@@ -117,6 +137,8 @@ class LLMEngine:
         self.scheduler_config = config
         self.max_model_len: int = config.max_model_len
         self._states: dict[str, RequestState] = {}
+        # Requests with n > 1 whose children have not all finished, by the parent's id.
+        self._parents: dict[str, ParentRequest] = {}
         # Final outputs of sessions whose input ended between turns, for the next step().
         self._session_ends: list[RequestOutput] = []
         if self.tokenizer is not None:
@@ -256,6 +278,12 @@ class LLMEngine:
         session with this id its next input (``params`` None keeps its
         sampling params); a non-resumable request with a session's id ends
         its input, as ``end_session`` does (see ``engine.sessions``).
+
+        ``params.n`` > 1 forks the request into n child requests
+        ``{i}_{request_id}`` sharing the prompt (``engine.parallel_sampling``):
+        their outputs come back under ``request_id``, each completion with
+        its child's ``index``, and aborting ``request_id`` aborts them all.
+        Either every child is queued or none is.
         """
         if not isinstance(request_id, str):
             raise RequestRejected(f"request id {request_id!r} must be a string")
@@ -266,7 +294,7 @@ class LLMEngine:
             else:
                 self._session_ends.extend(self.end_session(request_id))
             return
-        if st is not None:
+        if st is not None or request_id in self._parents:
             raise RequestRejected(f"request id {request_id!r} is already in use by an unfinished request")
         if params is None:
             params = self.default_sampling_params()
@@ -286,31 +314,91 @@ class LLMEngine:
             )
         if resumable:
             check_session_params(request_id, params, output_kind)
+        if params.n > 1 and kv_transfer_params is not None:
+            raise RequestRejected(
+                f"request {request_id!r}: kv_transfer_params cannot be combined with n={params.n}; "
+                "send n requests with n=1"
+            )
         text, ids = self.process_prompt(request_id, prompt)
         if lora_request is not None:
             self._check_lora(request_id, lora_request)
         ids, mm_items = self._mm_inputs(request_id, prompt, ids)
+        spec = _NewRequest(
+            text=text,
+            ids=ids,
+            mm_items=mm_items,
+            arrival=time.monotonic() if arrival_time is None else arrival_time,
+            priority=priority,
+            output_kind=output_kind,
+            cache_salt=cache_salt,
+            tenant=tenant,
+            lora_request=lora_request,
+            kv_transfer_params=kv_transfer_params,
+            resumable=resumable,
+        )
+        if params.n == 1:
+            self._queue(request_id, params, spec)
+        else:
+            self._fork(request_id, params, spec)
+
+    def _fork(self, request_id: str, params: SamplingParams, spec: _NewRequest) -> None:
+        """Queue the n children of ``request_id``, all or none."""
+        parent = ParentRequest(request_id, params.n, spec.output_kind)
+        children = list(parent.live)
+        for cid in children:
+            if cid in self._states or cid in self._parents:
+                raise RequestRejected(
+                    f"request {request_id!r} (n={params.n}): its child request id {cid!r} is already "
+                    "in use by an unfinished request"
+                )
+        queued: list[str] = []
+        for i, cid in enumerate(children):
+            try:
+                self._queue(cid, child_params(params, i), spec, parent, i)
+            except RequestRejected as e:
+                # The children are one request: none stays queued without the others.
+                self.engine_core.abort(queued)
+                for q in queued:
+                    self._states.pop(q, None)
+                    self._grammar_pending.pop(q, None)
+                # The caller knows the parent's id, not the child's.
+                msg, named = str(e), f"request {cid!r}"
+                if msg.startswith(named):
+                    raise RequestRejected(f"request {request_id!r}{msg[len(named) :]}") from None
+                raise
+            queued.append(cid)
+        self._parents[request_id] = parent
+
+    def _queue(
+        self,
+        request_id: str,
+        params: SamplingParams,
+        spec: _NewRequest,
+        parent: ParentRequest | None = None,
+        index: int = 0,
+    ) -> None:
+        """Hand one (checked) request to the scheduler and start tracking it."""
         grammar = None
         if params.structured_outputs is not None:
             grammar = self._grammar_for(request_id, params)
-        arrival = time.monotonic() if arrival_time is None else arrival_time
+        lora = spec.lora_request
         req = Request(
             request_id,
-            ids,
+            spec.ids,
             params,
             eos_token_ids=self.eos_token_ids,
-            priority=priority,
-            arrival_time=arrival,
-            cache_salt=cache_salt,
+            priority=spec.priority,
+            arrival_time=spec.arrival,
+            cache_salt=spec.cache_salt,
             grammar=grammar,
-            tenant=tenant,
-            lora_id=lora_request.lora_int_id if lora_request is not None else 0,
-            lora_name=lora_request.lora_name if lora_request is not None else None,
-            mm_items=mm_items,
-            resumable=resumable,
+            tenant=spec.tenant,
+            lora_id=lora.lora_int_id if lora is not None else 0,
+            lora_name=lora.lora_name if lora is not None else None,
+            mm_items=spec.mm_items,
+            resumable=spec.resumable,
         )
-        if kv_transfer_params is not None and self.kv_connector is not None:
-            self.kv_connector.set_request_params(request_id, kv_transfer_params)
+        if spec.kv_transfer_params is not None and self.kv_connector is not None:
+            self.kv_connector.set_request_params(request_id, spec.kv_transfer_params)
         try:
             self.engine_core.add_request(req)
         except RequestRejected:
@@ -321,18 +409,30 @@ class LLMEngine:
             self._grammar_pending[request_id] = req
         decode = self._decode if params.skip_special_tokens else self._decode_keep_special
         detok = IncrementalDetokenizer(
-            decode, ids, params.stop, params.include_stop_str_in_output, params.min_tokens
+            decode, spec.ids, params.stop, params.include_stop_str_in_output, params.min_tokens
         )
         self._states[request_id] = RequestState(
             request=req,
-            prompt=text,
+            prompt=spec.text,
             detokenizer=detok,
-            metrics=RequestMetrics(arrival_time=arrival),
-            output_kind=output_kind,
+            metrics=RequestMetrics(arrival_time=spec.arrival),
+            output_kind=spec.output_kind,
             logprobs=[] if params.logprobs is not None else None,
             cumulative_logprob=0.0 if params.logprobs is not None else None,
-            session=SessionState(prompt_token_ids=req.prompt_token_ids) if resumable else None,
+            session=SessionState(prompt_token_ids=req.prompt_token_ids) if spec.resumable else None,
+            parent=parent,
+            index=index,
         )
+
+    def _report(self, st: RequestState, out: RequestOutput | None) -> RequestOutput | None:
+        """What the caller sees of a request's output: itself, or for a child what its parent reports."""
+        parent = st.parent
+        if out is None or parent is None:
+            return out
+        out = parent.child_output(st.request.request_id, out)
+        if parent.finished:
+            self._parents.pop(parent.request_id, None)
+        return out
 
     def end_session(self, request_id: str) -> list[RequestOutput]:
         """End a session's input; returns its final output if it was waiting between turns.
@@ -452,7 +552,12 @@ class LLMEngine:
 
     def abort_request(self, request_ids: str | Iterable[str]) -> list[RequestOutput]:
         """Abort requests; returns their final outputs (finish_reason "abort"). Unknown ids are ignored."""
-        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        given = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        ids: list[str] = []
+        for rid in given:
+            # A parent's id stands for its unfinished children.
+            parent = self._parents.get(rid)
+            ids.extend(parent.live if parent is not None else (rid,))
         self.engine_core.abort(ids)
         return self._final_outputs(ids, RequestStatus.FINISHED_ABORTED)
 
@@ -466,7 +571,7 @@ class LLMEngine:
                 continue
             st.request.status = status
             st.metrics.finished_time = now
-            out = st.make_output(True)
+            out = self._report(st, st.make_output(True))
             if self.kv_connector is not None:
                 self.kv_connector.finished_params.pop(rid, None)
             if out is not None:
@@ -568,6 +673,7 @@ class LLMEngine:
                 params = self.kv_connector.finished_params.pop(req.request_id, None)
                 if out is not None:
                     out.kv_transfer_params = params
+            out = self._report(st, out)
             if out is not None:
                 outputs.append(out)
         for req in es.outputs.finished:
@@ -577,7 +683,7 @@ class LLMEngine:
             if st is not None:
                 # Finished with no new token: declined by the scheduling policy.
                 st.metrics.finished_time = now
-                out = st.make_output(True)
+                out = self._report(st, st.make_output(True))
                 if out is not None:
                     outputs.append(out)
         return outputs

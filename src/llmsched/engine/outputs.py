@@ -1,6 +1,8 @@
 """What the engine returns per request, shaped as vLLM users know it.
 
-``RequestOutput.outputs[0]`` is a ``CompletionOutput`` with ``text``,
+``RequestOutput.outputs`` holds ``CompletionOutput``s (one; or for a request
+with n > 1, all n sorted by ``index`` in its FINAL_ONLY output, and the
+child that progressed in a streamed one), each with ``text``,
 ``token_ids``, ``finish_reason`` ("stop", "length", "abort" or "error"),
 ``stop_reason`` (the stop string or stop token id) and logprobs;
 ``metrics`` carries the request's timestamps (``time.monotonic()`` seconds)
@@ -74,7 +76,7 @@ class RequestMetrics:
 
 @dataclass(slots=True)
 class CompletionOutput:
-    """One generated sequence (llmsched supports n=1, so always index 0)."""
+    """One generated sequence; ``index`` is its place among the request's n (0 when n=1)."""
 
     index: int
     text: str

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from llmsched.core.request import FINISH_REASONS, Request
 from llmsched.core.session import TurnEnd
@@ -18,6 +19,9 @@ from llmsched.engine.outputs import (
     SampleLogprobs,
 )
 from llmsched.engine.sessions import SessionState
+
+if TYPE_CHECKING:
+    from llmsched.engine.parallel_sampling import ParentRequest
 
 
 @dataclass(slots=True)
@@ -38,6 +42,10 @@ class RequestState:
     num_sent: int = 0
     # Set for a streaming-input session (engine.sessions.SessionState).
     session: SessionState | None = None
+    # Set for a child of a request with n > 1: the parent gathers its outputs.
+    parent: ParentRequest | None = None
+    # The child's index among its parent's n (its CompletionOutput.index).
+    index: int = 0
 
     def new_token_ids(self) -> list[int]:
         """Output tokens the scheduler appended since the last call."""
@@ -118,7 +126,7 @@ class RequestState:
         if reason is None:
             reason = (req.finish_reason, req.stop_reason) if finished else (None, None)
         completion = CompletionOutput(
-            index=0,
+            index=self.index,
             text=text,
             token_ids=token_ids,
             cumulative_logprob=self.cumulative_logprob,
@@ -144,15 +152,20 @@ def turn_reason(turn: TurnEnd) -> tuple[str | None, int | str | None]:
 
 
 def error_output(
-    request_id: str, prompt: str | None, prompt_token_ids: Sequence[int], message: str, arrival_time: float
+    request_id: str,
+    prompt: str | None,
+    prompt_token_ids: Sequence[int],
+    message: str,
+    arrival_time: float,
+    n: int = 1,
 ) -> RequestOutput:
-    """A finished output for a request that failed on its own (finish_reason "error")."""
+    """A finished output for a request that failed on its own: n empty completions, finish_reason "error"."""
     metrics = RequestMetrics(arrival_time=arrival_time, finished_time=arrival_time)
     return RequestOutput(
         request_id=request_id,
         prompt=prompt,
         prompt_token_ids=list(prompt_token_ids),
-        outputs=[CompletionOutput(index=0, text="", token_ids=[], finish_reason="error")],
+        outputs=[CompletionOutput(index=i, text="", token_ids=[], finish_reason="error") for i in range(n)],
         finished=True,
         metrics=metrics,
         error=message,

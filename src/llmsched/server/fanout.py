@@ -4,18 +4,21 @@ Each sequence is its own engine request (id ``{i}_{request id}``, as vLLM
 names them), queued together, so the scheduler admits them in one step and
 the prefix cache hands the later ones the first one's prompt blocks: the
 prompt is computed once. With a seed, sequence i samples with seed + i (as
-vLLM does), so the n choices differ and are reproducible.
+vLLM does), so the n choices differ and are reproducible. The naming and
+the children's parameters are the engine's (``engine.parallel_sampling``,
+which the offline API forks with too); this module streams the children
+as choices.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import AsyncIterator, Callable
 
 from starlette.responses import Response
 
 from llmsched.core.sampling_params import SamplingParams
+from llmsched.engine.parallel_sampling import child_params, child_request_id
 from llmsched.server.admission import Overloaded
 from llmsched.server.async_engine import EngineDead
 from llmsched.server.errors import APIError, sse_error
@@ -29,13 +32,6 @@ from llmsched.server.request_stream import (
 from llmsched.server.responses import DONE, Delta, Formatter, sse, usage
 from llmsched.server.state import ServerState
 from llmsched.server.streaming import DeferredJSONResponse, EventStreamResponse
-
-
-def child_params(params: SamplingParams, index: int) -> SamplingParams:
-    """Sequence ``index``'s parameters: the request's, with seed + index when seeded."""
-    if params.seed is None:
-        return params
-    return dataclasses.replace(params, seed=params.seed + index)
 
 
 async def generate_n(
@@ -82,7 +78,7 @@ def _submit_all(
     try:
         for i in range(n):
             st = engine.submit(
-                f"{i}_{request_id}",
+                child_request_id(i, request_id),
                 ids,
                 child_params(params, i),
                 priority=body.priority,
