@@ -460,7 +460,7 @@ def diff_traces(ours: list[dict], ref: list[dict], limit: int = 5) -> list[str]:
         for key in BOOKKEEPING:
             if a[key] != b[key]:
                 diffs.append(f"step {b['step']}: {key} ours {a[key]} vs ref {b[key]}")
-        if sorted(map(tuple, a["admitted"])) != sorted(map(tuple, b["admitted"])):
+        if a["admitted"] != b["admitted"]:
             diffs.append(f"step {b['step']}: admitted ours {a['admitted']} vs ref {b['admitted']}")
         if len(diffs) >= limit:
             break

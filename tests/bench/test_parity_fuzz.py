@@ -185,7 +185,7 @@ def differences(ours: list[dict], ref: list[dict]) -> list[str]:
         for key in BOOKKEEPING:
             if a[key] != b[key]:
                 diffs.append(f"step {b['step']}: {key} {a[key]!r} vs recorded {b[key]!r}")
-        if sorted(map(tuple, a["admitted"])) != sorted(map(tuple, b["admitted"])):
+        if a["admitted"] != b["admitted"]:
             diffs.append(f"step {b['step']}: admitted {a['admitted']} vs recorded {b['admitted']}")
         if "kv_out" in b and events(a.get("kv_out")) != events(b["kv_out"]):
             diffs.append(f"step {b['step']}: kv_out {a.get('kv_out')} vs recorded {b['kv_out']}")
