@@ -22,7 +22,9 @@ def load_trace(path: str | Path) -> list[dict]:
     return steps
 
 
-def decisions(steps: list[dict], blocks: bool = True) -> list[tuple]:
+def decisions(
+    steps: list[dict], blocks: bool = True, preempt_order: bool = True, finish_order: bool = True
+) -> list[tuple]:
     """The decisions (``FIELDS``) of each step that scheduled tokens.
 
     ``sched``, ``admitted``, ``preempted``, ``finished``, ``kv_loads`` and
@@ -31,14 +33,18 @@ def decisions(steps: list[dict], blocks: bool = True) -> list[tuple]:
     per request. ``blocks`` is None when the trace does not record it or
     ``blocks`` is false. With a KV connector, a step that only started a load
     counts too; with encoder inputs, a step that only evicted from the
-    encoder cache.
+    encoder cache. ``preempt_order`` false compares a step's preemptions as
+    a set (traces that do not record vLLM's order), ``finish_order`` false
+    its finishes (where vLLM's order is not deterministic).
     """
+    pkey = list if preempt_order else sorted
+    fkey = list if finish_order else sorted
     return [
         (
             [tuple(x) for x in s["sched"]],
             [tuple(x) for x in s.get("admitted") or ()],
-            list(s["preempted"]),
-            list(s["finished"]),
+            pkey(s["preempted"]),
+            fkey(s["finished"]),
             [tuple(x) for x in s.get("kv_loads") or ()],
             sorted((rid, tuple(ids)) for rid, ids in (s.get("enc") or {}).items()),
             list(s.get("enc_freed") or ()),
@@ -54,13 +60,33 @@ def records_blocks(steps: list[dict]) -> bool:
     return any("blocks" in s for s in steps)
 
 
-def compare(ours: list[dict], ref: list[dict], limit: int = 5) -> list[str]:
+def finish_order_is_deterministic(workload: dict) -> bool:
+    """False if vLLM may list one step's finishes in an order that varies between runs.
+
+    vLLM finishes the requests that failed (a KV load under the "fail"
+    policy, an encoder input whose size disagrees with the cached one) by
+    iterating a set of ids, whose order follows Python's string hashing.
+    """
+    kv = workload.get("config", {}).get("kv_connector") or {}
+    fail_loads = kv.get("load_failure_policy", "recompute") == "fail"
+    return not fail_loads and not any(r.get("mm") for r in workload.get("requests", ()))
+
+
+def compare(
+    ours: list[dict],
+    ref: list[dict],
+    limit: int = 5,
+    preempt_order: bool = True,
+    finish_order: bool = True,
+) -> list[str]:
     """Differences in decisions, first ``limit`` of them; empty when they agree.
 
-    Block ids are compared where the reference records them.
+    Block ids are compared where the reference records them; the orders as
+    in ``decisions``.
     """
     with_blocks = records_blocks(ref)
-    a, b = decisions(ours, with_blocks), decisions(ref, with_blocks)
+    a = decisions(ours, with_blocks, preempt_order, finish_order)
+    b = decisions(ref, with_blocks, preempt_order, finish_order)
     diffs = []
     for k, (x, y) in enumerate(zip(a, b)):
         if x != y:

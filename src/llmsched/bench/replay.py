@@ -83,9 +83,7 @@ class ReplaySummary:
         )
 
 
-def step_record(
-    step: int, es: EngineStep, explain: bool, blocks: dict[str, list] | None = None
-) -> dict:
+def step_record(step: int, es: EngineStep, explain: bool, blocks: dict[str, list] | None = None) -> dict:
     """One trace line for one schedule() call; ``blocks``: the block ids handed over, if recorded."""
     so = es.scheduler_output
     rec = {
