@@ -81,10 +81,11 @@ def compare(
 ) -> list[str]:
     """Differences in decisions, first ``limit`` of them; empty when they agree.
 
-    Block ids are compared where the reference records them; the orders as
-    in ``decisions``.
+    Block ids are compared where both traces record them (replay always
+    does; the simulator does not list block ids); the orders as in
+    ``decisions``.
     """
-    with_blocks = records_blocks(ref)
+    with_blocks = records_blocks(ref) and records_blocks(ours)
     a = decisions(ours, with_blocks, preempt_order, finish_order)
     b = decisions(ref, with_blocks, preempt_order, finish_order)
     diffs = []
