@@ -142,7 +142,7 @@ def test_parity_detects_a_block_id_or_order_difference():
     assert compare(ours, ref) == []
     k = next(i for i, s in enumerate(ours) if s["blocks"])
     rid = next(iter(ours[k]["blocks"]))
-    ours[k]["blocks"][rid] = ours[k]["blocks"][rid][::-1] + [0]
+    ours[k]["blocks"][rid] = [*ours[k]["blocks"][rid][::-1], 0]
     assert "blocks" in compare(ours, ref)[0]
     ours = run("parity/p2_preemption")
     k = next(i for i, s in enumerate(ours) if len(s["admitted"]) > 1)
