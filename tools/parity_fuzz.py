@@ -70,7 +70,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from llmsched.bench.parity import compare  # noqa: E402
+from llmsched.bench.parity import compare, finish_order_is_deterministic  # noqa: E402
 from llmsched.bench.replay import replay  # noqa: E402
 from llmsched.bench.workload import parse_workload, synth_prompt  # noqa: E402
 from llmsched.core.errors import ConfigError, InvalidSamplingParams, RequestRejected  # noqa: E402
@@ -78,11 +78,13 @@ from llmsched.core.errors import ConfigError, InvalidSamplingParams, RequestReje
 # Errors llmsched raises for workloads it refuses.
 REJECTED = (ConfigError, RequestRejected, InvalidSamplingParams)
 DEFAULT_REF_PYTHON = "/work/vllm-ref-venv/bin/python"
-DEFAULT_DRIVER = str((REPO / ".." / "shared" / "vllm_ref" / "drive_vllm.py").resolve())
+# The project's copy of the reference driver: it also records vLLM's preemption order and block ids.
+DEFAULT_DRIVER = str(REPO / "tools" / "drive_vllm.py")
 MAX_STEPS = 100_000
 # With a scripted KV connector some scripts never finish, in vLLM as here (a
 # failed async load retried asynchronously reserves blocks against itself):
-# runs stop sooner, and two runs cut off alike count as agreeing.
+# runs stop sooner. Two runs cut off alike are compared on the steps both
+# made, but never count as agreeing: the cut is reported as a difference.
 MAX_STEPS_CONNECTOR = 3000
 
 
@@ -436,13 +438,18 @@ def run_ours(workload: dict, paths: set[str] | None = None) -> tuple[dict, list[
     return header.get("resolved", {}), steps
 
 
-def diff_traces(ours: list[dict], ref: list[dict], limit: int = 5) -> list[str]:
-    """Decision differences (parity.compare) then bookkeeping ones, first ``limit``."""
+def diff_traces(ours: list[dict], ref: list[dict], limit: int = 5, finish_order: bool = True) -> list[str]:
+    """Decision differences (parity.compare) then bookkeeping ones, first ``limit``.
+
+    A reference cut off by the step cap is compared on the steps it has, and
+    the cut itself is reported (last) as a difference: an unfinished run
+    agrees with nothing.
+    """
     capped = bool(ref) and ref[-1]["step"] >= MAX_STEPS_CONNECTOR - 10 and "kv_loads" in ref[-1]
     if capped:
         # vLLM's run stopped at the cap: compare the steps both made.
         ours = [s for s in ours if s["step"] <= ref[-1]["step"]]
-    diffs = compare(ours, ref, limit)
+    diffs = compare(ours, ref, limit, finish_order=finish_order)
     if diffs:
         # compare() counts non-empty steps; name the replay step too.
         steps = [s["step"] for s in ref if s["total_tokens"] > 0 or s.get("kv_loads")]
@@ -452,19 +459,22 @@ def diff_traces(ours: list[dict], ref: list[dict], limit: int = 5) -> list[str]:
             k = int(head.rsplit("#", 1)[1]) if head.startswith("non-empty step #") else -1
             out.append(f"{head} (step {steps[k]}){sep}{rest}" if 0 <= k < len(steps) else d)
         return out
-    if len(ours) != len(ref):
-        if capped:
-            return []  # cut off by the step cap, with the same decisions until then
+    if len(ours) != len(ref) and not capped:
         return [f"ours has {len(ours)} steps, ref {len(ref)}"]
     for a, b in zip(ours, ref):
         for key in BOOKKEEPING:
             if a[key] != b[key]:
                 diffs.append(f"step {b['step']}: {key} ours {a[key]} vs ref {b[key]}")
-        if sorted(map(tuple, a["admitted"])) != sorted(map(tuple, b["admitted"])):
+        if a["admitted"] != b["admitted"]:
             diffs.append(f"step {b['step']}: admitted ours {a['admitted']} vs ref {b['admitted']}")
         if len(diffs) >= limit:
             break
-    return diffs[:limit]
+    diffs = diffs[: limit - 1] if capped else diffs[:limit]
+    if capped:
+        diffs.append(
+            f"cut: vLLM's run stopped at the {MAX_STEPS_CONNECTOR}-step cap (same decisions until then)"
+        )
+    return diffs
 
 
 def check_workload(
@@ -489,7 +499,7 @@ def check_workload(
         for k in RESOLVED_KEYS
         if resolved.get(k) != header["resolved"].get(k)
     ]
-    return diffs + diff_traces(ours, ref_steps)
+    return diffs + diff_traces(ours, ref_steps, finish_order=finish_order_is_deterministic(workload))
 
 
 # ---- workload generation -------------------------------------------------------
@@ -1353,11 +1363,13 @@ def compact_steps(steps: list[dict]) -> list[list]:
                 [s["kv_loads"], s.get("kv_out") or {}]
                 if "kv_loads" in s
                 else [None, None]
-                if "enc" in s
+                if "enc" in s or "blocks" in s
                 else []
             ),
             # With encoder inputs: the items encoded and the encoder-cache evictions.
-            *([s["enc"], s["enc_freed"]] if "enc" in s else []),
+            *([s["enc"], s["enc_freed"]] if "enc" in s else [None, None] if "blocks" in s else []),
+            # Recorded by tools/drive_vllm.py: the block ids handed over.
+            *([s["blocks"]] if "blocks" in s else []),
         ]
         for s in steps
     ]
@@ -1524,7 +1536,15 @@ def choose_corpus(
 
 def _record(name: str, wl: dict, ref: tuple[dict, list[dict]], feats: set[str], **extra: object) -> dict:
     """One corpus case: the workload, what it exercises, and vLLM's compact steps."""
-    return {"name": name, **extra, "features": sorted(feats), "workload": wl, "steps": compact_steps(ref[1])}
+    return {
+        "name": name,
+        **extra,
+        "features": sorted(feats),
+        "workload": wl,
+        "steps": compact_steps(ref[1]),
+        # Recorded with vLLM's preemption order (tools/drive_vllm.py), not sorted.
+        "preempt_order": True,
+    }
 
 
 def cmd_corpus(args: argparse.Namespace) -> int:
@@ -1567,11 +1587,11 @@ def cmd_corpus(args: argparse.Namespace) -> int:
                 mism += 1
                 failing.add(len(cands))
                 print(f"generated case {k} MISMATCH: {diffs[0]}", flush=True)
-            elif (
-                len(ref[1]) > args.max_steps
-                or len(json.dumps(wl)) + len(json.dumps(compact_steps(ref[1]))) > args.max_case_bytes
+            elif (args.max_steps is not None and len(ref[1]) > args.max_steps) or (
+                args.max_case_bytes is not None
+                and len(json.dumps(wl)) + len(json.dumps(compact_steps(ref[1]))) > args.max_case_bytes
             ):
-                continue
+                continue  # only with --max-steps / --max-case-bytes: long traces are kept by default
             cands.append((wl, features(wl, ref[1]) | gfeats | paths, ref[1]))
             kind = "" if args.connector == "off" else "kv-"
             kind += "" if args.hybrid == "off" else "hy-"
@@ -1678,8 +1698,15 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--mm", choices=Gen.MM, default="off", help="encoder inputs (images) in prompts")
     k.add_argument("--cover", type=int, default=4, help="cases wanted per feature before random fill")
     k.add_argument("--size", type=int, default=300, help="generated cases to keep")
-    k.add_argument("--max-steps", type=int, default=400, help="skip cases with longer traces")
-    k.add_argument("--max-case-bytes", type=int, default=40_000, help="skip cases larger than this as JSON")
+    k.add_argument(
+        "--max-steps", type=int, default=None, help="skip cases with longer traces (default: keep all)"
+    )
+    k.add_argument(
+        "--max-case-bytes",
+        type=int,
+        default=None,
+        help="skip cases larger than this as JSON (default: keep all)",
+    )
     k.add_argument("--jobs", type=int, default=2, help="vLLM worker processes")
     k.add_argument("--include", nargs="*", help="workload files or folders to include whatever they do")
     k.add_argument("--witnesses", action="store_true", help="add a shrunk minimal case per decision path")

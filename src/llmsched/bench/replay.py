@@ -21,10 +21,16 @@ from llmsched.bench.scripted_connector import ScriptedConnector, events_record
 from llmsched.bench.stats import summarize_ns
 from llmsched.bench.workload import Workload, WorkloadRequest
 from llmsched.core.errors import RequestRejected
+from llmsched.core.output import SchedulerOutput
 from llmsched.core.request import Request
 from llmsched.core.sampling_params import SamplingParams
 from llmsched.engine.engine_core import EngineCore, EngineStep
 from llmsched.executor.replay import ReplayExecutor
+
+# Scripted finishes (REPLAY_STOPS.md): the reference model's EOS id and the
+# stop token of requests with "stop_at".
+EOS_TOKEN_ID = 2
+STOP_TOKEN_ID = 5
 
 
 @dataclass
@@ -77,17 +83,14 @@ class ReplaySummary:
         )
 
 
-def step_record(step: int, es: EngineStep, explain: bool) -> dict:
-    """One trace line for one schedule() call."""
+def step_record(step: int, es: EngineStep, explain: bool, blocks: dict[str, list] | None = None) -> dict:
+    """One trace line for one schedule() call; ``blocks``: the block ids handed over, if recorded."""
     so = es.scheduler_output
     rec = {
         "step": step,
         "sched": [[r.request_id, n] for r, n in zip(so.scheduled, so.num_scheduled_tokens)],
-        "admitted": [
-            [r.request_id, hit, "resumed" if resumed else "new"]
-            for r, hit, resumed in zip(so.admitted, so.admitted_num_cached_tokens, so.admitted_resumed)
-        ],
-        "preempted": sorted(r.request_id for r in so.preempted),
+        "admitted": admitted_record(so),
+        "preempted": [r.request_id for r in so.preempted],
         "finished": [r.request_id for r in es.outputs.finished],
         "total_tokens": so.total_num_scheduled_tokens,
         "num_running": es.num_running,
@@ -96,6 +99,8 @@ def step_record(step: int, es: EngineStep, explain: bool) -> dict:
         "schedule_ns": es.schedule_ns,
         "update_ns": es.update_ns,
     }
+    if blocks is not None:
+        rec["blocks"] = blocks
     if so.encoder_inputs is not None:
         rec["enc"] = {rid: sorted(ids) for rid, ids in so.encoder_inputs.items()}
         rec["enc_freed"] = list(so.freed_encoder_ids or ())
@@ -105,6 +110,72 @@ def step_record(step: int, es: EngineStep, explain: bool) -> dict:
     if explain and so.trace is not None:
         rec["why"] = so.trace.to_json()
     return rec
+
+
+def admitted_record(so: SchedulerOutput) -> list[list]:
+    """[id, prefix-cache hit, "new" | "resumed"] per admission, in the order vLLM lists them.
+
+    vLLM's SchedulerOutput carries new requests and resumed ones in separate
+    lists, so its trace has this step's new admissions first, then the
+    resumed ones, each in admission order.
+    """
+    new: list[list] = []
+    resumed: list[list] = []
+    for r, hit, res in zip(so.admitted, so.admitted_num_cached_tokens, so.admitted_resumed):
+        (resumed if res else new).append([r.request_id, hit, "resumed" if res else "new"])
+    return new + resumed
+
+
+def blocks_record(so: SchedulerOutput) -> dict[str, list[int]]:
+    """Block ids handed to the executor: an admission's whole table, a running request's new blocks."""
+    out = {r.request_id: ids for r, ids in zip(so.admitted, so.admitted_block_ids) if ids}
+    for rid, ids in so.new_block_ids.items():
+        if ids:
+            out[rid] = list(ids)
+    return out
+
+
+class BlockRecorder:
+    """Takes each schedule() call's block ids as it returns (async mode records the step later).
+
+    With a hybrid model vLLM hands over one list per KV cache group: the
+    attention blocks, then the Mamba group's (whole table with null blocks
+    on admission, the slots appended since the last step otherwise).
+    """
+
+    def __init__(self, engine: EngineCore) -> None:
+        self.by_step: dict[int, dict[str, list]] = {}
+        self._sched = engine.scheduler
+        self._mamba = getattr(self._sched.kv, "mamba", None)
+        self._mamba_len: dict[str, int] = {}
+        self._schedule = self._sched.schedule
+        self._sched.schedule = self._recording_schedule  # type: ignore[method-assign]
+
+    def _recording_schedule(self, *args: object, **kwargs: object) -> SchedulerOutput:
+        so = self._schedule(*args, **kwargs)
+        rec = blocks_record(so)
+        if self._mamba is not None:
+            rec = self._with_mamba(so, rec)
+        self.by_step[so.step] = rec
+        return so
+
+    def _with_mamba(self, so: SchedulerOutput, attn: dict[str, list[int]]) -> dict[str, list]:
+        tables, seen = self._mamba.tables, self._mamba_len
+        admitted = {r.request_id for r in so.admitted}
+        out: dict[str, list] = {}
+        for req in so.scheduled:
+            rid = req.request_id
+            table = tables.get(rid, ())
+            start = 0 if rid in admitted else seen.get(rid, 0)
+            seen[rid] = len(table)
+            mamba = [b.block_id for b in table[start:]]
+            if attn.get(rid) or mamba:
+                out[rid] = [attn.get(rid, []), mamba]
+        return out
+
+    def pop(self, step: int) -> dict[str, list]:
+        """The block ids of the schedule() call numbered ``step``."""
+        return self.by_step.pop(step)
 
 
 def arrival_events(workload: Workload) -> list[tuple[int, int, int, WorkloadRequest]]:
@@ -134,10 +205,14 @@ def event_request(wr: WorkloadRequest, seg: int, step: int, num_requests: int) -
         prompt, max_tokens = wr.prompt_token_ids[:1], 1
     else:
         prompt, max_tokens = wr.prompt_token_ids, wr.max_tokens
+    # Scripted finishes apply to the first input only, as in the reference driver.
+    eos = seg == 0 and wr.eos_at is not None
+    stop = [STOP_TOKEN_ID] if seg == 0 and wr.stop_at is not None else []
     return Request(
         wr.request_id,
         prompt,
-        SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0),
+        SamplingParams(max_tokens=max_tokens, ignore_eos=not eos, temperature=0.0, stop_token_ids=stop),
+        eos_token_ids=(EOS_TOKEN_ID,) if eos else (),
         priority=wr.priority,
         # Ties in priority break by arrival: step first, then file order.
         arrival_time=step + 0.5 * (wr.index + 1) / (num_requests + 1),
@@ -148,6 +223,17 @@ def event_request(wr: WorkloadRequest, seg: int, step: int, num_requests: int) -
         # Encoder inputs belong to the first input's prompt.
         mm_items=wr.mm if seg == 0 else (),
     )
+
+
+def scripted_finishes(workload: Workload) -> dict[str, dict[int, int]]:
+    """{request id: {k: EOS or stop token}} from the requests' ``eos_at`` / ``stop_at``."""
+    out: dict[str, dict[int, int]] = {}
+    for r in workload.requests:
+        # As the reference driver does: the stop token wins when both name one sample.
+        for k, tok in ((r.eos_at, EOS_TOKEN_ID), (r.stop_at, STOP_TOKEN_ID)):
+            if k is not None:
+                out.setdefault(r.request_id, {})[k] = tok
+    return out
 
 
 def replay(
@@ -168,11 +254,14 @@ def replay(
     if workload.kv_connector is not None:
         scripts = {r.request_id: r.kv for r in workload.requests if r.kv is not None}
         connector = ScriptedConnector(workload.kv_connector, scripts, config.block_size)
-    executor = ReplayExecutor(sample, per_req, connector.take_output if connector is not None else None)
+    executor = ReplayExecutor(
+        sample, per_req, connector.take_output if connector is not None else None, scripted_finishes(workload)
+    )
     engine = EngineCore(config, executor, connector=connector)
     sched = engine.scheduler
     if explain:
         sched.enable_trace()
+    blocks = BlockRecorder(engine)
     if workload.has_mm:
         # Made up front, so every step record carries enc / enc_freed (as
         # vLLM's trace does), those before the first image arrives too.
@@ -236,8 +325,10 @@ def replay(
         summary.schedule_ns.append(es.schedule_ns)
         summary.update_ns.append(es.update_ns)
         at = step_of_schedule[so.step]
+        step_blocks = blocks.pop(so.step)
         if trace_out is not None:
-            trace_out.write(json.dumps(step_record(at, es, explain), separators=(",", ":")) + "\n")
+            rec = step_record(at, es, explain, step_blocks)
+            trace_out.write(json.dumps(rec, separators=(",", ":")) + "\n")
         if on_step is not None:
             on_step(at, es)
         step += 1

@@ -53,6 +53,9 @@ class WorkloadRequest:
     # max_tokens) and the step its input ends (None: the last input's step).
     segments: list[tuple[int, list[int], int]] | None = None
     close_step: int | None = None
+    # Scripted finishes (REPLAY_STOPS.md): the K-th sample is EOS / the stop token.
+    eos_at: int | None = None
+    stop_at: int | None = None
 
     @property
     def total_len(self) -> int:
@@ -173,11 +176,23 @@ def parse_workload(data: dict) -> Workload:
                 segments=segments,
                 close_step=None if r.get("close_step") is None else int(r["close_step"]),
                 mm=parse_mm(rid, r.get("mm")),
+                eos_at=_sample_index(r, rid, "eos_at"),
+                stop_at=_sample_index(r, rid, "stop_at"),
             )
         )
     if not requests:
         raise ConfigError("the workload has no requests")
     return Workload(config, requests, kv_connector)
+
+
+def _sample_index(r: dict, rid: str, key: str) -> int | None:
+    """A request's optional ``eos_at`` / ``stop_at``: which sample (from 1) ends it."""
+    k = r.get(key)
+    if k is None:
+        return None
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ConfigError(f"request {rid!r}: {key} must be an integer >= 1 (the K-th sample), got {k!r}")
+    return k
 
 
 def _tenant(r: dict, rid: str) -> str | None:
