@@ -23,7 +23,7 @@ DRAIN_S = 3.0
 def start_server(
     embedded_cache: Path, drain_s: float = DRAIN_S
 ) -> tuple[subprocess.Popen, str, queue.Queue[str]]:
-    """`llmsched serve` on a free port with a drain window; returns the process, its URL and its stderr lines."""
+    """`llmsched serve` on a free port with a drain window; returns the process, URL and stderr lines."""
     env = {**os.environ, "LLMSCHED_CACHE_DIR": str(embedded_cache)}
     env.pop(API_KEY_ENV, None)
     cmd = [
