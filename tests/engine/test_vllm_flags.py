@@ -39,7 +39,7 @@ OUR_FIELDS = {f.name for f in dataclasses.fields(EngineArgs)}
 
 # Values our parser checks as it reads them, for options it implements.
 SAMPLES = {
-    "lora_modules": ["a=/tmp/adapter"],
+    "lora_modules": ["a=/tmp/adapter", "b=/tmp/other"],
     "kv_cache_memory_bytes": ["1GiB"],
     "num_gpu_blocks_override": ["64"],
     "max_num_queued_reqs": ["8"],
@@ -55,6 +55,9 @@ def sample(option: dict) -> list[list[str]]:
         return [[]]
     if option["dest"] in SAMPLES:
         return [SAMPLES[option["dest"]]]
+    if option["kind"] == "list" and not option["choices"]:
+        # Two values: the option must take as many as vLLM's does.
+        return [["x", "y"]]
     flag = BY_DEST.get(option["dest"])
     if option["choices"]:
         values = [str(c) for c in option["choices"] if c is not None]

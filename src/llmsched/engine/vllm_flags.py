@@ -103,9 +103,8 @@ class VllmFlag:
             return True
         if isinstance(value, bool) or self.kind in (FLAG, BOOL):
             return bool(value) in self.fine
-        if isinstance(value, (list, tuple)):
-            return [str(v) for v in value] in [list(f) for f in self.fine if isinstance(f, tuple)]
-        return str(value) in [str(f) for f in self.fine if not isinstance(f, (bool, tuple))]
+        # Text from a command line, or a number from LLM(...): 1 and "1" are the same value.
+        return str(value) in [str(f) for f in self.fine if not isinstance(f, bool)]
 
 
 def _group(action: str, why: str, names: str, *, scope: str = ENGINE, fine: tuple = ()) -> list[VllmFlag]:
@@ -563,7 +562,7 @@ def split_engine_kwargs(kwargs: Mapping[str, Any], fields: Iterable[str]) -> tup
     for name, value in kwargs.items():
         flag = BY_DEST.get(name)
         if name in names or flag is None or flag.scope == SERVE:
-            kept[RENAMED_FIELDS.get(name, name) if name not in names else name] = value
+            kept[name if name in names else RENAMED_FIELDS.get(name, name)] = value
             continue
         if flag.is_fine(value):
             continue

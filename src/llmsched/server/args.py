@@ -40,7 +40,8 @@ class ServerArgs:
 
     host: str = "127.0.0.1"
     port: int = 8000
-    api_key: str | None = None
+    # One key, or several (any of them is accepted, as vLLM's --api-key k1 k2).
+    api_key: str | list[str] | None = None
     served_model_name: list[str] = field(default_factory=list)
     # Adapters offered from the start (they need --enable-lora).
     lora_modules: list[LoRAModule] = field(default_factory=list)
@@ -81,6 +82,9 @@ class ServerArgs:
             raise ConfigError(f"trace_steps={self.trace_steps} must be >= 0")
         if self.retry_after_s < 1:
             raise ConfigError(f"retry_after_s={self.retry_after_s} must be >= 1")
+        if isinstance(self.api_key, (list, tuple)):
+            keys = [k for k in self.api_key if k]
+            self.api_key = keys[0] if len(keys) == 1 else (keys or None)
         if self.api_key == "":
             self.api_key = None
         self._check_limits()
@@ -119,8 +123,11 @@ class ServerArgs:
         )
         g.add_argument(
             "--api-key",
+            nargs="+",
             default=None,
-            help=f"require 'Authorization: Bearer KEY' on /v1 and /debug (default: ${API_KEY_ENV}, if set)",
+            metavar="KEY",
+            help=f"require 'Authorization: Bearer KEY' on /v1 and /debug, KEY one of those given "
+            f"(default: ${API_KEY_ENV}, if set)",
         )
         g.add_argument(
             "--allowed-media-domains",
