@@ -85,19 +85,16 @@ def parse_serve(argv: list[str]) -> tuple[str, argparse.Namespace | None, str]:
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            args = build_parser().parse_args(["serve", *argv])
+            args = PARSER.parse_args(["serve", *argv])
     except SystemExit:
         text = err.getvalue()
         return ("refused" if "is not supported" in text else "error"), None, text
     return ("ignored" if args.vllm_ignored else "accepted"), args, err.getvalue()
 
 
-def serve_parser() -> argparse.ArgumentParser:
-    """The `serve` subcommand's own parser."""
-    return build_parser().commands.choices["serve"]
-
-
-SERVE_ACTIONS = serve_parser()._option_string_actions
+# One parser for every walk below: parsing leaves nothing behind in it.
+PARSER = build_parser()
+SERVE_ACTIONS = PARSER.commands.choices["serve"]._option_string_actions
 
 
 @pytest.mark.parametrize("option", OPTIONS, ids=[o["dest"] for o in OPTIONS])
