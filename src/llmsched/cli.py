@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import llmsched
 from llmsched.bench.cli import add_bench_parser
@@ -64,9 +65,24 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+class CommandParser(argparse.ArgumentParser):
+    """The top-level parser; an unknown argument is reported with its subcommand's usage."""
+
+    commands: argparse._SubParsersAction | None = None
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        """Parse, and let the subcommand that was given report arguments it does not know."""
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            command = getattr(parsed, "command", None)
+            sub = self.commands.choices.get(command) if self.commands is not None and command else None
+            (sub or self).error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
+
+
+def build_parser() -> CommandParser:
     """The argument parser with every subcommand."""
-    p = argparse.ArgumentParser(prog="llmsched", description=llmsched.__doc__)
+    p = CommandParser(prog="llmsched", description=llmsched.__doc__)
     p.add_argument("--version", action="version", version=f"llmsched {llmsched.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -97,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(sub)
     add_serve_parser(sub)
     add_proxy_parser(sub)
+    p.commands = sub
     return p
 
 

@@ -57,3 +57,68 @@ def test_llm_chat_answers_a_batch_of_conversations(smollm2_gguf: Path) -> None:
     assert "blue" in outs[1].outputs[0].text.lower()
     assert outs[0].prompt.startswith("<|im_start|>system")
     assert all(o.outputs[0].finish_reason == "stop" for o in outs)
+
+
+class _Out:
+    """One output delta, as LLMEngine.step gives them."""
+
+    def __init__(self, text: str, finished: bool) -> None:
+        self.outputs = [type("Completion", (), {"text": text})()]
+        self.finished = finished
+        self.error = None
+
+
+class _StubEngine:
+    """Streams fixed deltas (with line breaks inside) for one request."""
+
+    def __init__(self, deltas: list[str]) -> None:
+        self.tokenizer = type("Tok", (), {"encode": lambda self, text, add_special_tokens: [1]})()
+        self._deltas = deltas
+
+    def add_request(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._deltas)
+
+    def step(self) -> list[_Out]:
+        text = self._deltas.pop(0)
+        return [_Out(text, not self._deltas)]
+
+
+def test_the_answer_is_written_with_real_line_breaks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmsched.engine import chat_cli
+
+    monkeypatch.setattr(chat_cli, "render_chat_prompt", lambda tokenizer, history: "prompt")
+    out = io.StringIO()
+    answer = chat_cli.answer_streaming(_StubEngine(["1. Eat", "\n2.", " Sleep"]), [], None, out)  # type: ignore[arg-type]
+    assert answer == "1. Eat\n2. Sleep"
+    assert out.getvalue() == "1. Eat\n2. Sleep\n"
+
+
+def test_chat_prints_each_question_and_answer_on_lines_of_their_own(
+    use_embedded: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The embedded model (random weights) is enough to check the layout the README shows.
+    rc = main(
+        ["chat", "--model", str(use_embedded), "--prompt", "What is the capital of France?",
+         "--prompt", "What do bees make?", "--max-tokens", "6"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0
+    lines = out.split("\n")
+    assert lines[0] == "> What is the capital of France?"
+    assert "> What do bees make?" in lines[1:]
+    assert out.endswith("\n") and "\\n> " not in out
+
+
+def test_the_real_models_answers_print_line_breaks_not_backslash_n(
+    smollm2_gguf: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(["chat", "--model", str(smollm2_gguf), "--prompt", "Give me three tips for staying healthy."])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "\\n" not in out
+    lines = out.splitlines()
+    # The answer starts on the line after the question (whether it breaks lines is the model's choice).
+    assert lines[0] == "> Give me three tips for staying healthy." and lines[1].strip()

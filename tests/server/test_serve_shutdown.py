@@ -1,4 +1,4 @@
-"""SIGTERM under load: stop accepting, let short requests finish, abort the rest cleanly, exit 0."""
+"""SIGTERM or Ctrl-C under load: stop accepting, let short requests finish, abort the rest cleanly, exit 0."""
 
 from __future__ import annotations
 
@@ -20,13 +20,15 @@ from llmsched.server.args import API_KEY_ENV
 DRAIN_S = 3.0
 
 
-def start_server(embedded_cache: Path) -> tuple[subprocess.Popen, str]:
-    """`llmsched serve` on a free port with a short drain window; returns the process and its URL."""
+def start_server(
+    embedded_cache: Path, drain_s: float = DRAIN_S
+) -> tuple[subprocess.Popen, str, queue.Queue[str]]:
+    """`llmsched serve` on a free port with a drain window; returns the process, URL and stderr lines."""
     env = {**os.environ, "LLMSCHED_CACHE_DIR": str(embedded_cache)}
     env.pop(API_KEY_ENV, None)
     cmd = [
         sys.executable, "-m", "llmsched.cli", "serve", "--port", "0", "--max-model-len", "4096",
-        "--max-num-seqs", "8", "--log-level", "warning", "--shutdown-timeout-s", str(DRAIN_S),
+        "--max-num-seqs", "8", "--log-level", "warning", "--shutdown-timeout-s", str(drain_s),
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     lines: queue.Queue[str] = queue.Queue()
@@ -45,7 +47,7 @@ def start_server(embedded_cache: Path) -> tuple[subprocess.Popen, str]:
             url = m.group(1)
             while httpx.get(url + "/health").status_code != 200:
                 time.sleep(0.1)
-            return proc, url
+            return proc, url, lines
     raise AssertionError("the server did not start: " + "".join(seen))
 
 
@@ -70,7 +72,7 @@ def stream(url: str, max_tokens: int, results: list, ready: threading.Event) -> 
 
 
 def test_sigterm_under_load_answers_every_client_and_exits_0(embedded_cache: Path) -> None:
-    proc, url = start_server(embedded_cache)
+    proc, url, _ = start_server(embedded_cache)
     try:
         results: list = []
         threads = []
@@ -98,6 +100,38 @@ def test_sigterm_under_load_answers_every_client_and_exits_0(embedded_cache: Pat
         # The long ones still running when the drain window closed were aborted with a 503 event.
         assert ("error", 503) in results, results
         assert all(r in (("done", "length"), ("error", 503)) for r in results), results
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_a_second_ctrl_c_cuts_every_stream_with_an_error_event_and_done(embedded_cache: Path) -> None:
+    # A drain window far longer than the test: only the second Ctrl-C can end these streams.
+    proc, url, lines = start_server(embedded_cache, drain_s=600)
+    try:
+        results: list = []
+        threads = []
+        for _ in range(3):
+            ready = threading.Event()
+            t = threading.Thread(target=stream, args=(url, 4000, results, ready))
+            t.start()
+            assert ready.wait(30)
+            threads.append(t)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1.0)
+        # Draining: the streams are still being served.
+        assert proc.poll() is None and not results, results
+        proc.send_signal(signal.SIGINT)
+        for t in threads:
+            t.join(30)
+        assert proc.wait(timeout=30) == 0
+        # Every stream ended with an error event, then data: [DONE]; none was cut.
+        assert results == [("error", 503)] * 3, results
+        err = []
+        while not lines.empty():
+            err.append(lines.get())
+        assert not [x for x in err if "Exception in ASGI application" in x or "Traceback" in x], "".join(err)
     finally:
         if proc.poll() is None:
             proc.kill()

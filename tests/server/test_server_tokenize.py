@@ -83,3 +83,17 @@ def test_version_and_ping(server: ServerThread) -> None:
     assert httpx.get(server.base_url + "/version").json() == {"version": llmsched.__version__}
     assert httpx.get(server.base_url + "/ping").status_code == 200
     assert httpx.post(server.base_url + "/ping").status_code == 200
+
+
+def test_chat_template_flag_replaces_the_models_template(
+    embedded_server: Callable[..., AbstractContextManager], tmp_path
+) -> None:
+    # vLLM's --chat-template: a file (or the template's text) used for every chat request.
+    path = tmp_path / "plain.jinja"
+    path.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")
+    args = ServerArgs(log_level="warning", engine_mode="thread", chat_template=str(path))
+    with embedded_server(EngineArgs(max_model_len=MAX_LEN, num_gpu_blocks_override=64), args) as s:
+        r = post(s, "/tokenize", {"messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200, r.text
+        # The embedded tokenizer is byte-level: the ids are the rendered text's bytes.
+        assert bytes(r.json()["tokens"]).decode() == "[user] hi\n"

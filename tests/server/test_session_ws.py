@@ -64,6 +64,17 @@ def read_turn(ws) -> tuple[list[int], str, dict]:
             raise AssertionError(f"unexpected message {msg}")
 
 
+def test_a_session_ended_before_any_input_still_gets_session_done(client: TestClient, state) -> None:
+    free0 = free_blocks(state)
+    with client.websocket_connect("/v1/sessions") as ws:
+        assert ws.receive_json()["type"] == "session.created"
+        ws.send_json({"type": "session.end"})
+        assert ws.receive_json() == {"type": "session.done", "finish_reason": None}
+        with pytest.raises(WebSocketDisconnect):
+            ws.receive_json()
+    wait_free(state, free0)
+
+
 def test_two_turns_keep_the_kv_and_match_one_request_on_the_history(client: TestClient, state) -> None:
     first, second = list(range(40, 60)), list(range(70, 80))
     with client.websocket_connect("/v1/sessions") as ws:

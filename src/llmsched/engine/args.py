@@ -8,8 +8,10 @@ them with ``add_cli_args`` and reads them back with ``from_cli_args``.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 from llmsched.core.config import SchedulerConfig
 from llmsched.core.errors import ConfigError
@@ -29,6 +31,13 @@ from llmsched.engine.batch_defaults import (
 from llmsched.engine.policy_args import add_policy_args
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# vLLM's other spellings of the same dtypes.
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}
+# vLLM's hash algorithm names: xxhash is xxh3_128; the _cbor variants serialise a block's
+# fields differently before hashing, which changes no hit or miss (llmsched publishes no hashes).
+HASH_ALGO_ALIASES = {"xxhash": "xxh3_128", "sha256_cbor": "sha256", "xxhash_cbor": "xxh3_128"}
+# generation_config values that are not a folder: the model's own file, or none at all.
+GENERATION_CONFIG_MODES = ("auto", "vllm")
 # What async_scheduling=None resolves to: vLLM 0.33 turns it on unless an
 # option rules it out (none of llmsched's does).
 DEFAULT_ASYNC_SCHEDULING = True
@@ -114,11 +123,33 @@ class EngineArgs:
     # Vision-language models: most items per prompt by modality, e.g.
     # {"image": 2} (a JSON string is accepted, as on the command line).
     limit_mm_per_prompt: dict[str, int] | str | None = None
+    # Where the default sampling parameters come from, as vLLM: "auto" the model's
+    # generation_config.json, "vllm" none (SamplingParams' own), or a folder holding one.
+    generation_config: str = "auto"
+    # Sampling defaults laid over those (a dict or its JSON text), as vLLM's override_generation_config.
+    override_generation_config: dict | str | None = None
+    # Admission keeps room for the whole prompt (vLLM 0.33's default), and a fraction of
+    # the KV blocks free; a chunk of multimodal input is never split across steps when set.
+    scheduler_reserve_full_isl: bool = True
+    watermark: float = 0.0
+    disable_chunked_mm_input: bool = False
 
     def __post_init__(self) -> None:
         from llmsched.engine.multimodal import parse_limit_mm_per_prompt
 
         self.limit_mm_per_prompt = parse_limit_mm_per_prompt(self.limit_mm_per_prompt)
+        self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
+        algo = self.prefix_caching_hash_algo
+        self.prefix_caching_hash_algo = HASH_ALGO_ALIASES.get(algo, algo)
+        # vLLM's EngineArgs leaves these None to mean its default.
+        for name, default in (
+            ("enable_prefix_caching", True),
+            ("enable_chunked_prefill", True),
+            ("enable_lora", False),
+        ):
+            if getattr(self, name) is None:
+                setattr(self, name, default)
+        self._check_vllm_extras()
         for name in (
             "max_num_batched_tokens",
             "max_num_seqs",
@@ -173,6 +204,46 @@ class EngineArgs:
         parse_usage_context(self.usage_context)
         if self.max_num_batched_tokens is not None and self.max_num_seqs is not None:
             self.check_batch_limits(BatchLimits(self.max_num_batched_tokens, self.max_num_seqs, False, False))
+
+    def _check_vllm_extras(self) -> None:
+        """Check the generation-config and admission fields vLLM's names brought in."""
+        gc = self.generation_config
+        if not isinstance(gc, str) or (gc not in GENERATION_CONFIG_MODES and not Path(gc).is_dir()):
+            raise ConfigError(
+                f"generation_config={gc!r} must be 'auto' (the model's generation_config.json), 'vllm' "
+                "(no model defaults) or a folder holding a generation_config.json"
+            )
+        over = self.override_generation_config
+        if isinstance(over, str):
+            try:
+                over = json.loads(over)
+            except ValueError as e:
+                raise ConfigError(f"override_generation_config is not JSON: {e}") from None
+        if over is not None and not isinstance(over, dict):
+            raise ConfigError(
+                "override_generation_config must be a JSON object, e.g. '{\"temperature\": 0.5}'"
+            )
+        self.override_generation_config = over
+        w = self.watermark
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 <= w < 1.0:
+            raise ConfigError(f"watermark={w!r} must be in [0, 1)")
+        for name in ("scheduler_reserve_full_isl", "disable_chunked_mm_input"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false")
+
+    def generation_defaults(self, model_defaults: dict) -> dict:
+        """The default sampling parameters: ``model_defaults`` (the model's) or none or a folder's."""
+        from llmsched.engine.model_files import ModelFiles, read_json
+
+        if self.generation_config == "auto":
+            defaults = dict(model_defaults)
+        elif self.generation_config == "vllm":
+            defaults = {}
+        else:
+            path = Path(self.generation_config)
+            files = ModelFiles(path=path, generation_config=read_json(path / "generation_config.json"))
+            defaults = files.generation_defaults
+        return {**defaults, **(self.override_generation_config or {})}
 
     @property
     def usage(self) -> UsageContext:
@@ -258,6 +329,9 @@ class EngineArgs:
             prefix_caching_hash_algo=self.prefix_caching_hash_algo,
             enable_chunked_prefill=self.enable_chunked_prefill,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
+            scheduler_reserve_full_isl=self.scheduler_reserve_full_isl,
+            watermark=self.watermark,
+            disable_chunked_mm_input=self.disable_chunked_mm_input,
             policy=self.scheduling_policy,
             policy_config=self.policy_config,
             async_scheduling=self.resolved_async_scheduling,
@@ -310,9 +384,10 @@ class EngineArgs:
             help="load no tokenizer: prompts must be token ids and outputs are token ids only (no text, "
             "no stop strings, no chat)",
         )
+        _negative(g, "--no-skip-tokenizer-init", "skip_tokenizer_init")
         g.add_argument(
             "--dtype",
-            choices=DTYPES,
+            choices=(*DTYPES, *DTYPE_ALIASES),
             default="auto",
             help="weights and KV cache dtype (default auto); on CPU, bfloat16 attention runs C kernels "
             "built with the system compiler: decode with the PyTorch path's bits, prefill 3-4x faster "
@@ -320,10 +395,15 @@ class EngineArgs:
         )
         g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
         g.add_argument("--seed", type=int, default=0, help="engine seed (default 0)")
-        g.add_argument("--max-model-len", type=_positive_int, default=None)
+        g.add_argument(
+            "--max-model-len",
+            type=_model_len,
+            default=None,
+            help="longest prompt + output in tokens, e.g. 4096 or 4k (default or auto: the model's)",
+        )
         g.add_argument(
             "--max-num-batched-tokens",
-            type=_positive_int,
+            type=_human_int,
             default=None,
             help="tokens per step (" + help_text("tokens", usage) + ")",
         )
@@ -341,9 +421,49 @@ class EngineArgs:
             help="KV cache block size in tokens (default: 128 on CPU, 16 on CUDA, as vLLM)",
         )
         g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-        g.add_argument("--prefix-caching-hash-algo", choices=list(HASH_ALGOS), default="sha256")
+        _negative(g, "--disable-prefix-caching", "enable_prefix_caching")
+        g.add_argument(
+            "--prefix-caching-hash-algo",
+            choices=(*HASH_ALGOS, *HASH_ALGO_ALIASES),
+            default="sha256",
+            help="block hash function (default sha256); vLLM's xxhash is xxh3_128, and its _cbor "
+            "variants hash with the same function",
+        )
         g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
+        _negative(g, "--disable-chunked-prefill", "enable_chunked_prefill")
         g.add_argument("--long-prefill-token-threshold", type=int, default=0)
+        g.add_argument(
+            "--scheduler-reserve-full-isl",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="admit a request only when its whole prompt fits in free KV blocks (default on, as vLLM)",
+        )
+        g.add_argument(
+            "--watermark",
+            type=float,
+            default=0.0,
+            metavar="FRACTION",
+            help="fraction of KV blocks admission keeps free (default 0, as vLLM)",
+        )
+        g.add_argument(
+            "--disable-chunked-mm-input",
+            action="store_true",
+            help="never split an image's placeholder tokens across steps",
+        )
+        _negative(g, "--enable-chunked-mm-input", "disable_chunked_mm_input")
+        g.add_argument(
+            "--generation-config",
+            default="auto",
+            metavar="auto|vllm|DIR",
+            help="default sampling parameters: auto, the model's generation_config.json (default); vllm, "
+            "none; or a folder holding a generation_config.json",
+        )
+        g.add_argument(
+            "--override-generation-config",
+            default=None,
+            metavar="JSON",
+            help="sampling defaults laid over --generation-config's, e.g. '{\"temperature\": 0.5}'",
+        )
         add_policy_args(g)
         g.add_argument(
             "--num-gpu-blocks-override",
@@ -362,7 +482,7 @@ class EngineArgs:
             metavar="BYTES",
             help="KV cache size, e.g. 2GiB (the CPU default is chosen by the executor)",
         )
-        g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+        g.add_argument("--gpu-memory-utilization", "--device-memory-utilization", type=float, default=0.9)
         g.add_argument("--num-threads", type=_positive_int, default=None, help="torch CPU threads")
         g.add_argument(
             "--async-scheduling",
@@ -412,6 +532,7 @@ class EngineArgs:
             action="store_true",
             help="serve PEFT LoRA adapters on the base model, chosen per request",
         )
+        _negative(g, "--disable-lora", "enable_lora")
         g.add_argument(
             "--max-loras",
             type=_positive_int,
@@ -429,6 +550,34 @@ class EngineArgs:
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
         """Build from a namespace parsed with ``add_cli_args``'s flags."""
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+
+def _negative(group: argparse._ArgumentGroup, option: str, dest: str) -> None:
+    """vLLM's spelling of the off form of a boolean flag (--disable-X for --enable-X)."""
+    group.add_argument(option, dest=dest, action="store_false", help=argparse.SUPPRESS)
+
+
+_HUMAN_INT = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgGtT]?)$")
+
+
+def _human_int(text: str) -> int:
+    """A positive count as vLLM writes it: 2048, 4k (4000) or 4K (4096), 1.5M."""
+    m = _HUMAN_INT.match(text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer (e.g. 2048, 4k = 4000, 4K = 4096)")
+    number, unit = m.groups()
+    power = "kmgt".index(unit.lower()) + 1 if unit else 0
+    value = float(number) * (1024 if unit.isupper() else 1000) ** power
+    if value != int(value) or value < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be a positive whole number of tokens")
+    return int(value)
+
+
+def _model_len(text: str) -> int | None:
+    """--max-model-len: a count, or auto / -1 for the model's own (vLLM's spellings)."""
+    if text.strip().lower() in ("auto", "-1"):
+        return None
+    return _human_int(text)
 
 
 def _positive_int(text: str) -> int:

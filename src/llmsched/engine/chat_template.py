@@ -30,6 +30,25 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
 )
 
 
+def load_chat_template(value: str | None) -> str | None:
+    """A ``--chat-template`` value as vLLM reads it: a file's text, or the template itself.
+
+    Text that names no file is taken as the template when it looks like one
+    (it has braces or a newline); otherwise it is a missing file, and the
+    error says so rather than rendering the path as a template.
+    """
+    if value is None:
+        return None
+    try:
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        if any(c in value for c in "{}\n"):
+            # A one-line template from a shell: "\n" written as two characters means a newline.
+            return value if "\n" in value else value.replace("\\n", "\n")
+        raise ConfigError(f"chat template file {value!r} cannot be read: {e.strerror or e}") from None
+
+
 class ChatTemplateError(ValueError):
     """The template raised (``raise_exception``), could not be rendered, or was given bad input."""
 

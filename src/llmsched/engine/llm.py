@@ -13,9 +13,11 @@ the other prompts run normally.
 from __future__ import annotations
 
 import itertools
+import logging
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from typing import Any
 
 from llmsched.core.errors import ConfigError, RequestRejected
@@ -28,10 +30,18 @@ from llmsched.engine.lora_request import LoRARequest
 from llmsched.engine.outputs import RequestOutput, RequestOutputKind
 from llmsched.engine.request_state import error_output
 from llmsched.engine.tokenizer import Tokenizer
+from llmsched.engine.vllm_flags import split_engine_kwargs
+
+log = logging.getLogger(__name__)
 
 
 class LLM:
     """An engine for offline batch generation; keyword arguments are EngineArgs fields.
+
+    vLLM's engine arguments llmsched has no use for are logged and ignored
+    (``enforce_eager``, ``trust_remote_code``); those asking for what it cannot
+    do raise ConfigError with the alternative (``tensor_parallel_size=2``).
+    See ``llmsched.engine.vllm_flags``.
 
     ``model`` None runs the embedded demo model (random weights), and says so on stderr.
     ``executor_factory`` replaces the torch executor (tests, custom executors).
@@ -41,6 +51,9 @@ class LLM:
         self, model: str | None = None, *, executor_factory: ExecutorFactory | None = None, **kwargs: Any
     ) -> None:
         kwargs.setdefault("usage_context", "LLM_CLASS")
+        kwargs, ignored = split_engine_kwargs(kwargs, (f.name for f in fields(EngineArgs)))
+        for note in ignored:
+            log.warning("LLM: %s", note)
         self.llm_engine = LLMEngine(EngineArgs(model=model, **kwargs), executor_factory=executor_factory)
         self._ids = itertools.count()
         if self.llm_engine.model_notice:

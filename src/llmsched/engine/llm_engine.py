@@ -96,7 +96,7 @@ class LLMEngine:
         if not engine_args.skip_tokenizer_init:
             self.tokenizer = load_tokenizer(files, engine_args.tokenizer)
         self.model_config = files.config
-        self.generation_defaults = files.generation_defaults
+        self.generation_defaults = engine_args.generation_defaults(files.generation_defaults)
         self.vocab_size: int = _vocab_size(files.config, self.tokenizer)
         self.eos_token_ids: list[int] = (
             self.tokenizer.eos_token_ids if self.tokenizer is not None else files.eos_token_ids

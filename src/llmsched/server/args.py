@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field, fields
 
 from llmsched.core.errors import ConfigError
+from llmsched.engine.chat_template import load_chat_template
 from llmsched.server.lora_modules import LoRAModule, parse_lora_module
 
 # With no --max-num-queued-requests the queue is still bounded: this many
@@ -20,6 +21,7 @@ DEFAULT_MAX_STOP_STRINGS = 64
 DEFAULT_MAX_STOP_STRING_LEN = 1024
 DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
 ENGINE_MODES = ("process", "thread")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 @dataclass(kw_only=True)
@@ -38,7 +40,8 @@ class ServerArgs:
 
     host: str = "127.0.0.1"
     port: int = 8000
-    api_key: str | None = None
+    # One key, or several (any of them is accepted, as vLLM's --api-key k1 k2).
+    api_key: str | list[str] | None = None
     served_model_name: list[str] = field(default_factory=list)
     # Adapters offered from the start (they need --enable-lora).
     lora_modules: list[LoRAModule] = field(default_factory=list)
@@ -63,6 +66,8 @@ class ServerArgs:
     prefault_kv_cache: bool = False
     # Hosts whose http(s) image URLs the server may fetch (none: data: URLs only).
     allowed_media_domains: list[str] = field(default_factory=list)
+    # The chat template used instead of the model's: a file's path or the template's text.
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -77,9 +82,14 @@ class ServerArgs:
             raise ConfigError(f"trace_steps={self.trace_steps} must be >= 0")
         if self.retry_after_s < 1:
             raise ConfigError(f"retry_after_s={self.retry_after_s} must be >= 1")
+        if isinstance(self.api_key, (list, tuple)):
+            keys = [k for k in self.api_key if k]
+            self.api_key = keys[0] if len(keys) == 1 else (keys or None)
         if self.api_key == "":
             self.api_key = None
         self._check_limits()
+        self.log_level = self.log_level.lower()
+        self.chat_template = load_chat_template(self.chat_template)
         if self.engine_mode not in ENGINE_MODES:
             raise ConfigError(f"engine_mode={self.engine_mode!r} must be one of {', '.join(ENGINE_MODES)}")
 
@@ -113,8 +123,11 @@ class ServerArgs:
         )
         g.add_argument(
             "--api-key",
+            nargs="+",
             default=None,
-            help=f"require 'Authorization: Bearer KEY' on /v1 and /debug (default: ${API_KEY_ENV}, if set)",
+            metavar="KEY",
+            help=f"require 'Authorization: Bearer KEY' on /v1 and /debug, KEY one of those given "
+            f"(default: ${API_KEY_ENV}, if set)",
         )
         g.add_argument(
             "--allowed-media-domains",
@@ -190,10 +203,19 @@ class ServerArgs:
         _add_observability_args(g)
         _add_hardening_args(g)
         g.add_argument(
+            "--chat-template",
+            default=None,
+            metavar="FILE|TEMPLATE",
+            help="the Jinja chat template for chat requests instead of the model's: a file, or the "
+            "template's text (as vLLM)",
+        )
+        g.add_argument(
             "--log-level",
+            "--uvicorn-log-level",
             default="info",
-            choices=["critical", "error", "warning", "info", "debug"],
-            help="uvicorn's log level (default info)",
+            type=_log_level,
+            choices=LOG_LEVELS,
+            help="uvicorn's log level (default info; any case)",
         )
 
     @classmethod
@@ -203,6 +225,12 @@ class ServerArgs:
         if kwargs.get("api_key") is None:
             kwargs["api_key"] = os.environ.get(API_KEY_ENV) or None
         return cls(**kwargs)
+
+
+def _log_level(text: str) -> str:
+    """A log level in any case; vLLM's NOTSET (log everything) is uvicorn's most detailed standard one."""
+    level = text.lower()
+    return "debug" if level == "notset" else level
 
 
 def _lora_module(text: str) -> LoRAModule:
@@ -215,7 +243,8 @@ def _lora_module(text: str) -> LoRAModule:
 def _add_observability_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--kv-cache-metrics",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help="sample KV block residency for /metrics (vllm:kv_block_lifetime_seconds, "
         "vllm:kv_block_idle_before_evict_seconds, vllm:kv_block_reuse_gap_seconds)",
     )
@@ -269,6 +298,7 @@ def _add_hardening_args(g: argparse._ArgumentGroup) -> None:
     )
     g.add_argument(
         "--shutdown-timeout-s",
+        "--shutdown-timeout",
         type=float,
         default=DEFAULT_SHUTDOWN_TIMEOUT_S,
         metavar="S",

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import TextIO
 
 from llmsched.core.errors import ConfigError
 from llmsched.engine.args import EngineArgs
 from llmsched.engine.batch_defaults import UsageContext
+from llmsched.engine.vllm_flags import add_vllm_flags
 from llmsched.server.args import ServerArgs
 
 
@@ -19,6 +22,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
         "/tokenize and /detokenize, plus /health, /ping, /version, /metrics (Prometheus, vLLM's names) "
         "and /debug/steps (the scheduler's decisions). SIGTERM drains, then exits 0. "
         "With no --model the embedded demo model (random weights) runs.",
+        epilog="Every other `vllm serve` flag of vLLM 0.33 is taken too: one with no meaning here "
+        "(--enforce-eager, --disable-log-requests, ...) is ignored with a line saying so, and one asking "
+        "for what llmsched cannot do (--tensor-parallel-size 2, ...) stops with what to use instead.",
     )
     p.add_argument(
         "model_tag",
@@ -29,6 +35,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     )
     ServerArgs.add_cli_args(p)
     EngineArgs.add_cli_args(p, usage=UsageContext.OPENAI_API_SERVER)
+    # vLLM's other flags, last so that the ones above keep their own meaning.
+    add_vllm_flags(p)
     p._option_string_actions["--num-threads"].help = (
         "torch CPU threads of the engine (default: every usable CPU; "
         "one fewer for a model with layers under 1M parameters)"
@@ -37,8 +45,15 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     return p
 
 
+def report_ignored(args: argparse.Namespace, file: TextIO | None = None) -> None:
+    """Say which vLLM flags were taken and ignored, one line each."""
+    for note in getattr(args, "vllm_ignored", []):
+        print(f"llmsched serve: {note}", file=file or sys.stderr)
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Check the extra is installed, then load the model and serve until interrupted."""
+    report_ignored(args)
     if args.model_tag is not None:
         if args.model is not None and args.model != args.model_tag:
             raise ConfigError(f"two models given: {args.model_tag!r} and --model {args.model!r}")

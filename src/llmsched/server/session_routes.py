@@ -103,6 +103,8 @@ class SessionSocket:
         self._turn_prompt_tokens: list[int] = []
         # The first input's request-wide fields (user, priority, cache_salt), read when it arrives.
         self._submit_options: dict[str, Any] = {}
+        # Whether session.done went out: a session ended before any turn ran still gets one.
+        self._done = False
 
     async def send(self, msg: dict[str, Any]) -> None:
         """Send one JSON message (outputs and errors come from two tasks)."""
@@ -138,6 +140,9 @@ class SessionSocket:
             await self._close_with(CLOSE_ERROR, "engine_error", str(e))
             return
         with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+            if not self._done:
+                # session.end before any input: no turn ran, so there is no finish reason.
+                await self.send({"type": "session.done", "finish_reason": None})
             await self.ws.close()
 
     async def _close_with(self, code: int, error_code: str, message: str) -> None:
@@ -170,6 +175,7 @@ class SessionSocket:
                 }
             )
         if out.finished:
+            self._done = True
             await self.send({"type": "session.done", "finish_reason": out.finish_reason})
 
     async def inputs(self) -> AsyncIterator[StreamingInput]:

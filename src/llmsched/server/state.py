@@ -93,6 +93,8 @@ def create_state(
     """Start the engine (loads the model) and build everything the routes share."""
     if server_args.lora_modules and not engine_args.enable_lora:
         raise ConfigError("--lora-modules needs --enable-lora")
+    if server_args.chat_template is not None and engine_args.skip_tokenizer_init:
+        raise ConfigError("--chat-template needs a tokenizer; it cannot go with --skip-tokenizer-init")
     backend = make_backend(engine_args, server_args, executor_factory)
     info = backend.info()
     # The HTTP side tokenizes, so it loads the tokenizer too (never the weights).
@@ -102,6 +104,8 @@ def create_state(
     if not engine_args.skip_tokenizer_init:
         files = load_model_files(info.model_path)
         tokenizer = load_tokenizer(files, engine_args.tokenizer)
+        if server_args.chat_template is not None:
+            tokenizer.chat_template = server_args.chat_template
         placeholder = image_placeholder(files.config, tokenizer)
         image_tokens = num_image_tokens(files.config)
     names = list(server_args.served_model_name) or [engine_args.model or Path(info.model_path).name]
