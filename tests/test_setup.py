@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
 import platform
 import shutil
 import struct
@@ -53,6 +54,8 @@ def test_make_test_installs_the_system_libraries_before_the_virtualenv() -> None
         dry = subprocess.run(
             ["make", "-n", "-B", target, "VENV=/nonexistent-venv"],
             cwd=ROOT,
+            # Run under `make test`, the outer make's flags must not leak in.
+            env={k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")},
             capture_output=True,
             text=True,
             check=True,
