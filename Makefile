@@ -1,4 +1,6 @@
-# Two entry points: `make demo` and `make test` each create the virtualenv first.
+# Two entry points: `make demo` and `make test` each do the whole set-up first:
+# the system libraries the dev extra needs (tools/system_libs.sh, apt-get as
+# root), then the virtualenv. CI runs `make test` and nothing else.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -6,7 +8,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo chat test lint bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tools/system_libs.sh
+	bash tools/system_libs.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'

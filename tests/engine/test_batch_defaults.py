@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+import json
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,7 @@ from llmsched.engine.batch_defaults import (
 )
 from llmsched.engine.llm_engine import LLMEngine
 
-LLM, SERVE, ENGINE = UsageContext.LLM_CLASS, UsageContext.OPENAI_API_SERVER, UsageContext.ENGINE_CONTEXT
+SERVE = UsageContext.OPENAI_API_SERVER
 
 # Devices as their drivers report them (name, total memory).
 CPU = Platform("cpu")
@@ -31,36 +31,43 @@ A100 = Platform("cuda", "NVIDIA A100-SXM4-80GB", 81920 << 20)
 L4 = Platform("cuda", "NVIDIA L4", 23034 << 20)
 GB10 = Platform("cuda", "NVIDIA GB10", 120 * GiB, is_gb10=True)
 
-# vLLM 0.33, EngineArgs.get_batch_defaults and SchedulerConfig's defaults
-# (2048 / 128 for any other usage context), read off its source and checked
-# against it by calling that function with each platform mocked.
-VLLM_033 = [
-    (CPU, LLM, (4096, 256)),
-    (CPU, SERVE, (2048, 128)),
-    (CPU, ENGINE, (2048, 128)),
-    (replace(CPU, world_size=2), LLM, (8192, 512)),
-    (replace(CPU, world_size=2), SERVE, (4096, 256)),
-    (replace(CPU, world_size=2), ENGINE, (2048, 128)),
-    (B200, LLM, (16384, 1024)),
-    (B200, SERVE, (16384, 1024)),
-    (H200, LLM, (16384, 1024)),
-    (H200, SERVE, (8192, 1024)),
-    (H100, LLM, (16384, 1024)),
-    (H100, SERVE, (8192, 1024)),
-    (H100, ENGINE, (2048, 128)),
-    (A100, LLM, (8192, 256)),
-    (A100, SERVE, (2048, 256)),
-    (L4, LLM, (8192, 256)),
-    (L4, SERVE, (2048, 256)),
-    (GB10, SERVE, (2048, 256)),
-    # GPU defaults do not scale with the world size; CPU ones do.
-    (replace(H100, world_size=8), SERVE, (8192, 1024)),
-]
+# vLLM 0.33's own answers: EngineArgs.get_batch_defaults called per device
+# (its platform stood in for) and entry point, SchedulerConfig's defaults for
+# entry points outside its table; recorded by tools/record_vllm_batch_defaults.py.
+VLLM_RECORD = Path(__file__).resolve().parents[1] / "data" / "vllm_0_33_batch_defaults.json"
 
 
-@pytest.mark.parametrize(("platform", "usage", "expected"), VLLM_033)
-def test_table_matches_vllm_0_33(platform: Platform, usage: UsageContext, expected: tuple[int, int]) -> None:
-    assert table_defaults(platform, usage) == expected
+def vllm_rows() -> list[dict]:
+    """The recorded rows, after checking which vLLM they came from."""
+    record = json.loads(VLLM_RECORD.read_text())
+    assert record["vllm_version"].startswith("0.33."), record["vllm_version"]
+    return record["rows"]
+
+
+def row_id(row: dict) -> str:
+    """A readable test id: device, memory, world size, entry point."""
+    device = row["device_name"] or row["device"]
+    return f"{device}-{row['total_memory'] >> 20}MiB-ws{row['world_size']}-{row['usage_context']}"
+
+
+ROWS = vllm_rows()
+
+
+def row_platform(row: dict) -> Platform:
+    """The llmsched platform a recorded row describes."""
+    return Platform(row["device"], row["device_name"], row["total_memory"], row["is_gb10"], row["world_size"])
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row_id(r) for r in ROWS])
+def test_table_matches_what_vllm_0_33_computes(row: dict) -> None:
+    expected = (row["max_num_batched_tokens"], row["max_num_seqs"])
+    assert table_defaults(row_platform(row), UsageContext(row["usage_context"])) == expected
+
+
+def test_the_record_covers_every_entry_point_and_device_class() -> None:
+    assert {r["usage_context"] for r in ROWS} == {u.value for u in UsageContext}
+    classes = {device_class(row_platform(r)) for r in ROWS}
+    assert classes == {"cpu", "gpu>=160GiB", "gpu-h100-class", "gpu-other"}
 
 
 def test_device_classes() -> None:

@@ -18,6 +18,8 @@ import httpx
 from llmsched.server.args import API_KEY_ENV
 
 DRAIN_S = 3.0
+# Upper bounds on waits only catch a hang: a loaded host may be slow, never this slow.
+HANG_S = 60.0
 
 
 def start_server(
@@ -92,8 +94,9 @@ def test_sigterm_under_load_answers_every_client_and_exits_0(embedded_cache: Pat
             pass  # the listening socket is already closed: refused, as it should be
         for t in threads:
             t.join(60)
-        assert proc.wait(timeout=DRAIN_S + 20) == 0
-        assert time.monotonic() - t0 < DRAIN_S + 15
+        assert proc.wait(timeout=DRAIN_S + HANG_S) == 0
+        # The long streams held the server open for the whole drain window.
+        assert time.monotonic() - t0 >= DRAIN_S
         assert len(results) == 6
         assert not [r for r in results if r[0] == "broken"], results
         assert results.count(("done", "length")) >= 2, results

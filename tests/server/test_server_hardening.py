@@ -17,6 +17,8 @@ from llmsched.server.launch import ServerThread
 
 BODY_LIMIT = 64 * 1024
 STEP_S = 0.01
+# Upper bounds on waits only catch a hang: a loaded host may be slow, never this slow.
+HANG_S = 60.0
 
 
 class SlowExecutor:
@@ -160,7 +162,8 @@ def test_a_request_past_the_timeout_is_aborted_and_its_blocks_freed(server: Serv
     r = post(server, "/v1/completions", json=body)
     assert r.status_code == 504, r.text
     assert "1.5 s" in r.json()["error"]["message"]
-    assert 1.4 < time.monotonic() - t0 < 5
+    # Not before the timeout; the 504 says it was the timeout that ended it.
+    assert 1.4 < time.monotonic() - t0 < HANG_S
     events = []
     with httpx.stream("POST", server.base_url + "/v1/completions", json={**body, "stream": True}) as s:
         assert s.status_code == 200
@@ -168,7 +171,7 @@ def test_a_request_past_the_timeout_is_aborted_and_its_blocks_freed(server: Serv
     assert events[-1] == "data: [DONE]"
     assert json.loads(events[-2][6:])["error"]["code"] == 504
     # Both were aborted: the engine holds no request and no block.
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + HANG_S
     while free_blocks(server)[0] != free_blocks(server)[1]:
         assert time.monotonic() < deadline, free_blocks(server)
         time.sleep(0.05)

@@ -42,8 +42,8 @@ def free_blocks(state: ServerState) -> int:
 
 
 def wait_free(state: ServerState, expected: int) -> None:
-    """The engine gets back to ``expected`` free blocks within seconds."""
-    deadline = time.monotonic() + 10
+    """The engine gets back to ``expected`` free blocks (the bound only catches a hang on a loaded host)."""
+    deadline = time.monotonic() + 60
     while free_blocks(state) != expected and time.monotonic() < deadline:
         time.sleep(0.01)
     assert free_blocks(state) == expected

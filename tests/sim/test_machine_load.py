@@ -34,9 +34,15 @@ def test_a_busy_neighbour_is_seen_and_named():
     code = f"{sys.executable} -c 'while True: pass'; true"
     hog = subprocess.Popen(["sh", "-c", code], start_new_session=True)
     try:
-        time.sleep(0.2)
-        with open(f"/proc/{hog.pid}/task/{hog.pid}/children") as f:
-            python_pid = int(f.read().split()[0])
+        # The shell starts its child when the scheduler lets it: wait for it, not a fixed time.
+        deadline = time.monotonic() + 60
+        children: list[str] = []
+        while not children:
+            assert time.monotonic() < deadline, "the busy process never started"
+            time.sleep(0.05)
+            with open(f"/proc/{hog.pid}/task/{hog.pid}/children") as f:
+                children = f.read().split()
+        python_pid = int(children[0])
         a = machine_load.sample(with_processes=True)
         time.sleep(0.5)
         b = machine_load.sample(with_processes=True)

@@ -20,8 +20,8 @@ class MooncakeTransfer:
         except ImportError as e:
             raise ConfigError(
                 "the MooncakeConnector needs Mooncake's transfer engine: pip install 'llmsched[pd]' "
-                "(mooncake-transfer-engine-non-cuda; on Debian also "
-                f"apt-get install libibverbs1 librdmacm1): {e}"
+                "(mooncake-transfer-engine-non-cuda) and the system libraries it links "
+                f"(tools/system_libs.sh installs them; on Debian: libibverbs1 libnuma1 libcurl4): {e}"
             ) from None
         self._te = TransferEngine()
         # P2PHANDSHAKE: peers exchange segment metadata directly, no metadata server.
