@@ -15,10 +15,10 @@ from pathlib import Path
 CPUINFO = Path("/proc/cpuinfo")
 
 
-def cpu_model(cpuinfo: Path = CPUINFO) -> str:
-    """The first "model name" in ``cpuinfo``; elsewhere platform's guess, marked as unknown."""
+def cpu_model(cpuinfo: Path | None = None) -> str:
+    """The first "model name" in ``cpuinfo`` (/proc/cpuinfo); elsewhere platform's guess, marked unknown."""
     try:
-        text = cpuinfo.read_text(errors="replace")
+        text = (cpuinfo or CPUINFO).read_text(errors="replace")
     except OSError:
         text = ""
     for line in text.splitlines():
