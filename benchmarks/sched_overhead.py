@@ -300,11 +300,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_vllm and args.vllm_python and Path(args.vllm_driver).exists():
         vllm_python = args.vllm_python
     runs: dict = {"vllm_python": vllm_python, **{m: {} for m in args.modes}}
-    tmp = tempfile.mkdtemp(prefix="sched_overhead_")
-    for k in range(args.repeats):
-        for mode in args.modes:
-            measure_mode(args, mode, tmp, k, runs)
-    results = {m: mode_result(args, m, tmp, runs) for m in args.modes}
+    with tempfile.TemporaryDirectory(prefix="sched_overhead_") as tmp:
+        for k in range(args.repeats):
+            for mode in args.modes:
+                measure_mode(args, mode, tmp, k, runs)
+        results = {m: mode_result(args, m, tmp, runs) for m in args.modes}
     headline = results[args.modes[0]]
     result.update(
         {
