@@ -48,14 +48,20 @@ def test_both_sides_get_the_same_runs_and_the_median(
     def fake_llmsched(wl: dict, trace_path: str | None) -> dict:
         assert wl["config"]["async_scheduling"] is True
         res = real_run_llmsched(wl, trace_path)
-        return {**res, "steady_steps": 5, "median_ms": next(ours_medians), "p90_ms": 4.0}
+        return {
+            **res,
+            "steady_steps": 5,
+            "median_ms": next(ours_medians),
+            "p90_ms": 4.0,
+            "cpu_median_ms": 1.0,
+        }
 
     def fake_vllm(python: str, driver: str, wl_path: str, trace_path: str, detail: bool) -> dict:
         assert json.loads(Path(wl_path).read_text())["config"]["async_scheduling"] is True
         vllm_calls.append((trace_path, detail))
         # vLLM's decisions are llmsched's: its first trace is llmsched's first.
         shutil.copy(Path(trace_path).parent / "llmsched_async.jsonl", trace_path)
-        return {"steady_steps": 5, "median_ms": next(vllm_medians), "p90_ms": 60.0}
+        return {"steady_steps": 5, "median_ms": next(vllm_medians), "p90_ms": 60.0, "cpu_median_ms": 8.0}
 
     monkeypatch.setattr(sched_overhead, "run_llmsched", fake_llmsched)
     monkeypatch.setattr(sched_overhead, "run_vllm", fake_vllm)
@@ -73,6 +79,7 @@ def test_both_sides_get_the_same_runs_and_the_median(
     assert result["llmsched"]["median_ms"] == statistics.median([2.0, 1.0, 3.0]) == 2.0
     assert result["vllm"]["median_ms"] == statistics.median([20.0, 50.0, 10.0]) == 20.0
     assert result["speedup_vs_vllm"] == 10.0
+    assert result["cpu_speedup_vs_vllm"] == 8.0
     assert result["vllm"]["decisions_identical"] is True
     assert [detail for _, detail in vllm_calls] == [True, False, False]
     assert result["cpu_model"]
