@@ -5,8 +5,9 @@ Workload: 2048 requests x 128-token prompts x 256 output tokens,
 max_num_seqs 1024, max_num_batched_tokens 8192, prefix caching on, no model
 (tokens fabricated as in replay). A run's figure is the median of
 schedule() + update_from_output() over its steps with at least 1000 running
-requests; each side runs ``--repeats`` times and reports the median of its
-runs' figures.
+requests, in wall time and in the calling thread's CPU time (the steadier
+figure on a shared machine); each side runs ``--repeats`` times and reports
+the median of its runs' figures.
 
 Scheduling mode: async by default (vLLM 0.33's default: the next step is
 planned while the model runs the current one, and a step's output is
