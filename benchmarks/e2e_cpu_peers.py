@@ -256,6 +256,14 @@ def child_vllm(spec: dict) -> dict:
     }
 
 
+# What drives llama.cpp in each mode, recorded with its figures.
+LLAMACPP_DRIVERS = {
+    "batched": "this benchmark's Python batching loop over llama-cpp-python's C API, numpy argmax "
+    "sampling (not llama-server)",
+    "sequential": "llama-cpp-python's Llama.generate, one request after another",
+}
+
+
 def child_llamacpp(spec: dict) -> dict:
     """Child (llama-cpp-python's venv): the workload on the GGUF, batched or one request at a time."""
     import llama_cpp
@@ -264,7 +272,12 @@ def child_llamacpp(spec: dict) -> dict:
         out = llamacpp_batched(spec)
     else:
         out = llamacpp_sequential(spec)
-    return {"version": llama_cpp.__version__, "mode": spec["mode"], **out}
+    return {
+        "version": llama_cpp.__version__,
+        "mode": spec["mode"],
+        "driver": LLAMACPP_DRIVERS[spec["mode"]],
+        **out,
+    }
 
 
 def llamacpp_sequential(spec: dict) -> dict:
@@ -313,12 +326,15 @@ def generate(llm, prompt: list[int], n: int) -> list[int]:
 
 
 def llamacpp_batched(spec: dict) -> dict:
-    """llama.cpp's C API (via llama_cpp's bindings): every request in one context, continuous batching.
+    """A batching loop written for this benchmark over llama.cpp's C API (llama_cpp's bindings).
 
-    What llama-server does with parallel slots: each ``llama_decode`` carries
-    one token for every request already decoding plus prompt chunks of
-    waiting ones, up to ``n_batch`` tokens; greedy picks are argmaxes of the
-    returned logits.
+    Not llama-server, nor any driver llama.cpp ships: a Python loop that puts
+    every request in one context with a KV stream each; each ``llama_decode``
+    carries one token for every request already decoding plus prompt chunks
+    of waiting ones, up to ``n_batch`` tokens, and each greedy pick is a
+    numpy argmax over the returned logits row, in Python, per request. Its
+    host-side loop and sampler are this benchmark's, so its figure is a
+    lower bound on what llama.cpp's own server would do.
     """
     import ctypes
 

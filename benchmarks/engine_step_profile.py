@@ -37,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from hostcpu import record_cpu
 from serve_vs_vllm import Server, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -272,7 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     report(results)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(
-        json.dumps({"config": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=2)
+        json.dumps(
+            record_cpu({"config": {k: str(v) for k, v in vars(args).items()}, "results": results}),
+            indent=2,
+        )
     )
     print(f"wrote {args.json}")
     return 0

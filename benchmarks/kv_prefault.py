@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from hostcpu import record_cpu  # noqa: E402
 from llmsched.core.sampling_params import SamplingParams  # noqa: E402
 from llmsched.engine.llm import LLM  # noqa: E402
 
@@ -77,7 +78,7 @@ def main() -> int:
     out["ratio"] = out["prefaulted"]["median"] / out["cold"]["median"]
     print(f"prefaulted / cold prefill tokens/s (medians): {out['ratio']:.2f}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(out, indent=2))
+    args.json.write_text(json.dumps(record_cpu(out), indent=2))
     print(f"wrote {args.json}")
     return 0
 

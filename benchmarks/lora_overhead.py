@@ -40,6 +40,7 @@ from llmsched.executor.torch import TorchExecutor  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_cpu import SMALL, on_a_thread  # noqa: E402
 from e2e_cpu import build_model as build_small  # noqa: E402
+from hostcpu import record_cpu  # noqa: E402
 
 NUM_ADAPTERS = 4
 RANK = 16
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{result['lora_tokens_per_s']:.1f} tok/s: ratio {ratio:.3f}x (target >= 0.75x)"
     )
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    Path(args.json).write_text(json.dumps(record_cpu(result), indent=2) + "\n")
     print(f"wrote {args.json}")
     return 0
 

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from hostcpu import record_cpu
+
 GROUP = 32
 LAYERS = 30
 # (name, in_features, out_features, count per step)
@@ -123,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         result["batches"][str(batch)] = {"per_shape_s": per_shape, "step_s": step}
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2))
+    path.write_text(json.dumps(record_cpu(result), indent=2))
     print(f"wrote {path}")
     return 0
 

@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from hostcpu import record_cpu  # noqa: E402
 from llmsched.sim.deployment import DeploymentSpec, build_deployment  # noqa: E402
 from llmsched.sim.pd import PDRun, parse_pd  # noqa: E402
 from llmsched.sim.workload import synthetic_workload  # noqa: E402
@@ -114,7 +115,8 @@ def main() -> int:
     )
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump({"deployment": dep.to_dict(), "goodput": table, "runs": runs}, f, indent=2)
+        result = record_cpu({"deployment": dep.to_dict(), "goodput": table, "runs": runs})
+        json.dump(result, f, indent=2)
     print(f"wrote {args.json}")
     if args.plot:
         _plot(runs, table, args.plot)

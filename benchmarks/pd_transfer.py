@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import torch  # noqa: E402
 
+from hostcpu import record_cpu  # noqa: E402
 from llmsched.core.request import Request, RequestStatus  # noqa: E402
 from llmsched.core.sampling_params import SamplingParams  # noqa: E402
 from llmsched.executor.torch.kv_cache import KVCache, KVCachePlan, cdiv  # noqa: E402
@@ -218,7 +219,9 @@ def main() -> int:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     with open(args.json, "w") as f:
         json.dump(
-            {"connector": rates, "end_to_end": e2e, "note": "2-core machine shared with other work"},
+            record_cpu(
+                {"connector": rates, "end_to_end": e2e, "note": "2-core machine shared with other work"}
+            ),
             f,
             indent=2,
         )

@@ -37,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from hostcpu import record_cpu  # noqa: E402
 from llmsched.bench.metrics import percentile_sorted  # noqa: E402
 from llmsched.sim import simulate  # noqa: E402
 from llmsched.sim.deployment import DeploymentSpec, build_deployment  # noqa: E402
@@ -309,7 +310,8 @@ def main() -> int:
             print(f"{name:18s} {policy:22s} " + " ".join(f"{k}={v:.3g}" for k, v in r.items()), flush=True)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump({"num_requests": args.num_requests, "seed": args.seed, "results": results}, f, indent=2)
+        result = record_cpu({"num_requests": args.num_requests, "seed": args.seed, "results": results})
+        json.dump(result, f, indent=2)
     print(f"wrote {args.json}")
     table = markdown(results)
     print()

@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from e2e_cpu import SMALL, build_model, greedy, on_a_thread  # noqa: E402
+from hostcpu import record_cpu  # noqa: E402
 from llmsched.bench.metrics import percentile_sorted  # noqa: E402
 from llmsched.core import SchedulerConfig  # noqa: E402
 from llmsched.engine import EngineCore  # noqa: E402
@@ -172,7 +173,7 @@ def main() -> int:
             print(f"{name}: {b} beats {a} on {key}: real {better_real}, sim {better_sim}")
         ex.close()
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(out, indent=2))
+    Path(args.json).write_text(json.dumps(record_cpu(out), indent=2))
     print(f"wrote {args.json}")
     return 0
 

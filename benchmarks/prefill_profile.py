@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
+from hostcpu import record_cpu  # noqa: E402
 from llmsched import core  # noqa: E402
 from llmsched.engine import EngineCore  # noqa: E402
 from llmsched.executor.torch import TorchExecutor  # noqa: E402
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             "buckets_ms": dict(buckets),
             "ops": [{"name": n, "self_ms": ms, "calls": c} for n, ms, c in by_op],
         }
-        args.json.write_text(json.dumps(out, indent=2))
+        args.json.write_text(json.dumps(record_cpu(out), indent=2))
     return 0
 
 

@@ -36,6 +36,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from hostcpu import record_cpu
+
 ROOT = Path(__file__).resolve().parents[1]
 METRICS = ("ttft", "tpot", "itl")
 SUMMARY_KEYS = (
@@ -342,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     data = {"config": cfg, "servers": servers, "capacity_rps": capacity, "runs": runs, "summary": summary}
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(data, indent=2))
+    args.json.write_text(json.dumps(record_cpu(data), indent=2))
     print(f"wrote {args.json}")
     shape = f"{args.num_prompts} x {args.input_len}/{args.output_len}"
     title = f"{Path(args.model).name}: {shape}, {args.client} client"

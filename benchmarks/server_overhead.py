@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import httpx  # noqa: E402
 
+from hostcpu import record_cpu  # noqa: E402
 from llmsched.bench.serve import RANDOM_PROMPT_IDS  # noqa: E402
 from llmsched.bench.throughput import synthetic_requests  # noqa: E402
 from llmsched.core.sampling_params import SamplingParams  # noqa: E402
@@ -367,7 +368,7 @@ def main() -> int:
         "configs": results,
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(data, indent=2))
+    Path(args.json).write_text(json.dumps(record_cpu(data), indent=2))
     print(f"wrote {args.json}")
     return 0
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from hostcpu import record_cpu
 from llmsched.sim import DeploymentSpec, build_deployment
 from llmsched.sim.sessions import SessionWorkload, simulate_sessions
 
@@ -104,7 +105,9 @@ def main() -> None:
     for r in results:
         per_turn = " ".join(f"{x:7.1f}" for x in r["ttft_ms_per_turn"])
         print(f"{r['mode']:<15} {per_turn:<50} {r['recomputed_tokens_total']}")
-    Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1) + "\n")
+    Path(args.json).write_text(
+        json.dumps(record_cpu({"args": vars(args), "results": results}), indent=1) + "\n"
+    )
 
 
 if __name__ == "__main__":

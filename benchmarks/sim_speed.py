@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = os.environ.get("SIM_SPEED_SRC") or str(ROOT / "src")
 sys.path.insert(0, SRC)
 
+from hostcpu import record_cpu  # noqa: E402
 from llmsched.engine.engine_core import EngineCore, EngineStep  # noqa: E402
 from llmsched.sim import DeploymentSpec, build_deployment, simulate, synthetic_workload  # noqa: E402
 
@@ -244,7 +245,7 @@ def one_or_compare(args: argparse.Namespace) -> int:
     result = {"compare": compare(args, args.num_requests, float(args.rates.split(",")[0]))}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump(result, f, indent=2)
+        json.dump(record_cpu(result), f, indent=2)
     print(f"wrote {args.json}")
     return 0
 
@@ -336,7 +337,7 @@ def main() -> int:
             print(f"  {share}  {row['function']}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump(result, f, indent=2)
+        json.dump(record_cpu(result), f, indent=2)
     print(f"wrote {args.json}")
     return 0
 

@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from e2e_cpu import SMALL, greedy, on_a_thread  # noqa: E402
+from hostcpu import record_cpu  # noqa: E402
 from llmsched.bench.metrics import MetricsCollector  # noqa: E402
 from llmsched.core import Request, SamplingParams, SchedulerConfig  # noqa: E402
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput  # noqa: E402
@@ -553,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
         **verdict,
         "scenarios": results,
     }
-    path.write_text(json.dumps(out, indent=2) + "\n")
+    path.write_text(json.dumps(record_cpu(out), indent=2) + "\n")
     print(f"wrote {path}")
     return 0
 

@@ -27,6 +27,8 @@ import json
 import statistics
 from pathlib import Path
 
+from hostcpu import record_cpu
+
 
 def reachable_spread(target: float) -> float:
     """The largest max/min of a figure's runs for which one value is within ``target`` of both ends."""
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             "oracle_longest_streak": streak,
         }
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(record_cpu(out), indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
 

@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from hostcpu import record_cpu  # noqa: E402
 from llmsched import LLM, SamplingParams  # noqa: E402
 
 CODE = [
@@ -169,7 +170,7 @@ def main() -> None:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         info = {"model": str(model_dir), "draft_model": draft, "k": args.k, "lookup": [lo, hi]}
-        Path(args.json).write_text(json.dumps({"config": info, "results": results}, indent=1))
+        Path(args.json).write_text(json.dumps(record_cpu({"config": info, "results": results}), indent=1))
 
 
 def _compare(

@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from hostcpu import record_cpu  # noqa: E402
 from llmsched.sim import DeploymentSpec, build_deployment, simulate, synthetic_workload  # noqa: E402
 
 
@@ -91,7 +92,7 @@ def main() -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         keys = ("model", "hardware", "method", "draft_model", "input_len", "output_len")
         meta = {k: getattr(args, k) for k in keys}
-        Path(args.json).write_text(json.dumps({"config": meta, "points": rows}, indent=2))
+        Path(args.json).write_text(json.dumps(record_cpu({"config": meta, "points": rows}), indent=2))
         print(f"\nwrote {args.json}")
     return 0
 

@@ -39,6 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+from hostcpu import record_cpu  # noqa: E402
 
 
 def import_renamed(src: Path, tmp: Path, name: str) -> object:
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             "ratios": ratios,
             "round_ratios": per_round,
         }
-        args.json.write_text(json.dumps({**out, "tokens_identical": same}, indent=2))
+        args.json.write_text(json.dumps(record_cpu({**out, "tokens_identical": same}), indent=2))
     return 0
 
 

@@ -45,6 +45,7 @@ from llmsched.structured.manager import StructuredOutputManager  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_cpu import SMALL, on_a_thread  # noqa: E402
 from e2e_cpu import build_model as build_small  # noqa: E402
+from hostcpu import record_cpu  # noqa: E402
 
 VOCAB = SMALL["vocab_size"]
 EOS = 2  # <|im_end|> in SmolLM2's vocabulary, and LlamaConfig's default eos_token_id
@@ -289,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{share['grammars_completed']}/64, their JSON valid: {share['completed_and_valid']}"
     )
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    Path(args.json).write_text(json.dumps(record_cpu(result), indent=2) + "\n")
     print(f"wrote {args.json}")
     return 0
 

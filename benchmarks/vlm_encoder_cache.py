@@ -45,6 +45,7 @@ from llmsched.executor.torch import TorchExecutor  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_cpu import SMALL, on_a_thread  # noqa: E402
+from hostcpu import record_cpu  # noqa: E402
 
 IMAGE_TOKEN = 31999
 NUM_REQUESTS = 64
@@ -171,7 +172,7 @@ def main() -> None:
     )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(summary, indent=1))
+        Path(args.json).write_text(json.dumps(record_cpu(summary), indent=1))
 
 
 if __name__ == "__main__":
