@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo chat test lint bench clean
+.PHONY: demo chat test lint bench docs clean
 
 $(STAMP): pyproject.toml tools/system_libs.sh
 	bash tools/system_libs.sh
@@ -40,5 +40,10 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/sched_overhead.py
 
+# The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a
+# broken link or heading. `make test` builds it too (tests/test_docs.py).
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build site *.egg-info src/*.egg-info .pytest_cache .ruff_cache

@@ -20,7 +20,8 @@ one figure per workload that the policy targets (interactive p99 TTFT;
 short-request p99 TTFT; prefix-cache hit rate). Prints a table, writes JSON
 and a plot.
 
-    python benchmarks/policy_study.py [--json results/policy_study.json] [--plot docs/policy_study.png]
+    python benchmarks/policy_study.py [--json results/policy_study.json] [--plot docs/img/policy_study.png]
+    python benchmarks/policy_study.py --replot results/policy_study.json   # the plot again, no run
 """
 
 from __future__ import annotations
@@ -254,19 +255,26 @@ def markdown(results: dict) -> str:
 
 
 def plot(results: dict, path: str) -> None:
-    """Per workload: each policy's focus figure and p99 TTFT, as bars beside FCFS."""
+    """Per workload: each policy's focus figure and p99 TTFT, and below them what it gave up.
+
+    A policy that declines requests reports latency over the requests it
+    served only, so the lower panel shows the declined requests (and the
+    preemptions, recomputed work) beside the latency they bought.
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(13, 8.5))
+    fig = Figure(figsize=(18, 9))
     FigureCanvasAgg(fig)
-    axes = fig.subplots(2, 2).flatten()
-    for ax, (name, rows) in zip(axes, results.items()):
+    grid = fig.subplots(2, len(results), sharex="col", gridspec_kw={"height_ratios": [3, 2]}, squeeze=False)
+    for col, (name, rows) in enumerate(results.items()):
+        ax, cost = grid[0][col], grid[1][col]
         key, label = FOCUS[name]
         policies = list(rows)
-        xs = range(len(policies))
+        xs = list(range(len(policies)))
         width = 0.4
-        ax.bar([x - width / 2 for x in xs], [rows[p].get(key, 0.0) for p in policies], width, label=label)
+        focus = [rows[p].get(key, 0.0) for p in policies]
+        ax.bar([x - width / 2 for x in xs], focus, width, label=label)
         if key != "ttft_p99_s":
             ax2 = ax.twinx()
             ax2.bar(
@@ -277,11 +285,49 @@ def plot(results: dict, path: str) -> None:
                 label="p99 TTFT (s)",
             )
             ax2.set_ylabel("p99 TTFT (s)", color="tab:orange")
+        # Flag the bars measured over fewer requests than were sent, on the
+        # topmost axes so the other series' bars cannot cover the note.
+        top = ax2 if key != "ttft_p99_s" else ax
+        for x, p in zip(xs, policies):
+            if rows[p]["declined"]:
+                top.text(
+                    x,
+                    0.98,
+                    f"{rows[p]['declined']}\ndeclined",
+                    transform=top.get_xaxis_transform(),
+                    ha="center",
+                    va="top",
+                    color="tab:red",
+                    fontsize=8,
+                    fontweight="bold",
+                )
         ax.set_ylabel(label, color="tab:blue")
-        ax.set_xticks(list(xs), policies, rotation=35, ha="right", fontsize=8)
         ax.set_title(name)
+        ax.margins(y=0.2)
+        if key != "ttft_p99_s":
+            ax2.margins(y=0.2)
+        cost.bar(
+            [x - width / 2 for x in xs],
+            [rows[p]["declined"] for p in policies],
+            width,
+            color="tab:red",
+            label="declined requests",
+        )
+        cost.bar(
+            [x + width / 2 for x in xs],
+            [rows[p]["preemptions"] for p in policies],
+            width,
+            color="tab:gray",
+            label="preemptions",
+        )
+        cost.set_ylabel("requests declined / preemptions")
+        cost.set_xticks(xs, policies, rotation=35, ha="right", fontsize=8)
+        if col == 0:
+            cost.legend(fontsize=8, loc="upper left")
     fig.suptitle(
-        "Scheduling policies in the simulator (blue: the figure each workload targets; orange: p99 TTFT)"
+        "Scheduling policies in the simulator. Top: the figure each workload targets (blue) and p99 TTFT "
+        "(orange), over the requests served.\nBottom: what each policy gave up for it: requests declined "
+        "(red, never served, not in the latency above) and preemptions (gray, recomputed work)."
     )
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -300,7 +346,13 @@ def main() -> int:
     ap.add_argument("--json", default=str(ROOT / "results" / "policy_study.json"))
     ap.add_argument("--plot", default=str(ROOT / "docs" / "img" / "policy_study.png"))
     ap.add_argument("--markdown", default=None, help="also write the tables as Markdown here")
+    ap.add_argument("--replot", default=None, help="draw --plot from this result JSON instead of running")
     args = ap.parse_args()
+    if args.replot:
+        with open(args.replot) as f:
+            plot(json.load(f)["results"], args.plot)
+        print(f"wrote {args.plot}")
+        return 0
     results: dict = {}
     for name in args.workloads.split(","):
         results[name] = {}
