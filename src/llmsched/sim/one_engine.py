@@ -295,6 +295,8 @@ class OneEngine:
         Each call applies one step that gave every running request a token.
         """
         sched, ex, engine = self.sched, self.ex, self.engine
+        if len(sched.waiting):
+            return 0  # the next call admits
         so = engine.sole_in_flight()
         if so is None or ex.spec is not None or ex.prices_lora:
             return 0

@@ -294,12 +294,12 @@ class SimExecutor:
         prev_end = self.device_free_at
         applied_end = prev.end
         ph, pm, pg = prev.host, prev.model, prev.host_gap
-        # (start, end, host, model, gap, duration) of the last two steps scheduled.
-        last = before = None
+        # Start and duration of the last two steps scheduled (their other parts are kept below).
+        ls = ld = bs = bd = 0.0
         # Steps are priced in growing chunks: an arrival usually ends the run early.
         prices = DecodeRun()
         ctx = decode_context
-        n = priced = i = 0
+        n = 0
         chunk = 8
         same = num_steps if last_shape is None else num_steps - 1
         while n < num_steps and now < until:
@@ -307,46 +307,47 @@ class SimExecutor:
                 # The last call's smaller batch, priced as execute() would.
                 dl, cl = last_shape  # type: ignore[misc]
                 _, host, model = self._parts(BatchShape(dl, dl, 0, 0, 0, dl, cl, 0))
+                batch_hosts: Any = (host,)
+                batch_models: Any = (model,)
             else:
-                if i == priced:
-                    m = min(chunk, same - n)
-                    chunk *= 2
-                    for a in (prices.ends, prices.totals, prices.hosts, prices.models):
-                        del a[:]
-                    ctx = clock(
-                        ctx, 0.0, math.inf, m, prices.ends, prices.totals, prices.hosts, prices.models
-                    )[3]
-                    priced, i = m, 0
-                host = prices.hosts[i]
-                model = prices.models[i]
-                i += 1
-            # _pipeline, term for term.
-            start = now
-            if prev_end > start and not overlaps:
-                start = prev_end
-            host_end = start + host
-            idle_from = prev_end if prev_end > start else start
-            begin = host_end if host_end > prev_end else prev_end
-            end = begin + model
-            gap = host_end - idle_from if host_end > idle_from else 0.0
-            before = last
-            last = (start, end, host, model, gap, end - idle_from)
-            prev_end = end
-            now = host_end
-            # The step before is applied: the engine waits for its output.
-            if applied_end > now:
-                now = applied_end
-            ends.append(applied_end)
-            hosts.append(ph)
-            models.append(pm)
-            gaps.append(pg)
-            applied_end, ph, pm, pg = end, host, model, gap
-            n += 1
+                m = min(chunk, same - n)
+                chunk *= 2
+                batch_hosts, batch_models = prices.hosts, prices.models
+                for col in (prices.ends, prices.totals, batch_hosts, batch_models):
+                    del col[:]
+                ctx = clock(ctx, 0.0, math.inf, m, prices.ends, prices.totals, batch_hosts, batch_models)[3]
+            for host, model in zip(batch_hosts, batch_models):
+                if now >= until:
+                    break
+                # _pipeline, term for term.
+                start = now
+                if prev_end > start and not overlaps:
+                    start = prev_end
+                host_end = start + host
+                idle_from = prev_end if prev_end > start else start
+                begin = host_end if host_end > prev_end else prev_end
+                end = begin + model
+                gap = host_end - idle_from if host_end > idle_from else 0.0
+                bs, bd = ls, ld
+                ls, ld = start, end - idle_from
+                prev_end = end
+                now = host_end
+                # The step before is applied: the engine waits for its output.
+                if applied_end > now:
+                    now = applied_end
+                ends.append(applied_end)
+                hosts.append(ph)
+                models.append(pm)
+                gaps.append(pg)
+                applied_end, ph, pm, pg = end, host, model, gap
+                n += 1
         if n:
             self.now = now
-            for j, kept in ((n - 2, before), (n - 1, last)):
-                if kept is None:
-                    continue
+            kept = [(n - 1, ls, applied_end, ph, pm, pg, ld)]
+            if n > 1:
+                # The last step applied is the one before the last scheduled.
+                kept.insert(0, (n - 2, bs, ends[-1], hosts[-1], models[-1], gaps[-1], bd))
+            for j, start, end, host, model, gap, duration in kept:
                 t = self._prev
                 self._prev = self._last
                 self._last = t
@@ -356,9 +357,16 @@ class SimExecutor:
                     t.batch = BatchShape(dl, dl, 0, 0, 0, dl, cl, 0)
                 else:
                     t.batch = BatchShape(d, d, 0, 0, 0, d, decode_context + d * (j + 1), 0)
-                t.start, t.end, t.host, t.model, t.host_gap, t.duration = kept
-                self.device_free_at = t.end
-                self.last_duration = t.duration
+                t.start, t.end, t.host, t.model, t.host_gap, t.duration = (
+                    start,
+                    end,
+                    host,
+                    model,
+                    gap,
+                    duration,
+                )
+                self.device_free_at = end
+                self.last_duration = duration
                 self.last_batch = t.batch
             self.last_sampled = []
         return run
