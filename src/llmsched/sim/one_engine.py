@@ -15,6 +15,12 @@ else can happen are applied without building their batches (see
 Without a trace or series, plainly decoding requests are moreover kept as
 a ``DecodeCohort`` across steps that admit others, so such steps cost
 their admissions and block events, not a pass over the batch.
+
+With async scheduling, and without a trace or series, engine calls that
+schedule one token for every running request and apply the plain decode
+step in flight before them are run together likewise (see
+``Scheduler.async_plain_decode_steps`` and ``SimExecutor.run_async_decodes``):
+the same calls, clock and figures, the last step they schedule left in flight.
 """
 
 from __future__ import annotations
