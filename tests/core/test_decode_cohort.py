@@ -7,8 +7,9 @@ import random
 import pytest
 
 from llmsched.core import SamplingParams, Scheduler
+from llmsched.core.output import ModelRunnerOutput, SchedulerOutput
 from support.decode_state import feed, snapshot
-from support.scheduling import make_req, make_sched, run_step
+from support.scheduling import Pipeline, make_req, make_sched, run_step
 
 
 def kv_snapshot(s: Scheduler) -> dict:
@@ -113,3 +114,87 @@ def test_no_cohort_where_a_step_may_do_more():
         other.add_request(make_req("d", 10))
         run_step(other)
         assert other.start_cohort(7) is None, config
+
+
+def async_snapshot(s: Scheduler) -> dict:
+    """``snapshot`` plus what async mode keeps per running request: placeholders and tokens in flight."""
+    full = snapshot(s)
+    full["in_flight"] = [(r.num_output_placeholders, r.num_in_flight_tokens) for r in s.running]
+    return full
+
+
+def plain_in_flight(pipe: Pipeline) -> bool:
+    """True when the one step in flight decoded every running request one token."""
+    if len(pipe.in_flight) != 1:
+        return False
+    out = pipe.in_flight[0][0]
+    running = pipe.sched.running
+    return len(out.scheduled) == len(running) and all(
+        a is b and n == 1 for a, b, n in zip(out.scheduled, running, out.num_scheduled_tokens)
+    )
+
+
+@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"enable_prefix_caching": False},
+        {"num_gpu_blocks": 40, "max_num_seqs": 6},
+        {"block_size": 16, "num_gpu_blocks": 60, "max_model_len": 96},
+        {"max_num_batched_tokens": 8, "max_num_seqs": 8},
+        {"policy": "priority", "num_gpu_blocks": 60},
+    ],
+)
+def test_async_plain_decode_calls_equal_scheduled_calls(seed, overrides):
+    rng = random.Random(seed)
+    config = {"async_scheduling": True, **overrides}
+    stepped = Pipeline(make_sched(**config), token=8)
+    lazy = Pipeline(make_sched(**config, debug=False), token=8)
+    shared = [900_000 + j for j in range(64)]
+    num_lazy = num_finished = 0
+    for turn in range(300):
+        # Bursts of arrivals, then quiet stretches in which the queue drains.
+        if turn % 60 < 10 and rng.random() < 0.4:
+            feed([stepped.sched, lazy.sched], random.Random(rng.random()), rng.randrange(1, 4), shared)
+        k = lazy.sched.async_plain_decode_steps(8, rng.randrange(1, 12), through_finish=rng.random() < 0.7)
+        if k and plain_in_flight(lazy):
+            res = None
+            for _ in range(k):
+                _, res = stepped.step()
+            lazy.in_flight.clear()
+            finished = lazy.sched.advance_async_decode_steps(k, 8, through_finish=True)
+            assert [r.request_id for r in finished] == [r.request_id for r in res.finished]
+            # The last call's step goes in flight, as the engine does it.
+            last = SchedulerOutput(
+                lazy.sched.next_step - 1, list(lazy.sched.running), [1] * len(lazy.sched.running)
+            )
+            lazy.in_flight.append((last, ModelRunnerOutput([[8]] * len(last.scheduled))))
+            assert [r.request_id for r in stepped.in_flight[0][0].scheduled] == [
+                r.request_id for r in last.scheduled
+            ]
+            num_lazy += k
+            num_finished += len(finished)
+        else:
+            stepped.step()
+            lazy.step()
+        lazy.sched._check_kv_invariants()
+        assert async_snapshot(lazy.sched) == async_snapshot(stepped.sched)
+    assert num_lazy and num_finished, (num_lazy, num_finished)
+
+
+def test_no_async_plain_calls_where_a_call_may_do_more():
+    s = make_sched(async_scheduling=True, debug=False)
+    pipe = Pipeline(s, token=8)
+    s.add_request(make_req("a", 10, max_tokens=20))
+    assert s.async_plain_decode_steps(8, 10) == 0  # waiting
+    pipe.step()
+    pipe.step()
+    assert s.async_plain_decode_steps(8, 10) == 10
+    assert s.async_plain_decode_steps(7, 10) == 10  # ignore_eos: no stop token
+    s.add_request(make_req("b", 10))
+    assert s.async_plain_decode_steps(8, 10) == 0  # b waits
+    sync = make_sched(debug=False)
+    sync.add_request(make_req("c", 10))
+    run_step(sync)
+    assert sync.async_plain_decode_steps(8, 10) == 0

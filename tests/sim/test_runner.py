@@ -410,3 +410,58 @@ def test_cohort_steps_under_load_leave_every_figure_and_request_unchanged(
     assert spec.get("num_gpu_blocks") is None or runs[0][0]["simulation"]["num_preemptions"]
     assert sum(cohort_steps) > cohort_share * runs[0][0]["simulation"]["num_steps"]
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize(
+    ("spec", "workload", "kwargs", "share"),
+    [
+        ({}, {"request_rate": 4.0}, {}, 0.8),
+        ({}, {"request_rate": 30.0, "range_ratio": 0.5}, {}, 0.1),
+        # KV-bound: preemptions and queues.
+        ({"num_gpu_blocks": 700, "max_num_seqs": 16}, {"request_rate": 8.0, "prefix_len": 256}, {}, 0.1),
+        ({"max_model_len": 1100}, {"request_rate": 3.0, "range_ratio": 0.5}, {}, 0.5),
+        ({"enable_prefix_caching": False}, {"request_rate": math.inf}, {"max_concurrency": 5}, 0.5),
+        ({"block_size": 32}, {"request_rate": 2.0, "burstiness": 0.3}, {"max_steps": 3000}, 0.5),
+        ({"scheduling_policy": "priority"}, {"request_rate": 6.0, "num_priority_levels": 3}, {}, 0.5),
+        ({}, {"request_rate": 5.0}, {"frontend": Frontend(1, 2e-5)}, 0.5),
+        ({}, {"request_rate": math.inf}, {"max_concurrency": 6, "frontend": Frontend(2, 4e-5)}, 0.5),
+    ],
+)
+def test_async_plain_decode_calls_leave_every_figure_and_request_unchanged(
+    spec, workload, kwargs, share, monkeypatch
+):
+    applied, finished = [], []
+    advance = Scheduler.advance_async_decode_steps
+
+    def counted(s, k, t, through_finish=False):
+        done = advance(s, k, t, through_finish)
+        applied.append(k)
+        finished.extend(done)
+        return done
+
+    monkeypatch.setattr(Scheduler, "advance_async_decode_steps", counted)
+    dep, wl = _llama_run({"async_scheduling": True, **spec}, workload, 150, seed=3, num_prefix_groups=2)
+    runs = []
+    for fast in (False, True):
+        res = simulate(dep, wl, fast_forward=fast, record_requests=True, detailed=True, **kwargs)
+        data = res.to_json()
+        data["simulation"].pop("wall_s")
+        data["simulation"].pop("wall_us_per_request")
+        runs.append((data, res.requests))
+    assert runs[0][0]["simulation"]["async_scheduling"]
+    # The per-call path ran alone first; then most calls ran in plain runs, some ending in finishes.
+    assert sum(applied) > share * runs[0][0]["simulation"]["num_steps"]
+    # Closed loops here finish all their requests at once: no run ends finishing only some.
+    assert finished or "max_concurrency" in kwargs
+    assert runs[0] == runs[1]
+
+
+def test_async_trace_and_series_take_every_call():
+    # A trace or series needs each call's record: the plain runs stay off and the output is the per-call one.
+    dep, wl = _llama_run({"async_scheduling": True}, {"request_rate": 4.0}, 60, seed=1, num_prefix_groups=1)
+    out = []
+    for fast in (False, True):
+        buf = io.StringIO()
+        res = simulate(dep, wl, trace_out=buf, record_series=True, fast_forward=fast)
+        out.append((_without_wall_times(buf.getvalue()), list(res.series.time), res.num_steps))
+    assert out[0] == out[1]

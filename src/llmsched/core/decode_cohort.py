@@ -122,3 +122,68 @@ class DecodeCohort:
         self._finishes.clear()
         self.sum_offset = 0
         return members
+
+
+def advance_async_decodes(
+    kv: KVCacheManager, running: list[Request], num_steps: int, token_id: int, through_finish: bool = False
+) -> list[Request]:
+    """Apply ``num_steps`` async plain decode calls to ``running``, each member one placeholder ahead.
+
+    With async scheduling a plain decode call schedules one token for every
+    running request and applies the step before, which gave each one token:
+    before and after it a member has ``num_tokens == num_computed_tokens``
+    and one placeholder in flight. Its schedule phase's
+    ``allocate_slots(r, 1)`` is the only call that can touch shared state
+    (the update's registration covers no token the schedule did not), and
+    it registers blocks one token later than in sync mode (the last
+    computed token is not known yet). As in ``DecodeCohort``, those calls
+    run in (call, running) order with the member caught up to that call, and
+    every member is caught up at the end. The caller has proven the calls
+    plain (no stop token, preemption or admission among them; no finish
+    but, ``through_finish``, in the last call). There the members reaching
+    their stop length are not scheduled (schedule()'s max_tokens-in-flight
+    skip) and get their last token: they are returned, in running order,
+    caught up to the update that finishes them, for the caller to finish.
+    """
+    offsets = [r.num_computed_tokens for r in running]
+    last = num_steps - 1
+    # The members the last call skips and finishes: its update brings them to off + num_steps tokens.
+    finishing: set[Request] | tuple = ()
+    if through_finish:
+        finishing = {r for r, off in zip(running, offsets) if r.stop_length == off + num_steps}
+    events: list[tuple[int, int, Request]] = []
+    for seq, r in enumerate(running):
+        # The first call whose allocation reaches the event (0 if one is overdue).
+        s = max(kv.next_decode_event(r, 1) - 1 - offsets[seq], 0)
+        if s < num_steps:
+            events.append((s, seq, r))
+    heapq.heapify(events)
+    while events:
+        s, seq, r = heapq.heappop(events)
+        if s == last and r in finishing:
+            continue  # not scheduled in the call that finishes it
+        off = offsets[seq]
+        _catch_up_known(r, off + s, token_id)
+        kv.allocate_slots(r, 1)
+        s = max(kv.next_decode_event(r, 1) - 1 - off, s + 1)
+        if s < num_steps:
+            heapq.heappush(events, (s, seq, r))
+    finished: list[Request] = []
+    for r, off in zip(running, offsets):
+        if r in finishing:
+            _catch_up_known(r, off + last, token_id)
+            r.token_ids.append(token_id)
+            r.num_tokens += 1
+            finished.append(r)
+        else:
+            _catch_up_known(r, off + num_steps, token_id)
+    return finished
+
+
+def _catch_up_known(r: Request, computed: int, token_id: int) -> None:
+    """Bring an async plain decode to ``computed`` computed and known tokens (one placeholder in flight)."""
+    more = computed - r.num_computed_tokens
+    if more > 0:
+        r.num_computed_tokens = computed
+        r.token_ids.extend([token_id] * more)
+        r.num_tokens = computed

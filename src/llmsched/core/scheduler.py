@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 
 from llmsched.core.config import SchedulerConfig
 from llmsched.core.connector import KVConnector
-from llmsched.core.decode_cohort import DecodeCohort
+from llmsched.core.decode_cohort import DecodeCohort, advance_async_decodes
 from llmsched.core.encoder_inputs import EncoderScheduler
 from llmsched.core.errors import RequestRejected
 from llmsched.core.kv.hybrid import HybridKVCacheManager
@@ -570,6 +570,98 @@ class Scheduler:
             cohort.join(r)
         finished = self.advance_cohort(cohort, num_steps)
         cohort.flush()
+        return finished
+
+    def async_plain_decode_steps(self, token_id: int, limit: int, through_finish: bool = False) -> int:
+        """Async mode: how many of the next engine calls (at most ``limit``) are plain decodes.
+
+        A plain call schedules one token for every running request (each
+        with one placeholder, its step in flight) and applies the step in
+        flight, which must have decoded every running request one token (the
+        engine checks that): nothing waits or is declined, no request reaches
+        its stop length or samples ``token_id`` as a stop token in the
+        calls, the free blocks cover every table's growth, and nothing
+        (connector, drafts, trace, hybrid groups, encoder, cadence) does more.
+        With ``through_finish`` the calls may end with the one that finishes
+        the requests it brings to their stop length (not sessions' turns, and
+        not every running request). ``advance_async_decode_steps`` applies
+        such calls.
+        """
+        running = self.running
+        if (
+            not self._async
+            or self.connector is not None
+            or self._has_drafts
+            or self._lookahead
+            or self._trace_enabled
+            or self._hybrid
+            or self._debug
+            or self._enc is not None
+            or self._prefill_interval > 1
+            or self._declined
+            or len(self.waiting)
+            or len(self.holding)
+            or not running
+            or len(running) > self._max_tokens_budget
+        ):
+            return 0
+        k = limit
+        for r in running:
+            if (
+                r.is_prefill_chunk
+                or r.num_tokens != r.num_computed_tokens
+                or r.num_output_placeholders != 1
+                or r.num_in_flight_tokens != 1
+                or r.num_stale_output_tokens
+                or r.spec_token_ids
+                or token_id in r.stop_ids
+                # schedule()'s in-flight skip reads max_tokens: it must be what stops it.
+                or r.stop_length != r.num_prompt_tokens + r.max_tokens
+            ):
+                return 0
+            # Call k applies the step giving token num_tokens + k: stop before it reaches stop_length.
+            left = r.stop_length - r.num_tokens - 1
+            if left < k:
+                k = left
+        if (
+            through_finish
+            and 0 <= k < limit
+            and not any(r.resumable for r in running if r.stop_length - r.num_tokens - 1 == k)
+            and any(r.stop_length - r.num_tokens - 1 > k for r in running)
+        ):
+            k += 1
+        if k <= 0:
+            return 0
+        kv = self.kv
+        need = 0
+        for r in running:
+            need += kv.decode_blocks_needed(r, k)
+        return k if need <= kv.num_free_blocks else 0
+
+    def advance_async_decode_steps(
+        self, num_steps: int, token_id: int, through_finish: bool = False
+    ) -> list[Request]:
+        """Apply ``num_steps`` calls proven plain by ``async_plain_decode_steps``, ``token_id`` sampled.
+
+        Leaves the state those calls' schedule() and update_from_output()
+        would: the last call's step in flight, every request with one
+        placeholder. Returns the requests the last call finished, in running
+        order (only a run ``through_finish`` finishes any).
+        """
+        finished = advance_async_decodes(self.kv, self.running, num_steps, token_id, through_finish)
+        self._finished_ids = []
+        self._step += num_steps
+        self._num_executed_steps += num_steps
+        # What a schedule() with an empty queue sets.
+        self._prefill_capacity_bound = False
+        if finished:
+            # update_from_output's resolution, registration, stop check and removal, in its order.
+            for r in finished:
+                r.num_output_placeholders = 0
+                r.num_in_flight_tokens = 0
+                check_stop(r, token_id)
+                self.kv.cache_blocks(r, r.num_computed_tokens)
+            self._remove_stopped(finished, set())
         return finished
 
     # ---- decode cohorts: plain decodes kept lazily across admitting steps --------

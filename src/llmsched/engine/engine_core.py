@@ -187,6 +187,28 @@ class EngineCore:
             item.schedule_time,
         )
 
+    def sole_in_flight(self) -> SchedulerOutput | None:
+        """The step in flight when exactly one is (async mode), already handed to the executor."""
+        queue = self._in_flight
+        if len(queue) != 1 or queue[0].result is None:
+            return None
+        return queue[0].so
+
+    def replace_in_flight(self, so: SchedulerOutput, result: ModelRunnerOutput) -> None:
+        """Put ``so`` (executed: ``result``) in flight instead of the sole step there.
+
+        For a simulator that applied the calls between them itself (see
+        ``Scheduler.advance_async_decode_steps``); ``so`` is the last step those
+        calls scheduled.
+        """
+        if self.sole_in_flight() is None:
+            raise RuntimeError("replace_in_flight() needs exactly one step in flight")
+        sched = self.scheduler
+        self.last_scheduled = so
+        self._in_flight[0] = _InFlight(
+            so, result, len(sched.running), sched.num_waiting, sched.kv.usage, 0, time.monotonic()
+        )
+
     def drain(self) -> list[EngineStep]:
         """Apply every step still in flight (async mode), scheduling nothing new."""
         steps = []

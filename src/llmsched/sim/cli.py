@@ -544,6 +544,8 @@ def _run_sessions(args: argparse.Namespace, deployment: Deployment) -> int:
     if args.result_json:
         Path(args.result_json).parent.mkdir(parents=True, exist_ok=True)
         data = {"workload": wl.describe(), **result.summary(), "deployment": deployment.to_dict()}
+        if args.save_detailed:
+            data.update(result.per_turn_lists())
         Path(args.result_json).write_text(json.dumps(data, indent=2))
         print(f"wrote {args.result_json}")
     return 0
@@ -565,7 +567,7 @@ def _run_pd(args: argparse.Namespace, deployment, workload: Workload, pd, slos: 
     for line in deployment.describe():
         print(line.replace("hardware  ", "instance  ", 1))
     print(f"workload   {workload.describe()}\n")
-    result = simulate_pd(deployment, workload, pd, slos or None, percentiles)
+    result = simulate_pd(deployment, workload, pd, slos or None, percentiles, detailed=args.save_detailed)
     print(format_pd(result))
     if args.result_json:
         Path(args.result_json).parent.mkdir(parents=True, exist_ok=True)

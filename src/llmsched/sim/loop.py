@@ -35,8 +35,10 @@ from llmsched.sim.workload import Workload
 if TYPE_CHECKING:
     from tqdm import tqdm
 
-    from llmsched.sim.results import StepSeries
+    from llmsched.sim.results import RequestLog, StepSeries
 
+# The error a request declined by the scheduling policy shows in the per-request lists.
+DECLINED = "declined by the scheduling policy"
 # Progress-bar updates are batched: tqdm costs a few microseconds per call.
 _PROGRESS_EVERY = 64
 # Failed requests whose reason is kept for the report.
@@ -198,6 +200,7 @@ class Arrivals:
             lora_id=self.loras[i] if self.loras is not None else 0,
             arrival_time=order_t,
             sent_time=sent,
+            index=i,
             mm_items=wl.mm_items(i) if wl.images is not None else (),
         )
 
@@ -212,6 +215,7 @@ class Tally:
         "declined",
         "done_pending",
         "explain",
+        "log",
         "max_running",
         "metrics",
         "num_busy",
@@ -241,11 +245,15 @@ class Tally:
         self.num_steps = self.num_busy = self.max_running = self.capped = self.declined = 0
         # Per-request (tenant, sent, first token, end, prompt, output) when asked for.
         self.records: list[tuple] | None = None
+        # vLLM's per-request lists, in dataset order, when asked for (--save-detailed).
+        self.log: RequestLog | None = None
 
     def rejected(self, req: SimRequest, err: RequestRejected) -> None:
         """Count a request the engine refused; its client slot frees at once."""
         self.metrics.add_failed(req.num_prompt_tokens)
         self.done_pending += 1
+        if self.log is not None:
+            self.log.failed(req.index, req.sent_time, req.num_prompt_tokens, str(err))
         if len(self.rejections) < _MAX_REJECTIONS_KEPT:
             self.rejections.append((req.request_id, str(err)))
         slots = self.arrivals.slots
@@ -262,6 +270,8 @@ class Tally:
             # Declined by the scheduling policy before producing anything.
             self.declined += 1
             self.metrics.add_failed(r.num_prompt_tokens)
+            if self.log is not None:
+                self.log.failed(r.index, r.sent_time, r.num_prompt_tokens, DECLINED)
             self.done_pending += 1
             if self.arrivals.slots is not None:
                 self.arrivals.slots.append(end)
@@ -269,6 +279,10 @@ class Tally:
         self.metrics.add_request(
             r.sent_time, r.first_token_time, end, r.num_prompt_tokens, r.num_output_tokens
         )
+        if self.log is not None:
+            self.log.done(
+                r.index, r.sent_time, r.first_token_time, end, r.num_prompt_tokens, r.num_output_tokens
+            )
         slots = self.arrivals.slots
         if slots is not None:
             slots.append(end)

@@ -15,6 +15,12 @@ else can happen are applied without building their batches (see
 Without a trace or series, plainly decoding requests are moreover kept as
 a ``DecodeCohort`` across steps that admit others, so such steps cost
 their admissions and block events, not a pass over the batch.
+
+With async scheduling, and without a trace or series, engine calls that
+schedule one token for every running request and apply the plain decode
+step in flight before them are run together likewise (see
+``Scheduler.async_plain_decode_steps`` and ``SimExecutor.run_async_decodes``):
+the same calls, clock and figures, the last step they schedule left in flight.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from llmsched.bench.replay import step_record
 from llmsched.core.config import SchedulerConfig
 from llmsched.core.decode_cohort import DecodeCohort
 from llmsched.core.errors import RequestRejected
+from llmsched.core.output import ModelRunnerOutput, SchedulerOutput
 from llmsched.core.scheduler import Scheduler
 from llmsched.engine.engine_core import EngineCore
 from llmsched.engine.spec_stats import SpecDecodingStats
@@ -80,6 +87,9 @@ class OneEngine:
         self.hold = hold
         self.window = 2 * sched_config.max_num_seqs + 2
         self.plain = fast_forward and not sched_config.async_scheduling
+        # Async: plain decode calls run at once (see _async_plain_decodes);
+        # a trace or series needs every call's records, so not then.
+        self.async_plain = fast_forward and sched_config.async_scheduling
         self.max_steps = max_steps
         # For the trace and series: (loop turn, requests added, requests held
         # back) when each step not yet applied was scheduled, by its step number.
@@ -138,6 +148,8 @@ class OneEngine:
             return
         self.stop_cohort()
         if self.plain and self._plain_decodes():
+            return
+        if self.async_plain and not self.keep and self._async_plain_decodes():
             return
         engine = self.engine
         es = engine.step()
@@ -275,6 +287,69 @@ class OneEngine:
         for r in running:
             r.last_token_time = prev_end
         self._count_plain_run(n, d, finished or (), prev_end)
+        return n
+
+    def _async_plain_decodes(self) -> int:
+        """Async: run the coming plain decode calls until an arrival is due; how many ran.
+
+        The step in flight must decode every running request one token,
+        each having sampled at the last applied step's end; the scheduler
+        proves the calls after it plain (``async_plain_decode_steps``) and
+        applies them (``advance_async_decode_steps``), the executor clocks
+        them as the per-call path would (``run_async_decodes``), and the
+        last step they schedule is put in flight for the next call to apply.
+        Each call applies one step that gave every running request a token.
+        """
+        sched, ex, engine = self.sched, self.ex, self.engine
+        if len(sched.waiting):
+            return 0  # the next call admits
+        so = engine.sole_in_flight()
+        if so is None or ex.spec is not None or ex.prices_lora:
+            return 0
+        running = sched.running
+        d = len(running)
+        scheduled = so.scheduled
+        if (
+            len(scheduled) != d
+            or so.total_num_scheduled_tokens != d
+            or sched.next_step != so.step + 1
+            or so.preempted
+            or so.spec_decode_tokens
+        ):
+            return 0
+        prev_end = self.prev_end
+        ctx = 0
+        for r, s in zip(running, scheduled):
+            if r is not s or r.last_token_time != prev_end:
+                return 0
+            ctx += r.num_computed_tokens
+        limit = self.max_steps - self.turns if self.max_steps is not None else _PLAIN_RUN
+        token = ex.sample_token_id
+        k = sched.async_plain_decode_steps(token, limit, through_finish=True)
+        if not k:
+            return 0
+        # Does the last call finish some (and so schedule only the rest)?
+        last_shape = None
+        stays = [r for r in running if r.stop_length - r.num_tokens > k]
+        if len(stays) < d:
+            d_last = len(stays)
+            last_shape = (d_last, sum(r.num_computed_tokens for r in stays) + d_last * k)
+        first = sched.next_step
+        run = ex.run_async_decodes(first, d, ctx, k, self.arrivals.next_due_time(), last_shape)
+        n = len(run)
+        if not n:
+            return 0
+        finished = sched.advance_async_decode_steps(n, token, through_finish=n == k)
+        running = sched.running
+        d_now = len(running)
+        last = SchedulerOutput(first + n - 1, list(running), [1] * d_now, d_now)
+        engine.replace_in_flight(last, ModelRunnerOutput(sampled_token_ids=[(token,)] * d_now))
+        tally = self.tally
+        self.prev_end = end = tally.metrics.add_steps(run.ends, prev_end, d)
+        self.costs.add_pipelined(run.hosts, run.models, run.totals)
+        for r in running:
+            r.last_token_time = end
+        self._count_plain_run(n, d, finished, end)
         return n
 
     def _cohort_steps(self) -> int:

@@ -33,6 +33,7 @@ from llmsched.engine.engine_core import EngineCore
 from llmsched.executor.sim.executor import SimExecutor
 from llmsched.sim.deployment import Deployment
 from llmsched.sim.requests import SimRequest
+from llmsched.sim.results import RequestLog
 from llmsched.sim.workload import Workload
 
 
@@ -258,15 +259,23 @@ def simulate_pd(
     pd: PDConfig,
     goodput_slos_ms: dict[str, float] | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+    detailed: bool = False,
 ) -> PDResult:
-    """Run ``workload`` through ``pd``'s instances (each one ``deployment``); see the module docstring."""
+    """Run ``workload`` through ``pd``'s instances (each one ``deployment``); see the module docstring.
+
+    ``detailed`` adds vLLM's per-request lists, in dataset order, to the summary.
+    """
     if deployment.data_parallel_size != 1:
         raise ConfigError(
             "P/D instances are single engines: give data_parallel_size 1 (instances come from --pd)"
         )
     run = PDRun(deployment, workload, pd)
+    if detailed:
+        run.log = RequestLog(workload)
     run.run()
     summary = run.metrics.summary(run.end_time, goodput_slos_ms, percentiles)
+    if run.log is not None:
+        summary.update(run.log.lists())
     n_inst = pd.num_prefill + pd.num_decode
     mean_xfer = 1000.0 * run.transfer_total / run.num_transfers if run.num_transfers else 0.0
     return PDResult(pd, summary, n_inst * deployment.cost_model.tp, mean_xfer, run.num_steps)
@@ -300,6 +309,8 @@ class PDRun:
         self._first = SamplingParams(max_tokens=1, ignore_eos=True)
         # Request id -> workload index, while its prompt is on a prefill instance.
         self._index: dict[str, int] = {}
+        # vLLM's per-request lists, in dataset order, when asked for.
+        self.log: RequestLog | None = None
 
     def run(self) -> None:
         """Until every request finished."""
@@ -330,7 +341,7 @@ class PDRun:
         else:
             inst = min(self.decode, key=_Instance.load)
             params = SamplingParams(max_tokens=wl.output_lens[i], ignore_eos=True)
-        req = SimRequest(wl.request_id(i), wl.prompt(i), params, arrival_time=t, sent_time=t)
+        req = SimRequest(wl.request_id(i), wl.prompt(i), params, arrival_time=t, sent_time=t, index=i)
         if self.prefill:
             self._index[req.request_id] = i
         self._add(inst, req, t)
@@ -339,13 +350,16 @@ class PDRun:
         wl = self.workload
         inst = min(self.decode, key=_Instance.load)
         params = SamplingParams(max_tokens=wl.output_lens[i], ignore_eos=True)
-        self._add(inst, SimRequest(wl.request_id(i), wl.prompt(i), params, arrival_time=t, sent_time=sent), t)
+        req = SimRequest(wl.request_id(i), wl.prompt(i), params, arrival_time=t, sent_time=sent, index=i)
+        self._add(inst, req, t)
 
     def _add(self, inst: _Instance, req: SimRequest, t: float) -> None:
         try:
             inst.add(req, t)
-        except RequestRejected:
+        except RequestRejected as e:
             self.metrics.add_failed(req.num_prompt_tokens)
+            if self.log is not None:
+                self.log.failed(req.index, req.sent_time, req.num_prompt_tokens, str(e))
 
     def _step(self, inst: _Instance) -> None:
         es = inst.core.step()
@@ -370,6 +384,15 @@ class PDRun:
                 self.metrics.add_request(
                     r.sent_time, r.first_token_time, end, r.num_prompt_tokens, r.num_output_tokens
                 )
+                if self.log is not None:
+                    self.log.done(
+                        r.index,
+                        r.sent_time,
+                        r.first_token_time,
+                        end,
+                        r.num_prompt_tokens,
+                        r.num_output_tokens,
+                    )
                 self.end_time = max(self.end_time, end)
 
     def _send(self, inst: _Instance, r: SimRequest, end: float) -> None:

@@ -8,10 +8,12 @@ from llmsched.core.request import Request
 class SimRequest(Request):
     """A Request that also carries its client-side timestamps on the virtual clock."""
 
-    __slots__ = ("first_token_time", "last_token_time", "sent_time")
+    __slots__ = ("first_token_time", "index", "last_token_time", "sent_time")
 
-    def __init__(self, *args: object, sent_time: float = 0.0, **kwargs: object) -> None:
+    def __init__(self, *args: object, sent_time: float = 0.0, index: int = -1, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
         self.sent_time = sent_time
+        # Its position in the workload (-1: none), where its per-request figures go.
+        self.index = index
         self.first_token_time = -1.0
         self.last_token_time = -1.0

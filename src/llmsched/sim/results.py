@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from llmsched.bench.metrics import DEFAULT_PERCENTILES, MetricsCollector, format_summary, percentile_sorted
 from llmsched.executor.sim.executor import StepTiming
 from llmsched.sim.deployment import Deployment
+from llmsched.sim.workload import Workload
 
 
 @dataclass(slots=True)
@@ -56,6 +57,17 @@ class StepCosts:
         self.num_steps += len(hosts)
         self.host_gaps.extend(hosts)
 
+    def add_pipelined(self, hosts: Sequence[float], models: Sequence[float], gaps: Sequence[float]) -> None:
+        """Count executed async steps by their parts and host gaps, as ``add`` would one by one."""
+        host_s, model_s, gap_s = self.host_s, self.model_s, self.host_gap_s
+        for h, m, g in zip(hosts, models, gaps):
+            host_s += h
+            model_s += m
+            gap_s += g
+        self.host_s, self.model_s, self.host_gap_s = host_s, model_s, gap_s
+        self.num_steps += len(hosts)
+        self.host_gaps.extend(gaps)
+
     def add(self, t: StepTiming) -> None:
         """Count one executed step with tokens."""
         self.num_steps += 1
@@ -90,6 +102,67 @@ class StepCosts:
             ("Mean host path / model per step (ms):", f"{d['mean_host_ms']:.3f} / {d['mean_model_ms']:.3f}"),
             ("Host gap median / p99 (ms):", f"{d['median_host_gap_ms']:.3f} / {d['p99_host_gap_ms']:.3f}"),
         ]
+
+
+# What a request that did not finish before the run stopped (max_steps) shows in ``errors``.
+UNFINISHED = "not finished when the simulation stopped"
+
+
+class RequestLog:
+    """vLLM's per-request lists (``--save-detailed``): one entry per workload request, in dataset order.
+
+    Requests finish in whatever order the scheduler runs them; each is
+    written at its own position (its dataset line), so the lists zip with
+    the dataset as a ``vllm bench serve`` result's do. A request that failed
+    reads as vLLM writes one: output length, TTFT and latency 0, its reason
+    in ``errors`` ("" for a success).
+    """
+
+    __slots__ = ("errors", "input_lens", "latencies", "output_lens", "position", "start_times", "ttfts")
+
+    def __init__(self, workload: Workload) -> None:
+        n = len(workload)
+        order = workload.file_index
+        self.position = list(order) if order is not None else range(n)
+        self.input_lens = [0] * n
+        self.start_times = [0.0] * n
+        for i, at in enumerate(self.position):
+            self.input_lens[at] = workload.input_lens[i]
+            self.start_times[at] = workload.arrivals[i]
+        self.output_lens = [0] * n
+        self.ttfts = [0.0] * n
+        self.latencies = [0.0] * n
+        self.errors = [UNFINISHED] * n
+
+    def done(
+        self, i: int, sent: float, first_token: float, end: float, prompt_len: int, output_len: int
+    ) -> None:
+        """Workload request ``i`` completed."""
+        at = self.position[i]
+        self.input_lens[at] = prompt_len
+        self.output_lens[at] = output_len
+        self.start_times[at] = sent
+        self.ttfts[at] = first_token - sent
+        self.latencies[at] = end - sent
+        self.errors[at] = ""
+
+    def failed(self, i: int, sent: float, prompt_len: int, error: str) -> None:
+        """Workload request ``i`` failed (refused or declined) with ``error``."""
+        at = self.position[i]
+        self.input_lens[at] = prompt_len
+        self.start_times[at] = sent
+        self.errors[at] = error
+
+    def lists(self) -> dict:
+        """The lists, under vLLM's keys (times in seconds)."""
+        return {
+            "input_lens": list(self.input_lens),
+            "output_lens": list(self.output_lens),
+            "ttfts": list(self.ttfts),
+            "latencies": list(self.latencies),
+            "start_times": list(self.start_times),
+            "errors": list(self.errors),
+        }
 
 
 @dataclass(slots=True)

@@ -25,7 +25,7 @@ from llmsched.sim.frontend import Frontend
 from llmsched.sim.loop import Arrivals, Tally, run_loop
 from llmsched.sim.one_engine import OneEngine
 from llmsched.sim.requests import SimRequest
-from llmsched.sim.results import SimResult, StepCosts, StepSeries
+from llmsched.sim.results import RequestLog, SimResult, StepCosts, StepSeries
 from llmsched.sim.workload import Workload
 
 __all__ = ["SimRequest", "SimResult", "StepCosts", "StepSeries", "resolve_run", "simulate", "write_header"]
@@ -90,6 +90,8 @@ def simulate(
     tally = Tally(arrivals, trace_out, explain, series, progress)
     if record_requests:
         tally.records = []
+    if detailed:
+        tally.log = RequestLog(workload)
     # Priority order needs the whole queue built; so does --explain, which lists it.
     hold = hold_back and max_concurrency is None and sched_config.policy == "fcfs" and not explain
     if dp is not None:
@@ -105,7 +107,9 @@ def simulate(
     wall = run_loop(engines, arrivals, tally, max_steps)
     fields = engines.result_fields()
     duration = fields.pop("sim_duration_s")
-    summary = tally.metrics.summary(duration, goodput_slos_ms, percentiles, detailed=detailed)
+    summary = tally.metrics.summary(duration, goodput_slos_ms, percentiles)
+    if tally.log is not None:
+        summary.update(tally.log.lists())
     return SimResult(
         metrics=tally.metrics,
         summary=summary,

@@ -114,6 +114,21 @@ class SessionResult:
     num_preemptions: int = 0
     num_steps: int = 0
     rejections: list[tuple[str, str]] = field(default_factory=list)
+    # Per turn, the conversation each entry of ttft_s and e2el_s belongs to (ascending).
+    conversations: list[list[int]] = field(default_factory=list)
+    num_sessions: int = 0
+
+    def per_turn_lists(self) -> dict:
+        """Per turn, each conversation's TTFT and latency (s) in conversation order; None: turn not served."""
+        ttfts, latencies = [], []
+        for convs, ttft, e2el in zip(self.conversations, self.ttft_s, self.e2el_s):
+            row_t: list[float | None] = [None] * self.num_sessions
+            row_e: list[float | None] = [None] * self.num_sessions
+            for c, t, e in zip(convs, ttft, e2el):
+                row_t[c], row_e[c] = t, e
+            ttfts.append(row_t)
+            latencies.append(row_e)
+        return {"ttfts_per_turn": ttfts, "latencies_per_turn": latencies}
 
     def summary(self) -> dict:
         """Per-turn mean / median / p99 TTFT and mean latency (ms), recomputed tokens, throughput."""
@@ -184,6 +199,9 @@ class _Run:
         self.computed: dict[int, int] = {}
         self.owner: dict[str, int] = {}
         n = wl.turns
+        # Per turn: conversation -> (TTFT, latency), as turns finish (in any order).
+        self.ttft_at: list[dict[int, float]] = [{} for _ in range(n)]
+        self.e2el_at: list[dict[int, float]] = [{} for _ in range(n)]
         self.result = SessionResult(mode, [[] for _ in range(n)], [[] for _ in range(n)], [0] * n)
         self.pending = [(t, c) for c, t in enumerate(starts)]
         heapq.heapify(self.pending)
@@ -236,6 +254,11 @@ class _Run:
                 self.result.num_steps += 1
             self._apply(es, end)
         r = self.result
+        # In conversation order, whatever order the turns finished in.
+        r.num_sessions = self.wl.num_sessions
+        r.conversations = [sorted(d) for d in self.e2el_at]
+        r.ttft_s = [[self.ttft_at[k][c] for c in convs] for k, convs in enumerate(r.conversations)]
+        r.e2el_s = [[self.e2el_at[k][c] for c in convs] for k, convs in enumerate(r.conversations)]
         r.duration_s = ex.now
         r.num_preemptions = engine.scheduler.num_preemptions
         return r
@@ -254,7 +277,7 @@ class _Run:
                 continue
             self.first[c] = True
             k = self.turn[c]
-            r.ttft_s[k].append(end - self.sent[c])
+            self.ttft_at[k][c] = end - self.sent[c]
             new = wl.first_input_len if k == 0 else wl.input_len
             # A resumed session also computes the last sampled token of the turn before.
             r.recomputed_tokens[k] += max(self.computed[c] - new - (k > 0), 0)
@@ -263,7 +286,7 @@ class _Run:
             if c is None:
                 continue
             k = self.turn[c]
-            r.e2el_s[k].append(end - self.sent[c])
+            self.e2el_at[k][c] = end - self.sent[c]
             r.output_tokens += wl.output_len
             if self.mode == "resend":
                 self.history[c] = list(req.token_ids)

@@ -58,6 +58,8 @@ class Workload:
     tenants: list[str | None] | None = None
     # Images of each request (vision-language models), or None.
     images: ImagePlan | None = None
+    # Each request's line in its dataset file (None: the requests are in file order).
+    file_index: array | None = None
     # How the arrivals were made, for reports.
     request_rate: float = math.inf
     burstiness: float = 1.0
@@ -69,7 +71,7 @@ class Workload:
         n = len(self.arrivals)
         if n == 0:
             raise ConfigError("the workload has no requests")
-        for name in ("input_lens", "output_lens", "priorities", "groups", "tenants", "loras"):
+        for name in ("input_lens", "output_lens", "priorities", "groups", "tenants", "loras", "file_index"):
             col = getattr(self, name)
             if col is not None and len(col) != n:
                 raise ConfigError(f"workload column {name} has {len(col)} entries for {n} requests")
@@ -392,6 +394,7 @@ def load_trace_workload(
         token_ids=[tokens[i] for i in order] if has_tokens else None,
         ids=[ids[i] for i in order],
         tenants=[tenants[i] for i in order] if any(t is not None for t in tenants) else None,
+        file_index=array("l", order) if order != sorted(order) else None,
         request_rate=rate,
         burstiness=burstiness,
         source=p.name,

@@ -232,17 +232,20 @@ class KVCacheManager:
                 self._cache_full_blocks(request, table, num_known)
         return new_blocks
 
-    def next_decode_event(self, request: Request) -> int:
+    def next_decode_event(self, request: Request, known_lag: int = 0) -> int:
         """The computed count, after a one-token step, at which ``allocate_slots(request, 1)`` next acts.
 
         Below it such a call adds no block and registers none, so a caller
         that knows it may skip the call without changing anything.
+        ``known_lag``: how many computed tokens are not known yet when it is
+        called (async scheduling's placeholder: 1), which registers blocks
+        that much later.
         """
         table = self._tables[request.request_id]
         bs = self.block_size
         at = len(table.blocks) * bs + 1
         if self.enable_caching:
-            full = (table.num_cached + 1) * bs
+            full = (table.num_cached + 1) * bs + known_lag
             if full < at:
                 at = full
         return at

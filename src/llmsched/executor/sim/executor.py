@@ -30,6 +30,7 @@ one call later.
 
 from __future__ import annotations
 
+import math
 from array import array
 from dataclasses import dataclass, field
 from functools import partial
@@ -253,6 +254,120 @@ class SimExecutor:
                 run.hosts[-1],
                 run.models[-1],
             )
+            self.last_sampled = []
+        return run
+
+    def run_async_decodes(
+        self,
+        first_step: int,
+        num_decodes: int,
+        decode_context: int,
+        num_steps: int,
+        until: float,
+        last_shape: tuple[int, int] | None = None,
+    ) -> DecodeRun:
+        """Clock up to ``num_steps`` async calls of the same one-token decodes, each begun before ``until``.
+
+        Async scheduling only. Call j schedules step ``first_step + j``
+        (priced and pipelined as ``execute()`` would its batch;
+        ``decode_context``: the summed computed counts before the first) and
+        then applies the step before it, whose forward end the clock waits
+        for, as the simulator's engine loop does. Step ``first_step - 1``
+        must be the last one executed. ``last_shape``: the last call's
+        (decodes, summed context) when it schedules fewer (some finish).
+        Returns the applied steps: each one's end, host path, model time and
+        host gap (``totals``); the last two scheduled are kept for ``timing()``.
+        """
+        if not self.async_scheduling:
+            raise ValueError("run_async_decodes() clocks async steps only")
+        d = num_decodes
+        clock = self._decode_runs.get(d)
+        if clock is None:
+            clock = self._decode_runs[d] = decode_run_of(self.cost_model, d)
+        prev = self._last
+        if prev.step != first_step - 1:
+            raise ValueError(f"run_async_decodes() follows step {prev.step}, not {first_step - 1}")
+        run = DecodeRun()
+        ends, hosts, models, gaps = run.ends, run.hosts, run.models, run.totals
+        overlaps = self.host_overlaps_model
+        now = self.now
+        prev_end = self.device_free_at
+        applied_end = prev.end
+        ph, pm, pg = prev.host, prev.model, prev.host_gap
+        # Start and duration of the last two steps scheduled (their other parts are kept below).
+        ls = ld = bs = bd = 0.0
+        # Steps are priced in growing chunks: an arrival usually ends the run early.
+        prices = DecodeRun()
+        ctx = decode_context
+        n = 0
+        chunk = 8
+        same = num_steps if last_shape is None else num_steps - 1
+        while n < num_steps and now < until:
+            if n == same:
+                # The last call's smaller batch, priced as execute() would.
+                dl, cl = last_shape  # type: ignore[misc]
+                _, host, model = self._parts(BatchShape(dl, dl, 0, 0, 0, dl, cl, 0))
+                batch_hosts: Any = (host,)
+                batch_models: Any = (model,)
+            else:
+                m = min(chunk, same - n)
+                chunk *= 2
+                batch_hosts, batch_models = prices.hosts, prices.models
+                for col in (prices.ends, prices.totals, batch_hosts, batch_models):
+                    del col[:]
+                ctx = clock(ctx, 0.0, math.inf, m, prices.ends, prices.totals, batch_hosts, batch_models)[3]
+            for host, model in zip(batch_hosts, batch_models):
+                if now >= until:
+                    break
+                # _pipeline, term for term.
+                start = now
+                if prev_end > start and not overlaps:
+                    start = prev_end
+                host_end = start + host
+                idle_from = prev_end if prev_end > start else start
+                begin = host_end if host_end > prev_end else prev_end
+                end = begin + model
+                gap = host_end - idle_from if host_end > idle_from else 0.0
+                bs, bd = ls, ld
+                ls, ld = start, end - idle_from
+                prev_end = end
+                now = host_end
+                # The step before is applied: the engine waits for its output.
+                if applied_end > now:
+                    now = applied_end
+                ends.append(applied_end)
+                hosts.append(ph)
+                models.append(pm)
+                gaps.append(pg)
+                applied_end, ph, pm, pg = end, host, model, gap
+                n += 1
+        if n:
+            self.now = now
+            kept = [(n - 1, ls, applied_end, ph, pm, pg, ld)]
+            if n > 1:
+                # The last step applied is the one before the last scheduled.
+                kept.insert(0, (n - 2, bs, ends[-1], hosts[-1], models[-1], gaps[-1], bd))
+            for j, start, end, host, model, gap, duration in kept:
+                t = self._prev
+                self._prev = self._last
+                self._last = t
+                t.step = first_step + j
+                if j == same:
+                    dl, cl = last_shape  # type: ignore[misc]
+                    t.batch = BatchShape(dl, dl, 0, 0, 0, dl, cl, 0)
+                else:
+                    t.batch = BatchShape(d, d, 0, 0, 0, d, decode_context + d * (j + 1), 0)
+                t.start, t.end, t.host, t.model, t.host_gap, t.duration = (
+                    start,
+                    end,
+                    host,
+                    model,
+                    gap,
+                    duration,
+                )
+                self.device_free_at = end
+                self.last_duration = duration
+                self.last_batch = t.batch
             self.last_sampled = []
         return run
 
