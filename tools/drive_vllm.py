@@ -144,6 +144,7 @@ DEFAULTS = {
     "encoder_cache_size": None,
     "mamba": False,
     "kv_connector": None,
+    "num_speculative_tokens": 0,
     "scheduler_extra": {},
     "cache_extra": {},
 }
@@ -275,7 +276,8 @@ def main() -> int:
     import torch
     import vllm
     from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig,
-                             ModelConfig, SchedulerConfig, VllmConfig)
+                             ModelConfig, SchedulerConfig, SpeculativeConfig,
+                             VllmConfig)
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
@@ -286,7 +288,7 @@ def main() -> int:
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
                                             KVCacheGroupSpec, MambaSpec)
-    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+    from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput
     from vllm.v1.request import Request
     from vllm.v1.structured_output import StructuredOutputManager
     import_s = time.perf_counter() - t_imp
@@ -342,11 +344,17 @@ def main() -> int:
             kv_connector_extra_config={"script": {
                 str(r.get("id", i)): r["kv"] for i, r in enumerate(reqs_in) if r.get("kv")}},
         )
+    num_spec = int(cfg["num_speculative_tokens"] or 0)
+    # Scripted drafts ("spec" on a request): an n-gram proposer reserves no
+    # draft slots or lookahead, so only the draft counts reach the scheduler.
+    speculative_config = SpeculativeConfig(
+        method="ngram", num_speculative_tokens=num_spec) if num_spec else None
     vllm_config = VllmConfig(
         model_config=model_config,
         scheduler_config=scheduler_config,
         cache_config=cache_config,
         kv_transfer_config=kv_transfer_config,
+        speculative_config=speculative_config,
         # No vllm._C / no GPU: vLLM resolves an UnspecifiedPlatform here, which
         # cannot infer a device type, so name one.
         device_config=DeviceConfig(device="cpu"),
@@ -439,6 +447,7 @@ def main() -> int:
             "mamba": bool(cfg["mamba"]),
             "mamba_cache_mode": vllm_config.cache_config.mamba_cache_mode,
             "kv_connector": kv_cfg or None,
+            "num_speculative_tokens": num_spec,
         },
         "num_requests": len(reqs_in),
         "loadavg_at_start": open("/proc/loadavg").read().split()[:3],
@@ -461,12 +470,25 @@ def main() -> int:
     sample_tok = {}
     finish_at: dict[str, dict[int, int]] = {}  # request id -> {k-th sample: token}
     emitted: dict[str, int] = {}  # request id -> samples returned so far
+    # Scripted drafts (docs/replay_scripts.md): request id -> [(offered, accepted)]
+    # per sampling step, from 1.
+    spec_script: dict[str, list[tuple[int, int]]] = {}
+    sampling_steps: dict[str, int] = {}  # request id -> steps that returned samples
     for i, r in enumerate(reqs_in):
         rid = str(r.get("id", i))
         sample_tok[rid] = int(r.get("sample_token_id", cfg["sample_token_id"]))
         for key, tok in (("eos_at", EOS_ID), ("stop_at", STOP_ID)):
             if key in r:
                 finish_at.setdefault(rid, {})[int(r[key])] = tok
+        if r.get("spec"):
+            assert num_spec > 0, f"request {rid}: 'spec' needs num_speculative_tokens > 0"
+            spec_script[rid] = [(int(d), int(a)) for d, a in r["spec"]]
+            assert all(0 <= a and 0 <= d <= num_spec for d, a in spec_script[rid]), rid
+
+    def spec_entry(rid: str, k: int) -> tuple[int, int]:
+        """(drafts offered after, drafts accepted in) the request's k-th sampling step."""
+        s = spec_script.get(rid)
+        return s[k - 1] if s and 0 < k <= len(s) else (0, 0)
 
     def build_request(i: int, step: int, seg: int = 0) -> Request:
         r = reqs_in[i]
@@ -579,14 +601,28 @@ def main() -> int:
         req_ids = list(so.num_scheduled_tokens.keys())
         sampled = []
         reqs = scheduler.requests
+        admitted_now = {nr.req_id for nr in so.scheduled_new_reqs}
+        admitted_now.update(so.scheduled_cached_reqs.resumed_req_ids)
+        fabricate.sampling_step = {}
         for rid in req_ids:
             rq = reqs[rid]
             # GPU model runner: a partial prefill chunk discards its sample.
             if rq.is_prefill_chunk:
                 sampled.append([])
                 continue
-            k = emitted[rid] = emitted.get(rid, 0) + 1
-            sampled.append([finish_at.get(rid, {}).get(k, sample_tok.get(rid, 7))])
+            k = fabricate.sampling_step[rid] = sampling_steps[rid] = sampling_steps.get(rid, 0) + 1
+            # Accepted drafts: as scripted, at most those verified now and
+            # those the proposer offered after the previous sample; drafts an
+            # admission is padded with (-1) never match.
+            drafts = so.scheduled_spec_decode_tokens.get(rid, ())
+            accepted = 0
+            if drafts and rid not in admitted_now:
+                accepted = min(spec_entry(rid, k)[1], len(drafts), spec_entry(rid, k - 1)[0])
+            toks = []
+            for _ in range(1 + accepted):
+                t = emitted[rid] = emitted.get(rid, 0) + 1
+                toks.append(finish_at.get(rid, {}).get(t, sample_tok.get(rid, 7)))
+            sampled.append(toks)
         mro = ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={rid: k for k, rid in enumerate(req_ids)},
@@ -711,6 +747,8 @@ def main() -> int:
             if detail:
                 rec["sched"] = [[k, v] for k, v in so.num_scheduled_tokens.items()]
                 rec["blocks"] = blocks_of(so)
+            if num_spec:
+                rec["drafts"] = {k: len(v) for k, v in so.scheduled_spec_decode_tokens.items()}
             if conn is not None:
                 rec["kv_loads"] = kv_loads
                 rec["kv_out"] = fabricate.kv_out
@@ -732,6 +770,14 @@ def main() -> int:
             upd_cpu_ns = time.thread_time_ns() - c0
             if conn is not None:
                 kv_finishing(step)
+            if num_spec and so.total_num_scheduled_tokens > 0:
+                # EngineCore.post_step: the proposer's drafts for every
+                # scheduled request (the scheduler drops a prefill chunk's).
+                rids = list(so.num_scheduled_tokens)
+                ks = fabricate.sampling_step
+                scheduler.update_draft_token_ids(DraftTokenIds(rids, [
+                    [sample_tok.get(rid, 7)] * (spec_entry(rid, ks[rid])[0] if rid in ks else 0)
+                    for rid in rids]))
             finish_record(rec, so, mro, upd_ns, upd_cpu_ns, outs)
         else:
             # EngineCore.step_with_batch_queue with batch_queue_size 2.

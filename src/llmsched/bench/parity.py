@@ -7,7 +7,7 @@ from pathlib import Path
 
 # What each compared step carries, in order; all of it is compared as
 # recorded (lists in their recorded order) except where noted.
-FIELDS = ("sched", "admitted", "preempted", "finished", "kv_loads", "enc", "enc_freed", "blocks")
+FIELDS = ("sched", "admitted", "preempted", "finished", "kv_loads", "enc", "enc_freed", "blocks", "drafts")
 
 
 def load_trace(path: str | Path) -> list[dict]:
@@ -49,6 +49,7 @@ def decisions(
             sorted((rid, tuple(ids)) for rid, ids in (s.get("enc") or {}).items()),
             list(s.get("enc_freed") or ()),
             s.get("blocks") if blocks else None,
+            sorted((s.get("drafts") or {}).items()),
         )
         for s in steps
         if s["total_tokens"] > 0 or s.get("kv_loads") or s.get("enc_freed")

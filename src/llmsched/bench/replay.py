@@ -83,8 +83,11 @@ class ReplaySummary:
         )
 
 
-def step_record(step: int, es: EngineStep, explain: bool, blocks: dict[str, list] | None = None) -> dict:
-    """One trace line for one schedule() call; ``blocks``: the block ids handed over, if recorded."""
+def step_record(
+    step: int, es: EngineStep, explain: bool, blocks: dict[str, list] | None = None, drafts: bool = False
+) -> dict:
+    """One trace line for one schedule() call; ``blocks``: the block ids handed over, if recorded;
+    ``drafts``: record the draft tokens scheduled per request (speculative decoding)."""
     so = es.scheduler_output
     rec = {
         "step": step,
@@ -101,6 +104,8 @@ def step_record(step: int, es: EngineStep, explain: bool, blocks: dict[str, list
     }
     if blocks is not None:
         rec["blocks"] = blocks
+    if drafts:
+        rec["drafts"] = {rid: len(ids) for rid, ids in so.spec_decode_tokens.items()}
     if so.encoder_inputs is not None:
         rec["enc"] = {rid: sorted(ids) for rid, ids in so.encoder_inputs.items()}
         rec["enc_freed"] = list(so.freed_encoder_ids or ())
@@ -255,7 +260,11 @@ def replay(
         scripts = {r.request_id: r.kv for r in workload.requests if r.kv is not None}
         connector = ScriptedConnector(workload.kv_connector, scripts, config.block_size)
     executor = ReplayExecutor(
-        sample, per_req, connector.take_output if connector is not None else None, scripted_finishes(workload)
+        sample,
+        per_req,
+        connector.take_output if connector is not None else None,
+        scripted_finishes(workload),
+        {r.request_id: r.spec for r in workload.requests if r.spec},
     )
     engine = EngineCore(config, executor, connector=connector)
     sched = engine.scheduler
@@ -327,7 +336,7 @@ def replay(
         at = step_of_schedule[so.step]
         step_blocks = blocks.pop(so.step)
         if trace_out is not None:
-            rec = step_record(at, es, explain, step_blocks)
+            rec = step_record(at, es, explain, step_blocks, config.num_speculative_tokens > 0)
             trace_out.write(json.dumps(rec, separators=(",", ":")) + "\n")
         if on_step is not None:
             on_step(at, es)
