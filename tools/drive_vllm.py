@@ -278,7 +278,7 @@ def main() -> int:
     from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig,
                              ModelConfig, SchedulerConfig, SpeculativeConfig,
                              VllmConfig)
-    from vllm.sampling_params import SamplingParams
+    from vllm.sampling_params import SamplingParams, StructuredOutputsParams
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
     from vllm.v1.core.encoder_cache_manager import EncoderCacheManager
@@ -291,6 +291,17 @@ def main() -> int:
     from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput
     from vllm.v1.request import Request
     from vllm.v1.structured_output import StructuredOutputManager
+    from vllm.v1.structured_output.backend_types import StructuredOutputGrammar
+    from concurrent.futures import Future
+
+    class ScriptedGrammar(StructuredOutputGrammar):
+        """A compiled grammar that allows every token (only its readiness is scripted)."""
+        def accept_tokens(self, request_id, tokens): return True
+        def validate_tokens(self, tokens): return list(tokens)
+        def rollback(self, num_tokens): pass
+        def fill_bitmask(self, bitmask, batch_index): pass
+        def is_terminated(self): return False
+        def reset(self): pass
     import_s = time.perf_counter() - t_imp
 
     # ---- configs ----
@@ -402,6 +413,10 @@ def main() -> int:
         return _preempt(request, *a, **kw)
 
     scheduler._preempt_request = _recording_preempt
+    if any(r.get("grammar_steps") is not None for r in reqs_in):
+        # No grammar backend here (no tokenizer); the bitmask changes no
+        # scheduling decision.
+        scheduler.structured_output_manager.grammar_bitmask = lambda *a, **k: None
     use_mm = any(r.get("mm") for r in reqs_in)
     if use_mm:
         # What MultiModalBudget would size from a multimodal model's profile.
@@ -468,6 +483,9 @@ def main() -> int:
     # Stable: by step, then JSON order; a close after that step's segment.
     pending.sort(key=lambda e: (e[0], e[1], e[2] if e[2] >= 0 else 1 << 30))
     sample_tok = {}
+    # Grammar waits ("grammar_steps": k): the grammar future of a request
+    # arriving at step s completes before the schedule() of step s + k.
+    grammar_due: list[tuple[int, Future]] = []
     finish_at: dict[str, dict[int, int]] = {}  # request id -> {k-th sample: token}
     emitted: dict[str, int] = {}  # request id -> samples returned so far
     # Scripted drafts (docs/replay_scripts.md): request id -> [(offered, accepted)]
@@ -503,12 +521,15 @@ def main() -> int:
         # Scripted finishes (REPLAY_STOPS.md): "eos_at"/"stop_at" make the
         # k-th sample the model runner returns for the request EOS_ID/STOP_ID.
         scripted_eos = seg == 0 and "eos_at" in r
+        grammar_steps = r.get("grammar_steps") if seg == 0 else None
         sp = SamplingParams(max_tokens=int(src["max_tokens"]), ignore_eos=not scripted_eos,
                             temperature=0.0,
-                            stop_token_ids=[STOP_ID] if seg == 0 and "stop_at" in r else None)
+                            stop_token_ids=[STOP_ID] if seg == 0 and "stop_at" in r else None,
+                            structured_outputs=StructuredOutputsParams(json_object=True)
+                            if grammar_steps is not None else None)
         if scripted_eos:
             sp.update_from_generation_config({}, eos_token_id=EOS_ID)
-        return Request(
+        req = Request(
             request_id=str(r.get("id", i)),
             resumable=session and seg >= 0,
             prompt_token_ids=toks,
@@ -528,6 +549,13 @@ def main() -> int:
                 for m in r.get("mm", [])
             ] if seg == 0 else None,
         )
+        if grammar_steps is not None:
+            # What StructuredOutputManager.grammar_init would attach: a
+            # compilation future, here completed by the loop.
+            fut: Future = Future()
+            req.structured_output_request.grammar = fut
+            grammar_due.append((step + int(grammar_steps), fut))
+        return req
 
     if cfg["gc_freeze"]:
         gc.collect(0); gc.collect(1); gc.collect(2)
@@ -704,6 +732,9 @@ def main() -> int:
             scheduler.add_request(build_request(pending[p][1], step, pending[p][2]))
             p += 1
         add_ns_total += time.perf_counter_ns() - t0
+        for due, fut in grammar_due:
+            if due <= step and not fut.done():
+                fut.set_result(ScriptedGrammar())
 
         if not scheduler.has_requests() and not batch_queue:
             if p >= len(pending):

@@ -201,8 +201,25 @@ def arrival_events(workload: Workload) -> list[tuple[int, int, int, WorkloadRequ
     return events
 
 
-def event_request(wr: WorkloadRequest, seg: int, step: int, num_requests: int) -> Request:
-    """The Request an arrival event adds (see ``arrival_events``)."""
+class ScriptedGrammar:
+    """A grammar whose compilation ends at a scripted replay step (``grammar_steps``)."""
+
+    __slots__ = ("_clock", "due")
+
+    def __init__(self, due: int, clock: list[float]) -> None:
+        self.due = due
+        self._clock = clock
+
+    @property
+    def ready(self) -> bool:
+        """True from the step ``due`` on (the replay's clock counts steps)."""
+        return self._clock[0] >= self.due
+
+
+def event_request(
+    wr: WorkloadRequest, seg: int, step: int, num_requests: int, clock: list[float] | None = None
+) -> Request:
+    """The Request an arrival event adds (see ``arrival_events``); ``clock`` times grammar waits."""
     if seg > 0:
         _, prompt, max_tokens = wr.segments[seg - 1]  # type: ignore[index]
     elif seg < 0:
@@ -213,6 +230,9 @@ def event_request(wr: WorkloadRequest, seg: int, step: int, num_requests: int) -
     # Scripted finishes apply to the first input only, as in the reference driver.
     eos = seg == 0 and wr.eos_at is not None
     stop = [STOP_TOKEN_ID] if seg == 0 and wr.stop_at is not None else []
+    grammar = None
+    if seg == 0 and wr.grammar_steps is not None:
+        grammar = ScriptedGrammar(step + wr.grammar_steps, clock if clock is not None else [float(step)])
     return Request(
         wr.request_id,
         prompt,
@@ -227,6 +247,7 @@ def event_request(wr: WorkloadRequest, seg: int, step: int, num_requests: int) -
         resumable=bool(wr.segments) and seg >= 0,
         # Encoder inputs belong to the first input's prompt.
         mm_items=wr.mm if seg == 0 else (),
+        grammar=grammar,
     )
 
 
@@ -305,7 +326,7 @@ def replay(
         while p < num_events and pending[p][0] <= step:
             _, _, seg, wr = pending[p]
             try:
-                engine.add_request(event_request(wr, seg, step, n))
+                engine.add_request(event_request(wr, seg, step, n, clock))
             except RequestRejected:
                 # An input after its session's end of input: vLLM queues it
                 # behind the end and never applies it.

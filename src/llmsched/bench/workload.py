@@ -58,6 +58,8 @@ class WorkloadRequest:
     stop_at: int | None = None
     # Scripted drafts (docs/replay_scripts.md): (offered, accepted) per step that returns tokens.
     spec: list[tuple[int, int]] | None = None
+    # A structured-output request whose grammar compiles this many steps after arrival.
+    grammar_steps: int | None = None
 
     @property
     def total_len(self) -> int:
@@ -180,6 +182,7 @@ def parse_workload(data: dict) -> Workload:
                 mm=parse_mm(rid, r.get("mm")),
                 eos_at=_sample_index(r, rid, "eos_at"),
                 stop_at=_sample_index(r, rid, "stop_at"),
+                grammar_steps=_count(r, rid, "grammar_steps"),
                 spec=parse_spec(rid, r.get("spec"), int(config.get("num_speculative_tokens") or 0)),
             )
         )
@@ -195,6 +198,16 @@ def _sample_index(r: dict, rid: str, key: str) -> int | None:
         return None
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ConfigError(f"request {rid!r}: {key} must be an integer >= 1 (the K-th sample), got {k!r}")
+    return k
+
+
+def _count(r: dict, rid: str, key: str) -> int | None:
+    """A request's optional non-negative integer field ``key``."""
+    k = r.get(key)
+    if k is None:
+        return None
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ConfigError(f"request {rid!r}: {key} must be an integer >= 0, got {k!r}")
     return k
 
 
