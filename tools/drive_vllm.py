@@ -49,11 +49,25 @@ Config knobs (defaults in DEFAULTS below):
   mamba (true: a hybrid model, one full-attention group and one Mamba2 group of
   the same block size; with prefix caching vLLM's "align" mode, where prefill
   chunks end on block boundaries),
+  num_speculative_tokens, max_loras (see the scripted fields below),
   kv_connector (a dict {"role": "kv_consumer"|"kv_producer"|"kv_both",
   "load_failure_policy": "recompute"|"fail"}: vLLM's scheduler gets the
   scripted connector of scripted_connector.py, driven by each request's "kv"),
   scheduler_extra / cache_extra (dicts passed through to SchedulerConfig /
   CacheConfig).
+
+Scripted per-request fields (docs/replay_scripts.md): "eos_at" / "stop_at"
+(REPLAY_STOPS.md); "spec": [[offered, accepted], ...] with config
+num_speculative_tokens K (an n-gram proposer: entry j belongs to the
+request's j-th step that returns tokens; it accepts min(accepted, drafts
+verified, drafts offered after entry j-1) of its drafts, an admission's
+padding never, and the proposer then offers `offered` <= K drafts, delivered
+like EngineCore.post_step in sync mode; async mode schedules K placeholders);
+"grammar_steps": k (a structured-output request whose grammar future
+completes before the schedule() of step arrival + k); "lora_id": n > 0 with
+config max_loras (adapter "n"; LoRAConfig(max_loras)).
+Trace, extra field with num_speculative_tokens: drafts {req_id: draft tokens
+scheduled this step}.
 
 KV connector ("kv" on a request, with config kv_connector): {"external": N,
 "async": true, "recv_steps": 1, "fail": false, "offer": "once", "send_steps": 0}.
@@ -145,6 +159,7 @@ DEFAULTS = {
     "mamba": False,
     "kv_connector": None,
     "num_speculative_tokens": 0,
+    "max_loras": None,
     "scheduler_extra": {},
     "cache_extra": {},
 }
@@ -276,8 +291,9 @@ def main() -> int:
     import torch
     import vllm
     from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig,
-                             ModelConfig, SchedulerConfig, SpeculativeConfig,
-                             VllmConfig)
+                             LoRAConfig, ModelConfig, SchedulerConfig,
+                             SpeculativeConfig, VllmConfig)
+    from vllm.lora.request import LoRARequest
     from vllm.sampling_params import SamplingParams, StructuredOutputsParams
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
@@ -366,6 +382,9 @@ def main() -> int:
         cache_config=cache_config,
         kv_transfer_config=kv_transfer_config,
         speculative_config=speculative_config,
+        # LoRA ("lora_id" on a request): only the adapter ids reach the scheduler.
+        lora_config=LoRAConfig(max_loras=int(cfg["max_loras"]))
+        if cfg["max_loras"] is not None else None,
         # No vllm._C / no GPU: vLLM resolves an UnspecifiedPlatform here, which
         # cannot infer a device type, so name one.
         device_config=DeviceConfig(device="cpu"),
@@ -463,6 +482,7 @@ def main() -> int:
             "mamba_cache_mode": vllm_config.cache_config.mamba_cache_mode,
             "kv_connector": kv_cfg or None,
             "num_speculative_tokens": num_spec,
+            "max_loras": cfg["max_loras"],
         },
         "num_requests": len(reqs_in),
         "loadavg_at_start": open("/proc/loadavg").read().split()[:3],
@@ -539,6 +559,9 @@ def main() -> int:
             # deterministic: arrival step, then JSON order.
             arrival_time=float(step) + 0.5 * (i + 1) / (len(reqs_in) + 1),
             priority=int(r.get("priority", 0)),
+            # Adapter k is named "k", as llmsched names an unnamed adapter id.
+            lora_request=LoRARequest(str(r["lora_id"]), int(r["lora_id"]), f"/loras/{r['lora_id']}")
+            if int(r.get("lora_id", 0)) > 0 else None,
             block_hasher=block_hasher,
             mm_features=[
                 MultiModalFeatureSpec(

@@ -33,7 +33,8 @@ def decisions(
     per request. ``blocks`` is None when the trace does not record it or
     ``blocks`` is false. With a KV connector, a step that only started a load
     counts too; with encoder inputs, a step that only evicted from the
-    encoder cache. ``preempt_order`` false compares a step's preemptions as
+    encoder cache. ``drafts`` (draft tokens scheduled per request, with
+    speculative decoding) is compared per request. ``preempt_order`` false compares a step's preemptions as
     a set (traces that do not record vLLM's order), ``finish_order`` false
     its finishes (where vLLM's order is not deterministic).
     """
