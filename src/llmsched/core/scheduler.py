@@ -823,8 +823,11 @@ class Scheduler:
             if not load_async:
                 # With drafts, vLLM pads a one-token admission to a full draft
                 # step (keeps the batch uniform) unless prefill runs in it.
+                # Not yet with a KV connector: its block accounting does not
+                # expect padded slots (vLLM pads there too: a known gap).
                 pad = (
                     self._has_drafts
+                    and remote is None
                     and not prefill_running
                     and (computed > 0 or len(out.scheduled) > len(out.admitted))
                 )
