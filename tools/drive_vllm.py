@@ -49,11 +49,25 @@ Config knobs (defaults in DEFAULTS below):
   mamba (true: a hybrid model, one full-attention group and one Mamba2 group of
   the same block size; with prefix caching vLLM's "align" mode, where prefill
   chunks end on block boundaries),
+  num_speculative_tokens, max_loras (see the scripted fields below),
   kv_connector (a dict {"role": "kv_consumer"|"kv_producer"|"kv_both",
   "load_failure_policy": "recompute"|"fail"}: vLLM's scheduler gets the
   scripted connector of scripted_connector.py, driven by each request's "kv"),
   scheduler_extra / cache_extra (dicts passed through to SchedulerConfig /
   CacheConfig).
+
+Scripted per-request fields (docs/replay_scripts.md): "eos_at" / "stop_at"
+(REPLAY_STOPS.md); "spec": [[offered, accepted], ...] with config
+num_speculative_tokens K (an n-gram proposer: entry j belongs to the
+request's j-th step that returns tokens; it accepts min(accepted, drafts
+verified, drafts offered after entry j-1) of its drafts, an admission's
+padding never, and the proposer then offers `offered` <= K drafts, delivered
+like EngineCore.post_step in sync mode; async mode schedules K placeholders);
+"grammar_steps": k (a structured-output request whose grammar future
+completes before the schedule() of step arrival + k); "lora_id": n > 0 with
+config max_loras (adapter "n"; LoRAConfig(max_loras)).
+Trace, extra field with num_speculative_tokens: drafts {req_id: draft tokens
+scheduled this step}.
 
 KV connector ("kv" on a request, with config kv_connector): {"external": N,
 "async": true, "recv_steps": 1, "fail": false, "offer": "once", "send_steps": 0}.
@@ -144,6 +158,8 @@ DEFAULTS = {
     "encoder_cache_size": None,
     "mamba": False,
     "kv_connector": None,
+    "num_speculative_tokens": 0,
+    "max_loras": None,
     "scheduler_extra": {},
     "cache_extra": {},
 }
@@ -275,8 +291,10 @@ def main() -> int:
     import torch
     import vllm
     from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig,
-                             ModelConfig, SchedulerConfig, VllmConfig)
-    from vllm.sampling_params import SamplingParams
+                             LoRAConfig, ModelConfig, SchedulerConfig,
+                             SpeculativeConfig, VllmConfig)
+    from vllm.lora.request import LoRARequest
+    from vllm.sampling_params import SamplingParams, StructuredOutputsParams
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
     from vllm.v1.core.encoder_cache_manager import EncoderCacheManager
@@ -286,9 +304,20 @@ def main() -> int:
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
                                             KVCacheGroupSpec, MambaSpec)
-    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+    from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput
     from vllm.v1.request import Request
     from vllm.v1.structured_output import StructuredOutputManager
+    from vllm.v1.structured_output.backend_types import StructuredOutputGrammar
+    from concurrent.futures import Future
+
+    class ScriptedGrammar(StructuredOutputGrammar):
+        """A compiled grammar that allows every token (only its readiness is scripted)."""
+        def accept_tokens(self, request_id, tokens): return True
+        def validate_tokens(self, tokens): return list(tokens)
+        def rollback(self, num_tokens): pass
+        def fill_bitmask(self, bitmask, batch_index): pass
+        def is_terminated(self): return False
+        def reset(self): pass
     import_s = time.perf_counter() - t_imp
 
     # ---- configs ----
@@ -342,11 +371,20 @@ def main() -> int:
             kv_connector_extra_config={"script": {
                 str(r.get("id", i)): r["kv"] for i, r in enumerate(reqs_in) if r.get("kv")}},
         )
+    num_spec = int(cfg["num_speculative_tokens"] or 0)
+    # Scripted drafts ("spec" on a request): an n-gram proposer reserves no
+    # draft slots or lookahead, so only the draft counts reach the scheduler.
+    speculative_config = SpeculativeConfig(
+        method="ngram", num_speculative_tokens=num_spec) if num_spec else None
     vllm_config = VllmConfig(
         model_config=model_config,
         scheduler_config=scheduler_config,
         cache_config=cache_config,
         kv_transfer_config=kv_transfer_config,
+        speculative_config=speculative_config,
+        # LoRA ("lora_id" on a request): only the adapter ids reach the scheduler.
+        lora_config=LoRAConfig(max_loras=int(cfg["max_loras"]))
+        if cfg["max_loras"] is not None else None,
         # No vllm._C / no GPU: vLLM resolves an UnspecifiedPlatform here, which
         # cannot infer a device type, so name one.
         device_config=DeviceConfig(device="cpu"),
@@ -394,6 +432,10 @@ def main() -> int:
         return _preempt(request, *a, **kw)
 
     scheduler._preempt_request = _recording_preempt
+    if any(r.get("grammar_steps") is not None for r in reqs_in):
+        # No grammar backend here (no tokenizer); the bitmask changes no
+        # scheduling decision.
+        scheduler.structured_output_manager.grammar_bitmask = lambda *a, **k: None
     use_mm = any(r.get("mm") for r in reqs_in)
     if use_mm:
         # What MultiModalBudget would size from a multimodal model's profile.
@@ -439,6 +481,8 @@ def main() -> int:
             "mamba": bool(cfg["mamba"]),
             "mamba_cache_mode": vllm_config.cache_config.mamba_cache_mode,
             "kv_connector": kv_cfg or None,
+            "num_speculative_tokens": num_spec,
+            "max_loras": cfg["max_loras"],
         },
         "num_requests": len(reqs_in),
         "loadavg_at_start": open("/proc/loadavg").read().split()[:3],
@@ -459,14 +503,30 @@ def main() -> int:
     # Stable: by step, then JSON order; a close after that step's segment.
     pending.sort(key=lambda e: (e[0], e[1], e[2] if e[2] >= 0 else 1 << 30))
     sample_tok = {}
+    # Grammar waits ("grammar_steps": k): the grammar future of a request
+    # arriving at step s completes before the schedule() of step s + k.
+    grammar_due: list[tuple[int, Future]] = []
     finish_at: dict[str, dict[int, int]] = {}  # request id -> {k-th sample: token}
     emitted: dict[str, int] = {}  # request id -> samples returned so far
+    # Scripted drafts (docs/replay_scripts.md): request id -> [(offered, accepted)]
+    # per sampling step, from 1.
+    spec_script: dict[str, list[tuple[int, int]]] = {}
+    sampling_steps: dict[str, int] = {}  # request id -> steps that returned samples
     for i, r in enumerate(reqs_in):
         rid = str(r.get("id", i))
         sample_tok[rid] = int(r.get("sample_token_id", cfg["sample_token_id"]))
         for key, tok in (("eos_at", EOS_ID), ("stop_at", STOP_ID)):
             if key in r:
                 finish_at.setdefault(rid, {})[int(r[key])] = tok
+        if r.get("spec"):
+            assert num_spec > 0, f"request {rid}: 'spec' needs num_speculative_tokens > 0"
+            spec_script[rid] = [(int(d), int(a)) for d, a in r["spec"]]
+            assert all(0 <= a and 0 <= d <= num_spec for d, a in spec_script[rid]), rid
+
+    def spec_entry(rid: str, k: int) -> tuple[int, int]:
+        """(drafts offered after, drafts accepted in) the request's k-th sampling step."""
+        s = spec_script.get(rid)
+        return s[k - 1] if s and 0 < k <= len(s) else (0, 0)
 
     def build_request(i: int, step: int, seg: int = 0) -> Request:
         r = reqs_in[i]
@@ -481,12 +541,15 @@ def main() -> int:
         # Scripted finishes (REPLAY_STOPS.md): "eos_at"/"stop_at" make the
         # k-th sample the model runner returns for the request EOS_ID/STOP_ID.
         scripted_eos = seg == 0 and "eos_at" in r
+        grammar_steps = r.get("grammar_steps") if seg == 0 else None
         sp = SamplingParams(max_tokens=int(src["max_tokens"]), ignore_eos=not scripted_eos,
                             temperature=0.0,
-                            stop_token_ids=[STOP_ID] if seg == 0 and "stop_at" in r else None)
+                            stop_token_ids=[STOP_ID] if seg == 0 and "stop_at" in r else None,
+                            structured_outputs=StructuredOutputsParams(json_object=True)
+                            if grammar_steps is not None else None)
         if scripted_eos:
             sp.update_from_generation_config({}, eos_token_id=EOS_ID)
-        return Request(
+        req = Request(
             request_id=str(r.get("id", i)),
             resumable=session and seg >= 0,
             prompt_token_ids=toks,
@@ -496,6 +559,9 @@ def main() -> int:
             # deterministic: arrival step, then JSON order.
             arrival_time=float(step) + 0.5 * (i + 1) / (len(reqs_in) + 1),
             priority=int(r.get("priority", 0)),
+            # Adapter k is named "k", as llmsched names an unnamed adapter id.
+            lora_request=LoRARequest(str(r["lora_id"]), int(r["lora_id"]), f"/loras/{r['lora_id']}")
+            if int(r.get("lora_id", 0)) > 0 else None,
             block_hasher=block_hasher,
             mm_features=[
                 MultiModalFeatureSpec(
@@ -506,6 +572,13 @@ def main() -> int:
                 for m in r.get("mm", [])
             ] if seg == 0 else None,
         )
+        if grammar_steps is not None:
+            # What StructuredOutputManager.grammar_init would attach: a
+            # compilation future, here completed by the loop.
+            fut: Future = Future()
+            req.structured_output_request.grammar = fut
+            grammar_due.append((step + int(grammar_steps), fut))
+        return req
 
     if cfg["gc_freeze"]:
         gc.collect(0); gc.collect(1); gc.collect(2)
@@ -579,14 +652,28 @@ def main() -> int:
         req_ids = list(so.num_scheduled_tokens.keys())
         sampled = []
         reqs = scheduler.requests
+        admitted_now = {nr.req_id for nr in so.scheduled_new_reqs}
+        admitted_now.update(so.scheduled_cached_reqs.resumed_req_ids)
+        fabricate.sampling_step = {}
         for rid in req_ids:
             rq = reqs[rid]
             # GPU model runner: a partial prefill chunk discards its sample.
             if rq.is_prefill_chunk:
                 sampled.append([])
                 continue
-            k = emitted[rid] = emitted.get(rid, 0) + 1
-            sampled.append([finish_at.get(rid, {}).get(k, sample_tok.get(rid, 7))])
+            k = fabricate.sampling_step[rid] = sampling_steps[rid] = sampling_steps.get(rid, 0) + 1
+            # Accepted drafts: as scripted, at most those verified now and
+            # those the proposer offered after the previous sample; drafts an
+            # admission is padded with (-1) never match.
+            drafts = so.scheduled_spec_decode_tokens.get(rid, ())
+            accepted = 0
+            if drafts and rid not in admitted_now:
+                accepted = min(spec_entry(rid, k)[1], len(drafts), spec_entry(rid, k - 1)[0])
+            toks = []
+            for _ in range(1 + accepted):
+                t = emitted[rid] = emitted.get(rid, 0) + 1
+                toks.append(finish_at.get(rid, {}).get(t, sample_tok.get(rid, 7)))
+            sampled.append(toks)
         mro = ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={rid: k for k, rid in enumerate(req_ids)},
@@ -668,6 +755,9 @@ def main() -> int:
             scheduler.add_request(build_request(pending[p][1], step, pending[p][2]))
             p += 1
         add_ns_total += time.perf_counter_ns() - t0
+        for due, fut in grammar_due:
+            if due <= step and not fut.done():
+                fut.set_result(ScriptedGrammar())
 
         if not scheduler.has_requests() and not batch_queue:
             if p >= len(pending):
@@ -711,6 +801,8 @@ def main() -> int:
             if detail:
                 rec["sched"] = [[k, v] for k, v in so.num_scheduled_tokens.items()]
                 rec["blocks"] = blocks_of(so)
+            if num_spec:
+                rec["drafts"] = {k: len(v) for k, v in so.scheduled_spec_decode_tokens.items()}
             if conn is not None:
                 rec["kv_loads"] = kv_loads
                 rec["kv_out"] = fabricate.kv_out
@@ -732,6 +824,14 @@ def main() -> int:
             upd_cpu_ns = time.thread_time_ns() - c0
             if conn is not None:
                 kv_finishing(step)
+            if num_spec and so.total_num_scheduled_tokens > 0:
+                # EngineCore.post_step: the proposer's drafts for every
+                # scheduled request (the scheduler drops a prefill chunk's).
+                rids = list(so.num_scheduled_tokens)
+                ks = fabricate.sampling_step
+                scheduler.update_draft_token_ids(DraftTokenIds(rids, [
+                    [sample_tok.get(rid, 7)] * (spec_entry(rid, ks[rid])[0] if rid in ks else 0)
+                    for rid in rids]))
             finish_record(rec, so, mro, upd_ns, upd_cpu_ns, outs)
         else:
             # EngineCore.step_with_batch_queue with batch_queue_size 2.

@@ -25,6 +25,10 @@ Run from the repository root with the project's virtualenv::
     # with a scripted KV connector (REPLAY_PD.md): random roles, hits, delays, failures
     .venv/bin/python tools/parity_fuzz.py fuzz --seed 4 --count 1000 --mode mixed --connector on
 
+    # with per-request scripts (docs/replay_scripts.md): drafts, grammar waits,
+    # LoRA adapters over max_loras, EOS / stop finishes; mixed with priority
+    .venv/bin/python tools/parity_fuzz.py fuzz --seed 5 --count 1000 --mode mixed --scripts on
+
     # re-check saved or hand-written workloads
     .venv/bin/python tools/parity_fuzz.py check /tmp/parity_fuzz/fail-*/shrunk/workload.json
 
@@ -547,7 +551,11 @@ def min_gpu_blocks(workload: dict, prompts: list[list[int]], mml: int) -> int:
     """Fewest num_gpu_blocks (null block included) with which every request can finish."""
     cfg = workload["config"]
     bs = int(cfg.get("block_size", 16))
-    need = max(_cdiv(min(total_len(r, p), mml) - 1, bs) for p, r in zip(prompts, workload["requests"]))
+    # The KV of every token but the last sampled one, and the draft slots past it.
+    k = int(cfg.get("num_speculative_tokens") or 0)
+    need = max(
+        _cdiv(min(min(total_len(r, p), mml) - 1 + k, mml), bs) for p, r in zip(prompts, workload["requests"])
+    )
     if cfg.get("mamba"):
         # Mamba states on the same pool: two at a time with prefix caching
         # (the chunk's and the one it starts from), a token window without.
@@ -605,6 +613,9 @@ class Gen:
     HYBRID = ("off", "mamba", "sessions", "both", "mixed")
     # Encoder inputs (images) in prompts, with an encoder budget and cache.
     MM = ("off", "on", "mixed")
+    # Per-request scripts (docs/replay_scripts.md): early finishes, draft
+    # tokens, grammar waits, LoRA adapters with too few slots.
+    SCRIPTS = ("off", "on", "mixed")
 
     def __init__(
         self,
@@ -614,8 +625,10 @@ class Gen:
         connector: str = "off",
         hybrid: str = "off",
         mm: str = "off",
+        scripts: str = "off",
     ) -> None:
         self.rng = rng
+        self.scripts = scripts
         self.profile = profile
         self.mode = mode
         self.connector = connector
@@ -669,8 +682,43 @@ class Gen:
                 self._fit_blocks(wl)
             if self.mm == "on" or (self.mm == "mixed" and self.rng.random() < 0.5):
                 wl = self._add_mm(wl)
+            if self.scripts == "on" or (self.scripts == "mixed" and self.rng.random() < 0.5):
+                self._add_scripts(wl)
             if is_valid(wl):
                 return wl, feats
+
+    def _add_scripts(self, wl: dict) -> None:
+        """Random per-request scripts: EOS / stop finishes, drafts, grammar waits, LoRA adapters."""
+        rng = self.rng
+        cfg = wl["config"]
+        reqs = wl["requests"]
+        sessions = any(r.get("segments") for r in reqs)
+        # Drafts with a hybrid model, encoder inputs, sessions or a connector are left to later work.
+        other = cfg.get("mamba") or cfg.get("kv_connector") or sessions or any(r.get("mm") for r in reqs)
+        if rng.random() < 0.6 and not other:
+            k = rng.randint(1, 5)
+            cfg["num_speculative_tokens"] = k
+            for r in reqs:
+                if rng.random() < 0.8:
+                    n = int(r["max_tokens"]) + rng.choice((0, 0, 4))
+                    steps = [[rng.randint(0, k), rng.choice((0, rng.randint(0, k), k))] for _ in range(n)]
+                    r["spec"] = steps[: rng.choice((n, rng.randint(0, n)))]
+            self._fit_blocks(wl)
+        if rng.random() < 0.5:
+            for r in reqs:
+                if rng.random() < 0.4:
+                    r["grammar_steps"] = rng.choice((0, 1, 2, rng.randint(1, 10)))
+        if rng.random() < 0.5:
+            adapters = rng.randint(2, 5)
+            cfg["max_loras"] = rng.randint(1, adapters - 1)
+            for r in reqs:
+                if rng.random() < 0.75:
+                    r["lora_id"] = rng.randint(1, adapters)
+        if rng.random() < 0.5:
+            for r in reqs:
+                mt = int(r["max_tokens"])
+                if mt > 1 and rng.random() < 0.3:
+                    r[rng.choice(("eos_at", "stop_at"))] = rng.randint(1, mt - 1)
 
     def _add_sessions(self, wl: dict) -> None:
         """Make some requests streaming-input sessions with later inputs at random steps."""
@@ -1049,6 +1097,14 @@ def features(workload: dict, ref_steps: list[dict] | None = None) -> set[str]:
                     f.add("obs:session_resumed_with_kv")
             turns.update(rid for rid in s["finished"] if rid in sessions)
     f |= mm_features(workload, ref_steps)
+    if cfg.get("num_speculative_tokens"):
+        f.add("scripts:spec")
+        if ref_steps and any(a[0] in (s.get("drafts") or {}) for s in ref_steps for a in s["admitted"]):
+            f.add("obs:padded_admission")
+    scripted = (("grammar_steps", "grammar"), ("lora_id", "lora"), ("eos_at", "stops"), ("stop_at", "stops"))
+    for key, name in scripted:
+        if any(r.get(key) is not None for r in reqs):
+            f.add(f"scripts:{name}")
     blocks = cfg.get("num_gpu_blocks")
     lo = min_gpu_blocks(workload, prompts, mml)
     if blocks is not None and blocks <= lo + 3:
@@ -1426,7 +1482,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
-    gen = Gen(rng, args.profile, args.mode, args.connector, args.hybrid, args.mm)
+    gen = Gen(rng, args.profile, args.mode, args.connector, args.hybrid, args.mm, args.scripts)
     cases = [gen.workload() for _ in range(args.count)]
     pool = RefPool(args.jobs, args.ref_python, args.driver)
     mixes: Counter[str] = Counter()
@@ -1550,7 +1606,7 @@ def _record(name: str, wl: dict, ref: tuple[dict, list[dict]], feats: set[str], 
 def cmd_corpus(args: argparse.Namespace) -> int:
     """Fuzz workloads and keep a feature-covering subset (plus --include cases) as a corpus file."""
     rng = random.Random(args.seed)
-    gen = Gen(rng, args.profile, args.mode, args.connector, args.hybrid, args.mm)
+    gen = Gen(rng, args.profile, args.mode, args.connector, args.hybrid, args.mm, args.scripts)
     generated = [gen.workload() for _ in range(args.count)]
     included: list[tuple[str, dict]] = []
     for inc in args.include or []:
@@ -1686,6 +1742,7 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--connector", choices=Gen.CONNECTOR, default="off", help="a scripted KV connector")
     f.add_argument("--hybrid", choices=Gen.HYBRID, default="off", help="Mamba models, sessions, or both")
     f.add_argument("--mm", choices=Gen.MM, default="off", help="encoder inputs (images) in prompts")
+    f.add_argument("--scripts", choices=Gen.SCRIPTS, default="off", help="drafts, grammar waits, LoRA, stops")
     c = sub.add_parser("check", parents=[ref], help="compare on given workload files")
     c.add_argument("workloads", nargs="+")
     k = sub.add_parser("corpus", parents=[ref], help="build a regression corpus file")
@@ -1696,6 +1753,7 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--connector", choices=Gen.CONNECTOR, default="off", help="a scripted KV connector")
     k.add_argument("--hybrid", choices=Gen.HYBRID, default="off", help="Mamba models, sessions, or both")
     k.add_argument("--mm", choices=Gen.MM, default="off", help="encoder inputs (images) in prompts")
+    k.add_argument("--scripts", choices=Gen.SCRIPTS, default="off", help="drafts, grammar waits, LoRA, stops")
     k.add_argument("--cover", type=int, default=4, help="cases wanted per feature before random fill")
     k.add_argument("--size", type=int, default=300, help="generated cases to keep")
     k.add_argument(

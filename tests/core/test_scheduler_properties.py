@@ -577,8 +577,13 @@ class Harness:
                     assert hit == 0
                 assert r.num_computed_tokens == hit + n
                 assert out.admitted_block_ids[k] == kv.get_block_ids(rid)
-                assert rid not in out.new_block_ids and rid not in out.spec_decode_tokens
-                wanted = r.num_tokens - hit
+                assert rid not in out.new_block_ids
+                # With drafts, a one-token admission may be padded to a full draft step.
+                pad = out.spec_decode_tokens.get(rid, [])
+                if pad:
+                    assert pad == [-1] * cfg.num_speculative_tokens and r.num_tokens - hit == 1
+                    self.seen.add("padded admission")
+                wanted = r.num_tokens - hit + len(pad)
                 cap = wanted
                 if not cfg.enable_chunked_prefill:
                     assert n == min(wanted, threshold or wanted), "chunked prefill is off"
@@ -647,7 +652,12 @@ class Harness:
                 self.seen.add("LoRA slots full")
         # In a cache that holds everything, admission stops only for the budget or max_num_seqs.
         if self.roomy and cfg.enable_chunked_prefill and cfg.max_loras is None and len(s.waiting):
-            assert out.total_num_scheduled_tokens == budget or len(s.running) >= cfg.max_num_seqs
+            # (Or the head needs a padded draft step the budget left cannot hold.)
+            assert (
+                out.total_num_scheduled_tokens == budget
+                or len(s.running) >= cfg.max_num_seqs
+                or budget - out.total_num_scheduled_tokens < 1 + cfg.num_speculative_tokens
+            )
 
         # The trace, when on, records exactly the decisions made.
         if self.trace:
@@ -709,7 +719,8 @@ class Harness:
         for r in out.scheduled:
             if r.num_computed_tokens >= r.num_tokens:
                 drafts = out.spec_decode_tokens.get(r.request_id, [])
-                accepted = rng.randint(0, len(drafts))
+                # An admission's padding is no draft: it never matches.
+                accepted = 0 if r in out.admitted else rng.randint(0, len(drafts))
                 sampled.append([*drafts[:accepted], rng.randrange(self.wl.vocab)])
                 proposals.append([rng.randrange(self.wl.vocab) for _ in range(rng.randint(0, k))])
             else:

@@ -258,3 +258,57 @@ def test_priority_victim_scheduled_with_drafts_loses_them() -> None:
     assert out.spec_decode_tokens == {"Y": [1, 2]}
     assert out.total_num_scheduled_tokens == 3
     assert s.requests["X"].spec_token_ids == []
+
+
+def _same_prompt(rid: str, prompt: Sequence[int], max_tokens: int = 16) -> Request:
+    return Request(rid, list(prompt), SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+
+
+def test_one_token_admission_beside_decodes_is_padded_to_a_draft_step() -> None:
+    """vLLM pads an admission with one token left (full prefix hit) to 1 + K with placeholder drafts."""
+    s = make_sched()
+    prompt = list(range(100, 109))  # 9 tokens: a copy hits 8, leaving 1
+    s.add_request(_same_prompt("A", prompt))
+    update(s, s.schedule(), [[7]], [[]])
+    s.add_request(_same_prompt("B", prompt))
+    out = s.schedule()
+    assert out.num_scheduled_tokens_by_id() == {"A": 1, "B": 4}
+    assert out.admitted_num_cached_tokens == [8]
+    assert out.spec_decode_tokens == {"B": [-1, -1, -1]}
+    # The padding is rejected: B ends where an unpadded admission would.
+    update(s, out, [[7], [7]])
+    assert s.requests["B"].num_computed_tokens == s.requests["B"].num_tokens - 1 == 9
+
+
+def test_no_padding_while_a_prefill_runs_or_for_a_first_token_alone() -> None:
+    s = make_sched()
+    s.add_request(_same_prompt("P", [5]))
+    out = s.schedule()
+    # Nothing else ran and nothing was cached: a lone one-token prompt is not padded.
+    assert out.num_scheduled_tokens_by_id() == {"P": 1} and out.spec_decode_tokens == {}
+    s2 = make_sched(long_prefill_token_threshold=4)
+    prompt = list(range(100, 109))
+    s2.add_request(_same_prompt("A", prompt))
+    update(s2, s2.schedule(), [[7]], [[]])
+    s2.add_request(make_req("L", 20))
+    update(s2, s2.schedule(), [[7], []])  # L prefills 4 of 20
+    s2.add_request(_same_prompt("B", prompt))
+    out = s2.schedule()
+    # L's prefill continues in this step, so B is admitted with its one token only.
+    assert out.num_scheduled_tokens_by_id() == {"A": 1, "L": 4, "B": 1}
+    assert out.spec_decode_tokens == {}
+
+
+def test_no_padding_where_a_padded_step_could_never_be_scheduled() -> None:
+    """A budget below 1 + K (or a threshold that would cut the step) admits the one token unpadded."""
+    prompt = list(range(100, 109))
+    for overrides in ({"max_num_batched_tokens": 3, "max_num_seqs": 2}, {"long_prefill_token_threshold": 2}):
+        s = make_sched(**overrides)
+        s.add_request(_same_prompt("A", prompt))
+        for _ in range(5):
+            out = s.schedule()
+            update(s, out, [[7]] if not out.scheduled[0].is_prefill_chunk else [[]], [[]])
+        s.add_request(_same_prompt("B", prompt))
+        out = s.schedule()
+        assert out.num_scheduled_tokens_by_id() == {"A": 1, "B": 1}, overrides
+        assert out.spec_decode_tokens == {}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 # What each compared step carries, in order; all of it is compared as
 # recorded (lists in their recorded order) except where noted.
-FIELDS = ("sched", "admitted", "preempted", "finished", "kv_loads", "enc", "enc_freed", "blocks")
+FIELDS = ("sched", "admitted", "preempted", "finished", "kv_loads", "enc", "enc_freed", "blocks", "drafts")
 
 
 def load_trace(path: str | Path) -> list[dict]:
@@ -33,7 +33,8 @@ def decisions(
     per request. ``blocks`` is None when the trace does not record it or
     ``blocks`` is false. With a KV connector, a step that only started a load
     counts too; with encoder inputs, a step that only evicted from the
-    encoder cache. ``preempt_order`` false compares a step's preemptions as
+    encoder cache. ``drafts`` (draft tokens scheduled per request, with
+    speculative decoding) is compared per request. ``preempt_order`` false compares a step's preemptions as
     a set (traces that do not record vLLM's order), ``finish_order`` false
     its finishes (where vLLM's order is not deterministic).
     """
@@ -49,6 +50,7 @@ def decisions(
             sorted((rid, tuple(ids)) for rid, ids in (s.get("enc") or {}).items()),
             list(s.get("enc_freed") or ()),
             s.get("blocks") if blocks else None,
+            sorted((s.get("drafts") or {}).items()),
         )
         for s in steps
         if s["total_tokens"] > 0 or s.get("kv_loads") or s.get("enc_freed")

@@ -83,8 +83,11 @@ class ReplaySummary:
         )
 
 
-def step_record(step: int, es: EngineStep, explain: bool, blocks: dict[str, list] | None = None) -> dict:
-    """One trace line for one schedule() call; ``blocks``: the block ids handed over, if recorded."""
+def step_record(
+    step: int, es: EngineStep, explain: bool, blocks: dict[str, list] | None = None, drafts: bool = False
+) -> dict:
+    """One trace line for one schedule() call; ``blocks``: the block ids handed over, if recorded;
+    ``drafts``: record the draft tokens scheduled per request (speculative decoding)."""
     so = es.scheduler_output
     rec = {
         "step": step,
@@ -101,6 +104,8 @@ def step_record(step: int, es: EngineStep, explain: bool, blocks: dict[str, list
     }
     if blocks is not None:
         rec["blocks"] = blocks
+    if drafts:
+        rec["drafts"] = {rid: len(ids) for rid, ids in so.spec_decode_tokens.items()}
     if so.encoder_inputs is not None:
         rec["enc"] = {rid: sorted(ids) for rid, ids in so.encoder_inputs.items()}
         rec["enc_freed"] = list(so.freed_encoder_ids or ())
@@ -196,8 +201,25 @@ def arrival_events(workload: Workload) -> list[tuple[int, int, int, WorkloadRequ
     return events
 
 
-def event_request(wr: WorkloadRequest, seg: int, step: int, num_requests: int) -> Request:
-    """The Request an arrival event adds (see ``arrival_events``)."""
+class ScriptedGrammar:
+    """A grammar whose compilation ends at a scripted replay step (``grammar_steps``)."""
+
+    __slots__ = ("_clock", "due")
+
+    def __init__(self, due: int, clock: list[float]) -> None:
+        self.due = due
+        self._clock = clock
+
+    @property
+    def ready(self) -> bool:
+        """True from the step ``due`` on (the replay's clock counts steps)."""
+        return self._clock[0] >= self.due
+
+
+def event_request(
+    wr: WorkloadRequest, seg: int, step: int, num_requests: int, clock: list[float] | None = None
+) -> Request:
+    """The Request an arrival event adds (see ``arrival_events``); ``clock`` times grammar waits."""
     if seg > 0:
         _, prompt, max_tokens = wr.segments[seg - 1]  # type: ignore[index]
     elif seg < 0:
@@ -208,6 +230,9 @@ def event_request(wr: WorkloadRequest, seg: int, step: int, num_requests: int) -
     # Scripted finishes apply to the first input only, as in the reference driver.
     eos = seg == 0 and wr.eos_at is not None
     stop = [STOP_TOKEN_ID] if seg == 0 and wr.stop_at is not None else []
+    grammar = None
+    if seg == 0 and wr.grammar_steps is not None:
+        grammar = ScriptedGrammar(step + wr.grammar_steps, clock if clock is not None else [float(step)])
     return Request(
         wr.request_id,
         prompt,
@@ -222,6 +247,7 @@ def event_request(wr: WorkloadRequest, seg: int, step: int, num_requests: int) -
         resumable=bool(wr.segments) and seg >= 0,
         # Encoder inputs belong to the first input's prompt.
         mm_items=wr.mm if seg == 0 else (),
+        grammar=grammar,
     )
 
 
@@ -255,7 +281,11 @@ def replay(
         scripts = {r.request_id: r.kv for r in workload.requests if r.kv is not None}
         connector = ScriptedConnector(workload.kv_connector, scripts, config.block_size)
     executor = ReplayExecutor(
-        sample, per_req, connector.take_output if connector is not None else None, scripted_finishes(workload)
+        sample,
+        per_req,
+        connector.take_output if connector is not None else None,
+        scripted_finishes(workload),
+        {r.request_id: r.spec for r in workload.requests if r.spec},
     )
     engine = EngineCore(config, executor, connector=connector)
     sched = engine.scheduler
@@ -296,7 +326,7 @@ def replay(
         while p < num_events and pending[p][0] <= step:
             _, _, seg, wr = pending[p]
             try:
-                engine.add_request(event_request(wr, seg, step, n))
+                engine.add_request(event_request(wr, seg, step, n, clock))
             except RequestRejected:
                 # An input after its session's end of input: vLLM queues it
                 # behind the end and never applies it.
@@ -327,7 +357,7 @@ def replay(
         at = step_of_schedule[so.step]
         step_blocks = blocks.pop(so.step)
         if trace_out is not None:
-            rec = step_record(at, es, explain, step_blocks)
+            rec = step_record(at, es, explain, step_blocks, config.num_speculative_tokens > 0)
             trace_out.write(json.dumps(rec, separators=(",", ":")) + "\n")
         if on_step is not None:
             on_step(at, es)

@@ -56,6 +56,10 @@ class WorkloadRequest:
     # Scripted finishes (REPLAY_STOPS.md): the K-th sample is EOS / the stop token.
     eos_at: int | None = None
     stop_at: int | None = None
+    # Scripted drafts (docs/replay_scripts.md): (offered, accepted) per step that returns tokens.
+    spec: list[tuple[int, int]] | None = None
+    # A structured-output request whose grammar compiles this many steps after arrival.
+    grammar_steps: int | None = None
 
     @property
     def total_len(self) -> int:
@@ -178,6 +182,8 @@ def parse_workload(data: dict) -> Workload:
                 mm=parse_mm(rid, r.get("mm")),
                 eos_at=_sample_index(r, rid, "eos_at"),
                 stop_at=_sample_index(r, rid, "stop_at"),
+                grammar_steps=_count(r, rid, "grammar_steps"),
+                spec=parse_spec(rid, r.get("spec"), int(config.get("num_speculative_tokens") or 0)),
             )
         )
     if not requests:
@@ -193,6 +199,37 @@ def _sample_index(r: dict, rid: str, key: str) -> int | None:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ConfigError(f"request {rid!r}: {key} must be an integer >= 1 (the K-th sample), got {k!r}")
     return k
+
+
+def _count(r: dict, rid: str, key: str) -> int | None:
+    """A request's optional non-negative integer field ``key``."""
+    k = r.get(key)
+    if k is None:
+        return None
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ConfigError(f"request {rid!r}: {key} must be an integer >= 0, got {k!r}")
+    return k
+
+
+def parse_spec(rid: str, raw: object, num_speculative_tokens: int) -> list[tuple[int, int]] | None:
+    """A request's ``spec`` script: [offered, accepted] per step that returns tokens, or None."""
+    if raw is None:
+        return None
+    if not num_speculative_tokens:
+        raise ConfigError(f"request {rid!r} has 'spec' but the workload config has no num_speculative_tokens")
+    if not isinstance(raw, list):
+        raise ConfigError(f"request {rid!r}: 'spec' must be a list of [offered, accepted] pairs")
+    out = []
+    for k, pair in enumerate(raw, 1):
+        ok = isinstance(pair, list | tuple) and len(pair) == 2
+        ok = ok and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in pair)
+        if not ok or pair[0] > num_speculative_tokens:
+            raise ConfigError(
+                f"request {rid!r}: spec entry #{k} is {pair!r}; each is [offered, accepted] with "
+                f"0 <= offered <= num_speculative_tokens ({num_speculative_tokens}) and accepted >= 0"
+            )
+        out.append((pair[0], pair[1]))
+    return out
 
 
 def _tenant(r: dict, rid: str) -> str | None:

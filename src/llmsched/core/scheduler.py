@@ -424,7 +424,7 @@ class Scheduler:
                         # request, which may still fit in the blocks just freed.
                         continue
                     break
-            if track_prefill and req.is_prefill_chunk:
+            if req.is_prefill_chunk:
                 prefill_scheduled = True
             req.num_computed_tokens = computed + n
             req.is_prefill_chunk = computed + n < req.num_tokens + placeholders
@@ -463,7 +463,9 @@ class Scheduler:
                     self._trace_waiting(trace, None, reason, why_gated, whole_queue=True)
             else:
                 if num_waiting:
-                    budget, prefill_admitted = self._admit(out, budget, threshold, defer, trace)
+                    budget, prefill_admitted = self._admit(
+                        out, budget, threshold, defer, trace, prefill_scheduled
+                    )
                 if not defer:
                     # An admitting step that left requests queued for lack of
                     # room stops the cadence from throttling: holding back a
@@ -828,10 +830,17 @@ class Scheduler:
                 req.spec_token_ids = drafts
 
     def _admit(
-        self, out: SchedulerOutput, budget: int, threshold: int, defer: bool, trace: StepTrace | None
+        self,
+        out: SchedulerOutput,
+        budget: int,
+        threshold: int,
+        defer: bool,
+        trace: StepTrace | None,
+        prefill_running: bool = False,
     ) -> tuple[int, bool]:
         """Admit waiting requests in policy order; returns the budget left and
-        whether an admission carried prefill work."""
+        whether an admission carried prefill work. ``prefill_running``: a
+        running request continued its prefill this step."""
         waiting = self.waiting
         holding = self.holding
         sessions = self.sessions
@@ -904,7 +913,17 @@ class Scheduler:
             plan = None
             held = ""
             if not load_async:
-                n, stop, detail = self._admission_chunk(req, computed, budget, threshold, defer)
+                # With drafts, vLLM pads a one-token admission to a full draft
+                # step (keeps the batch uniform) unless prefill runs in it.
+                # Not yet with a KV connector: its block accounting does not
+                # expect padded slots (vLLM pads there too: a known gap).
+                pad = (
+                    self._has_drafts
+                    and remote is None
+                    and not prefill_running
+                    and (computed > 0 or len(out.scheduled) > len(out.admitted))
+                )
+                n, stop, detail = self._admission_chunk(req, computed, budget, threshold, defer, pad)
                 if stop is not None:
                     if decides:
                         stop, detail = self._blocked(
@@ -974,6 +993,9 @@ class Scheduler:
             if computed < req.num_tokens - 1:
                 prefill_admitted = True
             self._start_running(out, req, blocks, computed, n, hit)
+            if n > 1 and computed + 1 == req.num_tokens:
+                # Padded: drafts that no proposer made, so none is accepted.
+                out.spec_decode_tokens[req.request_id] = [-1] * (n - 1)
             if plan is not None:
                 enc.commit(req, plan)
             if loras is not None and req.lora_id:
@@ -1089,12 +1111,29 @@ class Scheduler:
             rekey(req)
 
     def _admission_chunk(
-        self, req: Request, computed: int, budget: int, threshold: int, defer: bool
+        self, req: Request, computed: int, budget: int, threshold: int, defer: bool, pad: bool = False
     ) -> tuple[int, Reason | None, str]:
-        """Tokens to admit ``req`` with beyond ``computed``, or why admissions stop at it."""
+        """Tokens to admit ``req`` with beyond ``computed``, or why admissions stop at it.
+
+        ``pad``: a one-token admission is padded with placeholder drafts to
+        a full draft step, where max_model_len leaves room for it.
+        """
         if defer and computed < req.num_tokens - 1:
             return 0, Reason.PREFILL_DEFERRED, "prompt held to a cadence step"
         n = req.num_tokens - computed
+        if pad and n == 1:
+            padded = 1 + self.config.num_speculative_tokens
+            # Not where the padded step could never be scheduled (vLLM would
+            # wait forever) or the threshold would cut it (vLLM fails).
+            if (
+                computed + padded + 1 <= self._max_model_len
+                and padded <= self._max_tokens_budget
+                and not 0 < threshold < padded
+            ):
+                if padded > budget:
+                    # vLLM would rather not admit than admit unpadded.
+                    return 0, Reason.BUDGET, f"a padded draft step needs {padded} tokens, {budget} left"
+                n = padded
         if 0 < threshold < n:
             n = threshold
         if not self._chunked and n > budget:
