@@ -187,9 +187,7 @@ def test_checker_finds_a_function_level_cycle_and_skips_type_checking(tmp_path: 
     (pkg / "__init__.py").write_text("from .a import A\n")
     (pkg / "a.py").write_text("from . import b\nclass A: ...\n")
     (pkg / "b.py").write_text("def f():\n    from llmsched.pkg.a import A\n    return A\n")
-    (pkg / "c.py").write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .d import D\n"
-    )
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .d import D\n")
     (pkg / "d.py").write_text("from .c import x\n")
     graph = import_graph(tmp_path)
     assert cycles(graph) == [["llmsched.pkg.a", "llmsched.pkg.b"]]

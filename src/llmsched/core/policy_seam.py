@@ -240,4 +240,3 @@ class PriorityPolicy:
 
 
 POLICIES: dict[str, type] = {"fcfs": FCFSPolicy, "priority": PriorityPolicy}
-

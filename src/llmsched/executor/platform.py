@@ -23,4 +23,3 @@ class Platform:
         if self.kind == "cpu":
             return "cpu"
         return f"cuda ({self.device_name or 'unknown device'}, {self.total_memory / GiB:.1f} GiB)"
-
