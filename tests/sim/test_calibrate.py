@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from llmsched.executor.sim.hardware import load_hardware
 from llmsched.sim import calibrate
+from llmsched.sim.calibrate import load_hardware
 
 FAKE = {
     "backend": "python",

@@ -10,15 +10,9 @@ from pathlib import Path
 from llmsched.bench.metrics import parse_percentiles
 from llmsched.bench.serve_cli import add_serve_bench_parser
 from llmsched.core.errors import ConfigError
+from llmsched.engine.arg_types import positive_int
 from llmsched.engine.args import EngineArgs
 from llmsched.engine.dp.cli_args import add_dp_args
-
-
-def _positive_int(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text} must be a positive integer")
-    return v
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -33,9 +27,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
         "--model the embedded demo model (random weights) runs.",
     )
     w = p.add_argument_group("workload (vLLM benchmark arguments)")
-    w.add_argument("--input-len", "--random-input-len", dest="input_len", type=_positive_int, default=1024)
-    w.add_argument("--output-len", "--random-output-len", dest="output_len", type=_positive_int, default=128)
-    w.add_argument("--num-prompts", type=_positive_int, default=None, help="requests (default 100)")
+    w.add_argument("--input-len", "--random-input-len", dest="input_len", type=positive_int, default=1024)
+    w.add_argument("--output-len", "--random-output-len", dest="output_len", type=positive_int, default=128)
+    w.add_argument("--num-prompts", type=positive_int, default=None, help="requests (default 100)")
     w.add_argument(
         "--dataset",
         "--dataset-path",

@@ -9,6 +9,7 @@ import math
 import sys
 
 from llmsched.core.errors import ConfigError
+from llmsched.engine.arg_types import positive_int
 
 # Server-side counters reported next to the client's figures: name -> key in the result's "engine".
 _ENGINE_COUNTERS = {
@@ -18,13 +19,6 @@ _ENGINE_COUNTERS = {
     "vllm:prefix_cache_hits_total": "prefix_cache_hits",
     "vllm:generation_tokens_total": "generation_tokens",
 }
-
-
-def _positive_int(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text} must be a positive integer")
-    return v
 
 
 def _rate(text: str) -> float:
@@ -61,7 +55,7 @@ def add_serve_bench_parser(bsub: argparse._SubParsersAction) -> argparse.Argumen
         help="random: --random-input-len random token ids per prompt (seeded by --seed); custom/jsonl: "
         "--dataset-path (default: random unless --dataset-path is given)",
     )
-    w.add_argument("--num-prompts", type=_positive_int, default=100)
+    w.add_argument("--num-prompts", type=positive_int, default=100)
     w.add_argument("--request-rate", type=_rate, default=math.inf, help="requests/s, Poisson (default inf)")
     w.add_argument(
         "--burstiness",
@@ -69,9 +63,9 @@ def add_serve_bench_parser(bsub: argparse._SubParsersAction) -> argparse.Argumen
         default=1.0,
         help="gamma shape of the arrival gaps: 1 is Poisson, lower is burstier (default 1, as vLLM)",
     )
-    w.add_argument("--max-concurrency", type=_positive_int, default=None, help="requests in flight at most")
-    w.add_argument("--input-len", "--random-input-len", dest="input_len", type=_positive_int, default=1024)
-    w.add_argument("--output-len", "--random-output-len", dest="output_len", type=_positive_int, default=128)
+    w.add_argument("--max-concurrency", type=positive_int, default=None, help="requests in flight at most")
+    w.add_argument("--input-len", "--random-input-len", dest="input_len", type=positive_int, default=1024)
+    w.add_argument("--output-len", "--random-output-len", dest="output_len", type=positive_int, default=128)
     w.add_argument(
         "--dataset",
         "--dataset-path",

@@ -14,7 +14,7 @@ from llmsched.core.connector import KVConnector, KVConnectorOutput
 from llmsched.core.kv.block import KVBlock
 from llmsched.core.kv.manager import KVCacheManager
 from llmsched.core.output import SchedulerOutput
-from llmsched.core.policy import WaitingQueue
+from llmsched.core.policy_seam import WaitingQueue
 from llmsched.core.request import Request, RequestStatus
 from llmsched.core.trace import Reason, StepTrace
 

@@ -1,6 +1,6 @@
 """Engine loop and the Executor protocol that models plug into."""
 
 from llmsched.engine.engine_core import EngineCore, EngineStep
-from llmsched.engine.executor import Executor
+from llmsched.executor.protocol import Executor
 
 __all__ = ["EngineCore", "EngineStep", "Executor"]

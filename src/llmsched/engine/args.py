@@ -8,16 +8,17 @@ them with ``add_cli_args`` and reads them back with ``from_cli_args``.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from llmsched.core.config import SchedulerConfig
 from llmsched.core.errors import ConfigError
+from llmsched.core.json_object import parse_json_object
 from llmsched.core.kv.block_hash import HASH_ALGOS
 from llmsched.core.policy import check_policy_name
 from llmsched.core.speculative import SpeculativeConfig
+from llmsched.engine.arg_types import positive_int
 from llmsched.engine.batch_defaults import (
     BatchLimits,
     Platform,
@@ -214,16 +215,8 @@ class EngineArgs:
                 "(no model defaults) or a folder holding a generation_config.json"
             )
         over = self.override_generation_config
-        if isinstance(over, str):
-            try:
-                over = json.loads(over)
-            except ValueError as e:
-                raise ConfigError(f"override_generation_config is not JSON: {e}") from None
-        if over is not None and not isinstance(over, dict):
-            raise ConfigError(
-                "override_generation_config must be a JSON object, e.g. '{\"temperature\": 0.5}'"
-            )
-        self.override_generation_config = over
+        if over is not None:
+            self.override_generation_config = parse_json_object(over, "override_generation_config")
         w = self.watermark
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 <= w < 1.0:
             raise ConfigError(f"watermark={w!r} must be in [0, 1)")
@@ -409,14 +402,14 @@ class EngineArgs:
         )
         g.add_argument(
             "--max-num-seqs",
-            type=_positive_int,
+            type=positive_int,
             default=None,
             help="sequences per step (" + help_text("seqs", usage) + ")",
         )
         parser.set_defaults(usage_context=usage.value)
         g.add_argument(
             "--block-size",
-            type=_positive_int,
+            type=positive_int,
             default=None,
             help="KV cache block size in tokens (default: 128 on CPU, 16 on CUDA, as vLLM)",
         )
@@ -469,7 +462,7 @@ class EngineArgs:
             "--num-gpu-blocks-override",
             "--num-gpu-blocks",
             dest="num_gpu_blocks_override",
-            type=_positive_int,
+            type=positive_int,
             default=None,
             help="KV cache blocks (null block included) instead of sizing from memory",
         )
@@ -483,7 +476,7 @@ class EngineArgs:
             help="KV cache size, e.g. 2GiB (the CPU default is chosen by the executor)",
         )
         g.add_argument("--gpu-memory-utilization", "--device-memory-utilization", type=float, default=0.9)
-        g.add_argument("--num-threads", type=_positive_int, default=None, help="torch CPU threads")
+        g.add_argument("--num-threads", type=positive_int, default=None, help="torch CPU threads")
         g.add_argument(
             "--async-scheduling",
             action=argparse.BooleanOptionalAction,
@@ -535,13 +528,13 @@ class EngineArgs:
         _negative(g, "--disable-lora", "enable_lora")
         g.add_argument(
             "--max-loras",
-            type=_positive_int,
+            type=positive_int,
             default=1,
             help="most distinct adapters in one step; requests of others wait (default 1, as vLLM)",
         )
         g.add_argument(
             "--max-lora-rank",
-            type=_positive_int,
+            type=positive_int,
             default=16,
             help="largest adapter rank accepted (default 16, as vLLM)",
         )
@@ -578,16 +571,6 @@ def _model_len(text: str) -> int | None:
     if text.strip().lower() in ("auto", "-1"):
         return None
     return _human_int(text)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text} must be a positive integer")
-    return v
 
 
 def _size(text: str) -> int:

@@ -15,7 +15,7 @@ from llmsched.core.output import ModelRunnerOutput, SchedulerOutput, StepOutputs
 from llmsched.core.policy import Policy
 from llmsched.core.request import Request, RequestStatus
 from llmsched.core.scheduler import Scheduler
-from llmsched.engine.executor import Executor, submit_step
+from llmsched.executor.protocol import Executor, submit_step
 
 _EMPTY_RESULT = ModelRunnerOutput(sampled_token_ids=())
 # Steps scheduled but not yet updated, at most (vLLM's batch queue size with

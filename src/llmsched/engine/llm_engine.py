@@ -31,7 +31,6 @@ from llmsched.engine.args import EngineArgs
 from llmsched.engine.batch_defaults import UsageContext, detect_platform
 from llmsched.engine.detokenizer import IncrementalDetokenizer
 from llmsched.engine.engine_core import EngineCore, EngineStep
-from llmsched.engine.executor import Executor
 from llmsched.engine.lora_request import LoRARequest
 from llmsched.engine.model_files import load_model_files
 from llmsched.engine.outputs import RequestMetrics, RequestOutput, RequestOutputKind
@@ -41,6 +40,7 @@ from llmsched.engine.serve_threads import serving_threads
 from llmsched.engine.sessions import SessionState, add_input, check_session_params, end_input
 from llmsched.engine.spec_stats import SpecDecodingStats
 from llmsched.engine.tokenizer import Tokenizer, load_tokenizer
+from llmsched.executor.protocol import Executor
 
 if TYPE_CHECKING:
     from llmsched.core.encoder_inputs import MMItem

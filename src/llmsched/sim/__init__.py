@@ -22,11 +22,11 @@ from llmsched.executor.sim import (
     StepTiming,
     known_hardware,
     known_models,
-    load_hardware,
     load_model,
     plan_memory,
     shape_from_hf_config,
 )
+from llmsched.sim.calibrate import load_hardware
 from llmsched.sim.deployment import Deployment, DeploymentSpec, build_deployment
 from llmsched.sim.runner import SimRequest, SimResult, StepCosts, StepSeries, simulate
 from llmsched.sim.sessions import SessionResult, SessionWorkload, simulate_sessions

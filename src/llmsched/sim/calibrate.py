@@ -46,6 +46,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+from llmsched.executor.sim import hardware
 from llmsched.executor.sim.hardware import HardwareProfile
 from llmsched.sim import machine_load
 from llmsched.sim.settle import Limits, Reading
@@ -351,6 +352,13 @@ def _summary(c: dict) -> str:
             f"ms/layer + {c.get('request_overhead_s', 0.0) * 1e6:.0f} us/request"
         )
     return ", ".join(parts)
+
+
+def load_hardware(name_or_path: str, *, recalibrate: bool = False) -> HardwareProfile:
+    """A built-in profile by name, ``cpu`` (calibrated here), or a JSON file (calibrated or bare fields)."""
+    if name_or_path.strip().lower() == "cpu":
+        return cpu_profile(recalibrate=recalibrate)
+    return hardware.load_hardware(name_or_path)
 
 
 def cpu_profile(recalibrate: bool = False) -> HardwareProfile:

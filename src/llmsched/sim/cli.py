@@ -16,6 +16,7 @@ from pathlib import Path
 from llmsched.bench.metrics import parse_goodput, parse_percentiles
 from llmsched.core.errors import ConfigError
 from llmsched.core.kv.block_hash import HASH_ALGOS
+from llmsched.engine.arg_types import positive_int
 from llmsched.engine.dp.cli_args import add_dp_args, describe_dp, dp_config_from_args
 from llmsched.engine.dp.router import SNAPSHOT_INTERVAL_S
 from llmsched.engine.dp.sim_transport import DEFAULT_SYNC_S
@@ -28,13 +29,6 @@ from llmsched.sim.frontend import DEFAULT_TOKEN_S, Frontend
 from llmsched.sim.pd import add_pd_args, pd_from_args
 from llmsched.sim.runner import simulate
 from llmsched.sim.workload import Workload, load_trace_workload, synthetic_workload
-
-
-def _positive_int(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text} must be a positive integer")
-    return v
 
 
 def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -61,7 +55,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
     e.add_argument(
         "--tensor-parallel-size",
         "-tp",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="GPUs per engine rank (default 1; with --data-parallel-size: the smallest that fits)",
     )
@@ -75,10 +69,10 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         default=DEFAULT_SYNC_S * 1e3,
         help=f"cost of the ranks' per-step exchange ({DEFAULT_SYNC_S * 1e3:g} ms)",
     )
-    e.add_argument("--max-num-batched-tokens", type=_positive_int, default=None)
-    e.add_argument("--max-num-seqs", type=_positive_int, default=None)
-    e.add_argument("--max-model-len", type=_positive_int, default=None)
-    e.add_argument("--block-size", type=_positive_int, default=16)
+    e.add_argument("--max-num-batched-tokens", type=positive_int, default=None)
+    e.add_argument("--max-num-seqs", type=positive_int, default=None)
+    e.add_argument("--max-model-len", type=positive_int, default=None)
+    e.add_argument("--block-size", type=positive_int, default=16)
     e.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     e.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     e.add_argument("--long-prefill-token-threshold", type=int, default=0)
@@ -88,7 +82,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         "--num-gpu-blocks",
         "--num-gpu-blocks-override",
         dest="num_gpu_blocks",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="KV cache blocks (null block included) instead of sizing from memory",
     )
@@ -175,10 +169,10 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
     c.add_argument("--recalibrate", action="store_true", help="re-measure the cpu profile")
     w = p.add_argument_group("workload (vLLM benchmark arguments)")
     w.add_argument(
-        "--num-prompts", type=_positive_int, default=None, help="requests (default 1000; a trace: all of it)"
+        "--num-prompts", type=positive_int, default=None, help="requests (default 1000; a trace: all of it)"
     )
-    w.add_argument("--input-len", "--random-input-len", dest="input_len", type=_positive_int, default=1024)
-    w.add_argument("--output-len", "--random-output-len", dest="output_len", type=_positive_int, default=128)
+    w.add_argument("--input-len", "--random-input-len", dest="input_len", type=positive_int, default=1024)
+    w.add_argument("--output-len", "--random-output-len", dest="output_len", type=positive_int, default=128)
     w.add_argument(
         "--range-ratio",
         "--random-range-ratio",
@@ -195,14 +189,14 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         default=0,
         help="shared prefix tokens prepended to every prompt of a group",
     )
-    w.add_argument("--num-prefix-groups", type=_positive_int, default=1)
+    w.add_argument("--num-prefix-groups", type=positive_int, default=1)
     w.add_argument(
         "--images-per-request",
         type=int,
         default=0,
         help="vision-language workloads: images in every prompt (0: text only), priced with --vision-encoder",
     )
-    w.add_argument("--image-tokens", type=_positive_int, default=576, help="embeddings per image (mean)")
+    w.add_argument("--image-tokens", type=positive_int, default=576, help="embeddings per image (mean)")
     w.add_argument(
         "--image-tokens-range-ratio", type=float, default=0.0, help="image sizes uniform in tokens*(1 +- r)"
     )
@@ -214,7 +208,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         default="clip-vit-l-336",
         help="the ViT priced per scheduled image: clip-vit-l-336 (LLaVA-1.5) or clip-vit-b-224",
     )
-    w.add_argument("--num-priority-levels", type=_positive_int, default=1, help="random priorities 0..N-1")
+    w.add_argument("--num-priority-levels", type=positive_int, default=1, help="random priorities 0..N-1")
     w.add_argument(
         "--num-loras",
         type=int,
@@ -234,7 +228,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         default=1.0,
         help="gamma shape of the gaps: 1 Poisson, <1 burstier, inf a fixed interval",
     )
-    w.add_argument("--max-concurrency", type=_positive_int, default=None, help="closed-loop client slots")
+    w.add_argument("--max-concurrency", type=positive_int, default=None, help="closed-loop client slots")
     w.add_argument(
         "--dataset",
         "--dataset-path",
@@ -246,15 +240,15 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
     se = p.add_argument_group("multi-turn sessions")
     se.add_argument(
         "--sessions",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="simulate N multi-turn conversations instead of --num-prompts requests: first prompt "
         "--input-len, then --turn-input-len new tokens per turn, --output-len out per turn; first turns "
         "arrive at --request-rate; prints TTFT per turn",
     )
-    se.add_argument("--turns", type=_positive_int, default=4, help="turns per conversation (default 4)")
-    se.add_argument("--turn-input-len", type=_positive_int, default=128, help="new tokens per later turn")
+    se.add_argument("--turns", type=positive_int, default=4, help="turns per conversation (default 4)")
+    se.add_argument("--turn-input-len", type=positive_int, default=128, help="new tokens per later turn")
     se.add_argument(
         "--think-time",
         type=float,
@@ -287,7 +281,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
     f = p.add_argument_group("frontend")
     f.add_argument(
         "--api-server-count",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="model N API servers in front of each engine core (vLLM's flag): each tokenizes and passes on "
         "one request at a time, so requests reach the engine over time and it starts stepping as soon as it "
@@ -319,7 +313,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         "or local to start one here); default: a local process pool",
     )
     sw.add_argument(
-        "--sweep-workers", type=_positive_int, default=None, help="process-pool size (default: CPU count)"
+        "--sweep-workers", type=positive_int, default=None, help="process-pool size (default: CPU count)"
     )
     add_pd_args(p)
     p.set_defaults(func=run_simulate)

@@ -14,10 +14,11 @@ from llmsched.core.config import SchedulerConfig
 from llmsched.core.errors import ConfigError
 from llmsched.engine.batch_defaults import parse_usage_context, resolve_batch_limits
 from llmsched.executor.sim.cost_model import CostModel, Efficiency, Parallelism
-from llmsched.executor.sim.hardware import GiB, HardwareProfile, load_hardware
+from llmsched.executor.sim.hardware import GiB, HardwareProfile
 from llmsched.executor.sim.memory import MemoryPlan, hybrid_block_size, plan_memory
 from llmsched.executor.sim.model_shapes import ModelShape, load_model
 from llmsched.executor.sim.spec_decode import SimSpecDecode, parse_sim_speculative_config
+from llmsched.sim.calibrate import load_hardware
 
 KV_CACHE_DTYPES = {
     "auto": None,

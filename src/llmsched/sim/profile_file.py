@@ -11,14 +11,23 @@ two profiles taken on different days can be compared figure by figure.
 from __future__ import annotations
 
 import json
-import logging
 import math
 from pathlib import Path
 
 from llmsched.core.errors import ConfigError
-from llmsched.executor.sim.hardware import HardwareProfile, hardware_from_dict
+from llmsched.executor.sim.hardware import PROFILE_FORMAT as FORMAT
+from llmsched.executor.sim.hardware import HardwareProfile, is_profile_file, profile_from_file_data
+from llmsched.sim.calibrate import profile_from_calibration
 
-FORMAT = "llmsched-hardware-profile/1"
+__all__ = [
+    "FITTED",
+    "FORMAT",
+    "compare",
+    "is_profile_file",
+    "profile_from_file_data",
+    "read_calibration",
+    "write_profile",
+]
 # The calibration's fitted figures, as ``compare`` reports them.
 FITTED = (
     "peak_flops",
@@ -31,26 +40,15 @@ FITTED = (
     "request_overhead_s",
 )
 
-log = logging.getLogger(__name__)
-# Profile files already warned about: a run that loads one per scenario warns once.
-_warned: set[str] = set()
-
 
 def write_profile(path: str | Path, calibration: dict, name: str | None = None) -> HardwareProfile:
     """Write the calibration as a named profile file; returns the profile."""
-    from llmsched.sim.calibrate import profile_from_calibration
-
     path = Path(path)
     hw = profile_from_calibration(calibration, name or path.stem)
     data = {"format": FORMAT, "hardware": hw.to_dict(), "calibration": calibration}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
     return hw
-
-
-def is_profile_file(data: object) -> bool:
-    """Whether parsed JSON is a profile file (rather than bare HardwareProfile fields)."""
-    return isinstance(data, dict) and data.get("format") == FORMAT
 
 
 def read_calibration(path: str | Path) -> dict:
@@ -62,18 +60,6 @@ def read_calibration(path: str | Path) -> dict:
     if not is_profile_file(data) or not isinstance(data.get("calibration"), dict):
         raise ConfigError(f"{str(path)!r} is not a calibrated profile file ({FORMAT})")
     return data["calibration"]
-
-
-def profile_from_file_data(data: dict, source: str) -> HardwareProfile:
-    """The profile of a parsed profile file, warning when its calibration did not settle."""
-    hw = data.get("hardware")
-    if not isinstance(hw, dict):
-        raise ConfigError(f"{source}: a profile file needs a 'hardware' object")
-    cal = data.get("calibration") or {}
-    if cal.get("settled") is False and source not in _warned:
-        _warned.add(source)
-        log.warning("%s: calibrated unsettled: %s", source, "; ".join(cal.get("problems", [])))
-    return hardware_from_dict(hw, source=source)
 
 
 def compare(a: dict, b: dict) -> list[tuple[str, float, float, float]]:

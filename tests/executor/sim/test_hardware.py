@@ -43,6 +43,12 @@ def test_unknown_name_lists_known_ones():
         assert name in str(e.value)
 
 
+def test_cpu_is_left_to_the_simulator_that_measures_it():
+    # The cost model only prices steps: measuring this machine is llmsched.sim's calibration.
+    with pytest.raises(ConfigError, match=r"llmsched\.sim\.load_hardware"):
+        load_hardware("cpu")
+
+
 def test_json_profile(tmp_path):
     p = tmp_path / "mygpu.json"
     p.write_text(

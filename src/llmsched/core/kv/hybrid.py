@@ -132,24 +132,17 @@ class HybridKVCacheManager(KVCacheManager):
         if need > free - held_for_others:
             return None
         self._mamba_hits.pop(rid, None)
-        pool = self.pool
         if hit_blocks:
             # Both groups' hits are taken before any new block, so a new
             # block can never be a hit block of the other group.
-            pool.touch(hit_blocks)
+            self.pool.touch(hit_blocks)
             self.mamba.add_hit(rid, states)
         main = len(hit_blocks) * self.block_size + num_new_tokens
-        blocks = list(hit_blocks)
-        num_slots = min(main + num_lookahead_tokens, self.max_model_len)
-        more = cdiv(num_slots, self.block_size) - len(blocks)
-        if more > 0:
-            blocks.extend(pool.get_new_blocks(more))
+        table = self._new_table(rid, hit_blocks, main + num_lookahead_tokens)
         self.mamba.allocate(rid, main)
-        table = BlockTable(blocks, len(hit_blocks))
-        self._tables[rid] = table
         if self.enable_caching and not delay_caching:
             self._cache_both(request, table, min(main, request.num_tokens))
-        return blocks
+        return table.blocks
 
     def allocate_slots(
         self, request: Request, num_new_tokens: int, num_lookahead_tokens: int = 0

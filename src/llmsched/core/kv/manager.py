@@ -181,24 +181,29 @@ class KVCacheManager:
             > free - held_for_others
         ):
             return None
-        bs = self.block_size
+        if hit_blocks:
+            self.pool.touch(hit_blocks)
+        main = len(hit_blocks) * self.block_size + num_new_tokens
+        table = self._new_table(request.request_id, hit_blocks, main + num_lookahead_tokens)
+        if self.enable_caching and not delay_caching:
+            self._cache_full_blocks(request, table, min(main, request.num_tokens))
+        return table.blocks
+
+    def _new_table(self, request_id: str, hit_blocks: list[KVBlock], num_slots: int) -> BlockTable:
+        """A first allocation's attention table (the touched hit, then new blocks), registered."""
+        # Hybrid managers take their Mamba hit between the touch and the new blocks: keep this split.
         num_hit = len(hit_blocks)
-        pool = self.pool
-        num_slots = min(num_hit * bs + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        num_more = cdiv(num_slots, bs) - num_hit
+        num_more = cdiv(min(num_slots, self.max_model_len), self.block_size) - num_hit
         if num_hit:
-            pool.touch(hit_blocks)
             blocks = list(hit_blocks)
             if num_more > 0:
-                blocks.extend(pool.get_new_blocks(num_more))
+                blocks.extend(self.pool.get_new_blocks(num_more))
         else:
             # get_new_blocks hands over a list of its own: it becomes the table.
-            blocks = pool.get_new_blocks(num_more) if num_more > 0 else []
+            blocks = self.pool.get_new_blocks(num_more) if num_more > 0 else []
         table = BlockTable(blocks, num_hit)
-        self._tables[request.request_id] = table
-        if self.enable_caching and not delay_caching:
-            self._cache_full_blocks(request, table, min(num_hit * bs + num_new_tokens, request.num_tokens))
-        return blocks
+        self._tables[request_id] = table
+        return table
 
     def allocate_slots(
         self, request: Request, num_new_tokens: int, num_lookahead_tokens: int = 0

@@ -28,7 +28,7 @@ from llmsched.core.policies.lpm import LPMPolicy
 from llmsched.core.policies.preemptive import PriorityPreemptivePolicy
 from llmsched.core.policies.sjf import SJFPolicy
 from llmsched.core.policies.slo import SLOPolicy
-from llmsched.core.policy import POLICIES, Policy
+from llmsched.core.policy_seam import POLICIES, Policy
 
 ORDERS: dict[str, type[BasePolicy]] = {
     "fcfs": BasePolicy,

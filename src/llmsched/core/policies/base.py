@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from llmsched.core.errors import ConfigError
-from llmsched.core.policy import FCFSQueue, PriorityQueue, Refusal, Verdict, WaitingQueue, _priority_key
+from llmsched.core.policy_seam import FCFSQueue, PriorityQueue, Refusal, Verdict, WaitingQueue, _priority_key
 from llmsched.core.request import Request
 from llmsched.core.trace import Reason
 

@@ -6,7 +6,7 @@ from collections import deque
 from collections.abc import Iterator
 
 from llmsched.core.policies.base import BasePolicy, remaining_tokens
-from llmsched.core.policy import Refusal, Verdict, WaitingQueue
+from llmsched.core.policy_seam import Refusal, Verdict, WaitingQueue
 from llmsched.core.request import Request
 from llmsched.core.trace import Reason
 

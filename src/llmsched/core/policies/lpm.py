@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from llmsched.core.policies.base import BasePolicy
-from llmsched.core.policy import WaitingQueue
+from llmsched.core.policy_seam import WaitingQueue
 from llmsched.core.request import Request
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from llmsched.core.policies.base import PriorityOrderPolicy
-from llmsched.core.policy import _priority_key
+from llmsched.core.policy_seam import _priority_key
 from llmsched.core.request import Request
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from llmsched.core.policies.base import BasePolicy, KeyedQueue, remaining_tokens
-from llmsched.core.policy import WaitingQueue
+from llmsched.core.policy_seam import WaitingQueue
 from llmsched.core.request import Request
 
 

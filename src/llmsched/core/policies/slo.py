@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from llmsched.core.policies.base import BasePolicy, KeyedQueue
-from llmsched.core.policy import Refusal, Verdict, WaitingQueue
+from llmsched.core.policy_seam import Refusal, Verdict, WaitingQueue
 from llmsched.core.request import Request
 from llmsched.core.trace import Reason
 

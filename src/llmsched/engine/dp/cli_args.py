@@ -4,17 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from llmsched.engine.arg_types import positive_int
 from llmsched.engine.dp.config import DPConfig, lockstep_for
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text} must be a positive integer")
-    return v
 
 
 def add_dp_args(parser: argparse.ArgumentParser, *, real: bool) -> argparse._ArgumentGroup:
@@ -23,7 +14,7 @@ def add_dp_args(parser: argparse.ArgumentParser, *, real: bool) -> argparse._Arg
     d.add_argument(
         "--data-parallel-size",
         "-dp",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         help="engine ranks, each with its own scheduler, KV cache and executor"
         + (
@@ -45,7 +36,7 @@ def add_dp_args(parser: argparse.ArgumentParser, *, real: bool) -> argparse._Arg
     )
     d.add_argument(
         "--prefill-schedule-interval",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         metavar="N",
         help="admit prefills only every N-th step while decodes run (a step counter shared by "

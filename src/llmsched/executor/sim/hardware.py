@@ -9,11 +9,19 @@ is measured on the current machine (see ``calibrate``).
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from llmsched.core.errors import ConfigError
-from llmsched.engine.batch_defaults import Platform
+from llmsched.executor.platform import Platform
+
+# What a profile file ``llmsched calibrate`` wrote says it is (see ``llmsched.sim.profile_file``).
+PROFILE_FORMAT = "llmsched-hardware-profile/1"
+
+log = logging.getLogger(__name__)
+# Profile files already warned about: a run that loads one per scenario warns once.
+_warned: set[str] = set()
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -204,24 +212,43 @@ def hardware_from_dict(data: dict, source: str = "profile") -> HardwareProfile:
     return HardwareProfile(**data)
 
 
-def load_hardware(name_or_path: str, *, recalibrate: bool = False) -> HardwareProfile:
-    """A built-in profile by name, ``cpu`` (calibrated here), or a JSON file (calibrated or bare fields)."""
+def is_profile_file(data: object) -> bool:
+    """Whether parsed JSON is a profile file (rather than bare HardwareProfile fields)."""
+    return isinstance(data, dict) and data.get("format") == PROFILE_FORMAT
+
+
+def profile_from_file_data(data: dict, source: str) -> HardwareProfile:
+    """The profile of a parsed profile file, warning when its calibration did not settle."""
+    hw = data.get("hardware")
+    if not isinstance(hw, dict):
+        raise ConfigError(f"{source}: a profile file needs a 'hardware' object")
+    cal = data.get("calibration") or {}
+    if cal.get("settled") is False and source not in _warned:
+        _warned.add(source)
+        log.warning("%s: calibrated unsettled: %s", source, "; ".join(cal.get("problems", [])))
+    return hardware_from_dict(hw, source=source)
+
+
+def load_hardware(name_or_path: str) -> HardwareProfile:
+    """A built-in profile by name or a JSON file (a calibrated profile file or bare fields).
+
+    ``cpu``, this machine measured, is the simulator's: ``llmsched.sim.load_hardware``.
+    """
     key = name_or_path.strip().lower()
     key = ALIASES.get(key, key)
     if key in BUILTIN_HARDWARE:
         return BUILTIN_HARDWARE[key]
     if key == "cpu":
-        from llmsched.sim.calibrate import cpu_profile
-
-        return cpu_profile(recalibrate=recalibrate)
+        raise ConfigError(
+            "hardware 'cpu' is measured on this machine by the simulator's calibration: "
+            "load it with llmsched.sim.load_hardware"
+        )
     path = Path(name_or_path)
     if path.suffix == ".json" and path.is_file():
         try:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as e:
             raise ConfigError(f"hardware profile {str(path)!r} is not valid JSON: {e}") from e
-        from llmsched.sim.profile_file import is_profile_file, profile_from_file_data
-
         if is_profile_file(data):
             return profile_from_file_data(data, source=path.stem)
         return hardware_from_dict(data, source=path.stem)

@@ -24,13 +24,13 @@ tokens), so with a per-token rate ``a`` and K drafts it is
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from llmsched.core.errors import ConfigError
+from llmsched.core.json_object import parse_json_object
 from llmsched.core.speculative import SpeculativeConfig
 
 SIM_KEYS = ("acceptance_rate", "acceptance_rates", "seed", "draft_model", "ngram_us_per_request")
@@ -156,14 +156,7 @@ def parse_sim_speculative_config(
     value: Mapping[str, Any] | str, acceptance: object = None
 ) -> SimSpecSettings:
     """vLLM's speculative-config JSON plus the simulator's keys; ``acceptance`` overrides theirs."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"--speculative-config is not valid JSON: {e}") from None
-    if not isinstance(value, Mapping):
-        raise ConfigError('--speculative-config must be a JSON object such as {"method": "ngram", ...}')
-    d = dict(value)
+    d = parse_json_object(value, "--speculative-config")
     sim = {k: d.pop(k) for k in SIM_KEYS if k in d}
     if "draft_model" in sim:
         if "model" in d:

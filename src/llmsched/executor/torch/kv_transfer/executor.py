@@ -6,7 +6,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput
-from llmsched.engine.executor import submit_step
+from llmsched.executor.protocol import submit_step
 from llmsched.executor.torch.kv_transfer.connector import MooncakeConnector
 
 # An engine with nothing to compute but transfers under way waits this long
