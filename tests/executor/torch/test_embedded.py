@@ -92,7 +92,8 @@ def test_transformers_loads_it_and_our_engine_matches_its_greedy_output(use_embe
         ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[
             0, len(prompt) :
         ].tolist()
-    llm = LLM()
+    # float32 as transformers runs it (auto is bfloat16 on CPUs with bf16 matmuls).
+    llm = LLM(dtype="float32")
     try:
         (out,) = llm.generate(
             {"prompt_token_ids": prompt}, SamplingParams(max_tokens=12, temperature=0), use_tqdm=False
