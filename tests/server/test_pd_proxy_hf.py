@@ -51,7 +51,9 @@ def hf_pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """The proxy's URL in front of a producer and a consumer on the tiny model, the servers and the model."""
     folder = tmp_path_factory.mktemp("tiny_llama")
     model = _tiny_llama(folder)
-    base = {"model": str(folder), "skip_tokenizer_init": True, "max_model_len": 256, "block_size": 16}
+    # float32, as the transformers reference runs.
+    base = {"model": str(folder), "dtype": "float32", "skip_tokenizer_init": True, "max_model_len": 256}
+    base["block_size"] = 16
     base["num_gpu_blocks_override"] = 64
     # The engines on threads of this process: no process start-ups to wait for.
     sargs = {"log_level": "warning", "engine_mode": "thread"}

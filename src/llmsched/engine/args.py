@@ -382,9 +382,12 @@ class EngineArgs:
             "--dtype",
             choices=(*DTYPES, *DTYPE_ALIASES),
             default="auto",
-            help="weights and KV cache dtype (default auto); on CPU, bfloat16 attention runs C kernels "
-            "built with the system compiler: decode with the PyTorch path's bits, prefill 3-4x faster "
-            "with its own (LLMSCHED_CPU_KERNELS=0 turns them off)",
+            help="weights and KV cache dtype (default auto: as vLLM, a float32 checkpoint runs in "
+            "bfloat16 on CPUs with bf16 matmuls and Ampere+ GPUs, float16 on older GPUs; float16/bfloat16 "
+            "checkpoints keep theirs, except float16 on CPU, which is not supported; the startup log says "
+            "which); on CPU, bfloat16 attention runs C kernels built with the system compiler: decode "
+            "with the PyTorch path's bits, prefill 3-4x faster with its own (LLMSCHED_CPU_KERNELS=0 turns "
+            "them off)",
         )
         g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
         g.add_argument("--seed", type=int, default=0, help="engine seed (default 0)")

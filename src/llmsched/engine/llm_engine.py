@@ -151,8 +151,9 @@ class LLMEngine:
         # scheduled one, with async scheduling).
         self.last_step: EngineStep | None = None
         self.num_steps = 0
-        # Lines for whoever starts the engine to show (a server's startup log).
-        self.startup_notes: list[str] = []
+        # Lines for whoever starts the engine to show (a server's startup log),
+        # the executor's first (the dtype it chose, its warm-up).
+        self.startup_notes: list[str] = list(getattr(executor, "startup_notes", ()))
         # Built on the first constrained request (it loads xgrammar).
         self._structured: StructuredOutputManager | None = None
         # Constrained requests added while their grammar compiled: checked

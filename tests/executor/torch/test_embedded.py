@@ -92,7 +92,8 @@ def test_transformers_loads_it_and_our_engine_matches_its_greedy_output(use_embe
         ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[
             0, len(prompt) :
         ].tolist()
-    llm = LLM()
+    # float32 as transformers runs it (auto is bfloat16 on CPUs with bf16 matmuls).
+    llm = LLM(dtype="float32")
     try:
         (out,) = llm.generate(
             {"prompt_token_ids": prompt}, SamplingParams(max_tokens=12, temperature=0), use_tqdm=False
@@ -118,7 +119,9 @@ def test_with_no_model_the_engine_uses_it_and_says_the_weights_are_random(use_em
         c = embedded.CONFIG
         bs = engine.scheduler_config.block_size
         assert bs == engine.executor.block_size == 128  # the CPU default
-        block_bytes = bs * c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * c["head_dim"] * 4
+        # Element size of the dtype auto chose (bfloat16 where the CPU has bf16 matmuls).
+        elem = engine.executor.dtype.itemsize
+        block_bytes = bs * c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * c["head_dim"] * elem
         blocks = embedded.KV_CACHE_MEMORY // block_bytes
         assert engine.scheduler_config.num_gpu_blocks == blocks
     finally:

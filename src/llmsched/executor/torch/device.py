@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
 
@@ -55,34 +56,107 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return dev
 
 
-def resolve_dtype(dtype: str | torch.dtype, config: ModelConfig, device: torch.device) -> torch.dtype:
-    """The compute and KV dtype.
+# vLLM 0.33's supported dtypes on CUDA by compute capability, preferred first
+# (its platform's supported_dtypes: bfloat16 from Ampere on, float16 from Pascal).
+def cuda_dtypes(capability: tuple[int, int]) -> tuple[torch.dtype, ...]:
+    """The dtypes vLLM runs on a GPU of this compute capability, the one ``auto`` prefers first."""
+    if capability >= (8, 0):
+        return (torch.bfloat16, torch.float16, torch.float32)
+    if capability >= (6, 0):
+        return (torch.float16, torch.float32)
+    return (torch.float32,)
 
-    'auto': on CPU, float32 only when config.json says float32, else bfloat16
-    (half the weight and KV traffic, and bf16 matmuls run on AVX512-BF16/AMX);
-    on CUDA, the config's float16/bfloat16, or bfloat16 for a float32 model
-    (float16 where the GPU lacks bf16). float16 is refused on CPU: its matmuls
-    there are emulated and slow.
+
+def cpu_dtypes(bf16_matmuls: bool) -> tuple[torch.dtype, ...]:
+    """The dtypes this executor runs on CPU, the one ``auto`` prefers first.
+
+    vLLM's CPU list (x86, Arm Linux) is bfloat16, float16, float32. float16
+    is refused here (its CPU matmuls are emulated); bfloat16 is preferred only
+    where the CPU has bfloat16 matmuls, since elsewhere PyTorch emulates them
+    far slower than float32 (vLLM prefers it anyway).
     """
-    if isinstance(dtype, torch.dtype):
-        dt = dtype
-    elif dtype == "auto":
-        declared = _DTYPES.get(str(config.torch_dtype).lower()) if config.torch_dtype else None
-        if device.type == "cpu":
-            dt = torch.float32 if declared is torch.float32 else torch.bfloat16
-        elif declared in (torch.float16, torch.bfloat16):
-            dt = declared
-        else:
-            dt = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    else:
-        dt = _DTYPES.get(str(dtype).lower())
+    return (torch.bfloat16, torch.float32) if bf16_matmuls else (torch.float32, torch.bfloat16)
+
+
+@functools.cache
+def cpu_bf16_matmuls() -> bool:
+    """Whether this CPU runs bfloat16 matmuls natively (oneDNN's bf16 path: AVX-512 or Arm BF16)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def auto_dtype(checkpoint: torch.dtype, supported: tuple[torch.dtype, ...]) -> torch.dtype:
+    """vLLM's ``dtype="auto"``: float32 takes the preferred dtype; others keep theirs where supported."""
+    preferred = supported[0]
+    wanted = preferred if checkpoint is torch.float32 else checkpoint
+    return wanted if wanted in supported else preferred
+
+
+def checkpoint_dtype(config: ModelConfig) -> torch.dtype | None:
+    """The float32/bfloat16/float16 dtype config.json declares (torch_dtype or dtype), else None."""
+    return _DTYPES.get(str(config.torch_dtype).lower()) if config.torch_dtype else None
+
+
+def choose_dtype(
+    dtype: str | torch.dtype, config: ModelConfig, device: torch.device
+) -> tuple[torch.dtype, str]:
+    """The compute and KV dtype, and a start-up line saying how it was chosen.
+
+    'auto' resolves as vLLM 0.33 does: a float32 checkpoint (or one that
+    declares no dtype, read as float32) runs in the platform's preferred
+    dtype, bfloat16 on CPUs with bfloat16 matmuls and on Ampere or later
+    GPUs, float16 on older GPUs; float16 and bfloat16 checkpoints keep
+    theirs where the platform runs it, else take the preferred one. On CPU
+    a float16 checkpoint runs in the preferred dtype (vLLM keeps float16):
+    float16 is refused there.
+    """
+    if isinstance(dtype, torch.dtype) or dtype != "auto":
+        dt = dtype if isinstance(dtype, torch.dtype) else _DTYPES.get(str(dtype).lower())
         if dt is None:
             raise ConfigError(f"dtype={dtype!r} is not supported; use auto, float32, bfloat16 or float16")
+        note = f"dtype {_name(dt)} (as asked)"
+    else:
+        declared = checkpoint_dtype(config)
+        ckpt = torch.float32 if declared is None else declared
+        if device.type == "cpu":
+            bf16 = cpu_bf16_matmuls()
+            dt = auto_dtype(ckpt, cpu_dtypes(bf16))
+        else:
+            dt = auto_dtype(ckpt, cuda_dtypes(torch.cuda.get_device_capability(device)))
+        note = _auto_note(declared, dt, device)
     if device.type == "cpu" and dt is torch.float16:
         raise ConfigError("dtype=float16 is not supported on CPU; use bfloat16 or float32")
     if dt not in (torch.float32, torch.bfloat16, torch.float16):
         raise ConfigError(f"dtype={dt} is not supported; use float32, bfloat16 or float16")
-    return dt
+    return dt, note
+
+
+def _name(dt: torch.dtype) -> str:
+    return str(dt).removeprefix("torch.")
+
+
+def _auto_note(declared: torch.dtype | None, dt: torch.dtype, device: torch.device) -> str:
+    """The start-up line for dtype auto: the checkpoint's dtype, the one chosen, and how vLLM compares."""
+    ckpt = torch.float32 if declared is None else declared
+    named = "float32 (none declared)" if declared is None else _name(declared)
+    chosen = "kept" if dt is ckpt else f"-> {_name(dt)}"
+    where = "CPU" if device.type == "cpu" else "CUDA"
+    if device.type == "cpu" and ckpt is torch.float16:
+        why = "vLLM keeps float16; float16 is not supported on CPU here"
+    elif device.type == "cpu" and dt is torch.float32:
+        why = "this CPU has no bfloat16 matmuls; vLLM would run bfloat16"
+    else:
+        why = f"as vLLM does on {where}"
+    return f"dtype auto: checkpoint {named} {chosen} ({why})"
+
+
+def resolve_dtype(dtype: str | torch.dtype, config: ModelConfig, device: torch.device) -> torch.dtype:
+    """The compute and KV dtype (see ``choose_dtype``)."""
+    return choose_dtype(dtype, config, device)[0]
 
 
 def usable_cpus() -> int:

@@ -17,10 +17,10 @@ from llmsched.core.speculative import SpeculativeConfig
 from llmsched.executor.torch.config import ModelConfig
 from llmsched.executor.torch.cpu_tuning import tune_cpu_allocator
 from llmsched.executor.torch.device import (
+    choose_dtype,
     configure_threads,
     default_block_size,
     resolve_device,
-    resolve_dtype,
     single_threaded,
 )
 from llmsched.executor.torch.encoder_outputs import EncoderOutputs, plan_mm
@@ -40,6 +40,7 @@ from llmsched.executor.torch.spec.draft_model import DraftModelProposer
 from llmsched.executor.torch.spec.draft_rows import DraftRowProcessor, kept_logprobs
 from llmsched.executor.torch.spec.verify import DraftVerifier
 from llmsched.executor.torch.step_thread import StepThread
+from llmsched.executor.torch.warmup import WarmUp, warm_up
 from llmsched.executor.torch.weights import load_weights
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,10 @@ class TorchExecutor:
                 raise ConfigError(f"{name}={v!r} must be a positive integer")
         self.model_config = cfg = ModelConfig.from_folder(model_folder(model))
         self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype, cfg, self.device)
+        self.dtype, dtype_note = choose_dtype(dtype, cfg, self.device)
+        log.info("%s", dtype_note)
+        # Lines a server prints when it starts (the dtype chosen, the warm-up).
+        self.startup_notes: list[str] = [dtype_note]
         self.max_model_len = self._resolve_max_model_len(cfg, max_model_len)
         self.block_size = default_block_size(self.device) if block_size is None else block_size
         self.speculative_config = SpeculativeConfig.parse(speculative_config)
@@ -143,6 +147,15 @@ class TorchExecutor:
             self.block_size,
             self.kv_plan.source,
         )
+        # Before anyone can send a request: the first one must not pay the first-time costs.
+        try:
+            self.warmup: WarmUp | None = warm_up(self, max_num_batched_tokens)
+        except BaseException:
+            self.close()
+            raise
+        if self.warmup is not None:
+            log.info("%s", self.warmup.note())
+            self.startup_notes.append(self.warmup.note())
 
     def _load(
         self,
@@ -190,6 +203,7 @@ class TorchExecutor:
                 )
             else:
                 states = MambaStatePool(cfg.hybrid, self.num_gpu_blocks, self.dtype, self.device)
+                self.mamba_states = states
                 self.model = HybridModel(  # type: ignore[assignment]
                     cfg, self.weights, self.kv_cache, states, self.max_model_len, self.dtype, self.device
                 )

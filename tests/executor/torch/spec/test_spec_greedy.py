@@ -182,8 +182,11 @@ def test_embedded_model_text_and_stop_strings_equal(async_scheduling) -> None:
     plain = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
 
     def generate(params: SamplingParams | list[SamplingParams], spec: dict | None) -> list:
+        # float32: verifying drafts batches positions a plain decode runs one by one,
+        # and in bfloat16 that rounding alone can flip a greedy choice.
         llm = LLM(
             speculative_config=spec,
+            dtype="float32",
             async_scheduling=async_scheduling,
             max_num_batched_tokens=64,
             max_num_seqs=8,
