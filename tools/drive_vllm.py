@@ -257,12 +257,12 @@ def normalise(obj, depth: int = 0):
     import enum
     if depth > 8:
         return repr(obj)
+    if isinstance(obj, enum.Enum):
+        return obj.name
     if obj is None or isinstance(obj, (bool, int, str)):
         return obj
     if isinstance(obj, float):
         return round(obj, 9)
-    if isinstance(obj, enum.Enum):
-        return obj.name
     if isinstance(obj, (set, frozenset)):
         return sorted((normalise(x, depth + 1) for x in obj), key=repr)
     if isinstance(obj, dict):
@@ -283,7 +283,7 @@ def normalise(obj, depth: int = 0):
     return [name, {f: normalise(getattr(obj, f), depth + 1) for f in fields if f != "timestamp"}]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("workload")
     ap.add_argument("trace")
@@ -297,7 +297,7 @@ def main() -> int:
     ap.add_argument("--dump", default=None,
                     help="also write every SchedulerOutput and EngineCoreOutputs, "
                          "normalised field by field, one JSON line per step")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     t_start = time.perf_counter()
     with open(args.workload) as f:
@@ -962,12 +962,13 @@ def main() -> int:
     if args.summary:
         with open(args.summary, "w") as f:
             f.write(js + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    main()
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip interpreter teardown: triton (pulled in via xgrammar) prints
     # nanobind leak warnings at exit; nothing is left to flush.
     os._exit(0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
