@@ -32,8 +32,16 @@ OURS = "llmsched.integrations.vllm.LlmschedScheduler"
 
 
 def _reqs(n: int, prompt_len: int, max_tokens: int, **extra) -> list[dict]:
-    return [{"id": str(i), "arrival_step": i % 3, "prompt_len": prompt_len + 7 * (i % 5),
-             "max_tokens": max_tokens, **extra} for i in range(n)]
+    return [
+        {
+            "id": str(i),
+            "arrival_step": i % 3,
+            "prompt_len": prompt_len + 7 * (i % 5),
+            "max_tokens": max_tokens,
+            **extra,
+        }
+        for i in range(n)
+    ]
 
 
 def workloads() -> dict[str, dict]:
@@ -51,18 +59,27 @@ def workloads() -> dict[str, dict]:
     for i, r in enumerate(spec):
         r["spec"] = [[2, (i + k) % 3] for k in range(30)]
     return {
-        "chunked_prefill": {"config": {"max_num_batched_tokens": 256, "max_num_seqs": 8,
-                                       "long_prefill_token_threshold": 64},
-                            "requests": _reqs(12, 300, 12)},
-        "preemption": {"config": {"max_num_batched_tokens": 512, "max_num_seqs": 32, "num_gpu_blocks": 60},
-                       "requests": _reqs(24, 100, 60)},
-        "prefix_sharing": {"config": {"max_num_batched_tokens": 512, "num_gpu_blocks": 200},
-                           "requests": _reqs(20, 40, 20, shared_prefix_len=96, prefix_group="g")},
-        "priority": {"config": {"policy": "priority", "max_num_batched_tokens": 512, "num_gpu_blocks": 70},
-                     "requests": prio},
+        "chunked_prefill": {
+            "config": {"max_num_batched_tokens": 256, "max_num_seqs": 8, "long_prefill_token_threshold": 64},
+            "requests": _reqs(12, 300, 12),
+        },
+        "preemption": {
+            "config": {"max_num_batched_tokens": 512, "max_num_seqs": 32, "num_gpu_blocks": 60},
+            "requests": _reqs(24, 100, 60),
+        },
+        "prefix_sharing": {
+            "config": {"max_num_batched_tokens": 512, "num_gpu_blocks": 200},
+            "requests": _reqs(20, 40, 20, shared_prefix_len=96, prefix_group="g"),
+        },
+        "priority": {
+            "config": {"policy": "priority", "max_num_batched_tokens": 512, "num_gpu_blocks": 70},
+            "requests": prio,
+        },
         "eos_and_stop": {"config": {"max_num_batched_tokens": 256}, "requests": stops},
-        "spec_drafts": {"config": {"num_speculative_tokens": 2, "max_num_batched_tokens": 256},
-                        "requests": spec},
+        "spec_drafts": {
+            "config": {"num_speculative_tokens": 2, "max_num_batched_tokens": 256},
+            "requests": spec,
+        },
     }
 
 
@@ -109,7 +126,12 @@ def compare(drive, name: str, workload: dict, tmp: Path, ours_extra: dict | None
             break
     if diff is None and len(theirs) != len(ours):
         diff = f"{len(theirs)} steps != {len(ours)} steps"
-    return {"steps": len(theirs), "identical": diff is None, "first_difference": diff, "seen": coverage(theirs)}
+    return {
+        "steps": len(theirs),
+        "identical": diff is None,
+        "first_difference": diff,
+        "seen": coverage(theirs),
+    }
 
 
 def coverage(steps: list[dict]) -> dict:
@@ -118,7 +140,9 @@ def coverage(steps: list[dict]) -> dict:
     for s in steps:
         so = s["scheduler_output"][1]
         seen["preempted"] += len(so["preempted_req_ids"] or ())
-        seen["prefix_hit_admissions"] += sum(nr[1]["num_computed_tokens"] > 0 for nr in so["scheduled_new_reqs"])
+        seen["prefix_hit_admissions"] += sum(
+            nr[1]["num_computed_tokens"] > 0 for nr in so["scheduled_new_reqs"]
+        )
         seen["draft_tokens"] += sum(len(ids) for _, ids in so["scheduled_spec_decode_tokens"])
         seen["resumed"] += len(so["scheduled_cached_reqs"][1]["resumed_req_ids"])
         for _, eco in s["engine_core_outputs"]:
@@ -135,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", nargs="*", default=["sync", "async"])
     ap.add_argument("--control", action="store_true", help="add the run that must differ (sjf policy)")
     args = ap.parse_args(argv)
-    import drive_vllm  # noqa: E402 - after the path and environment are set
+    import drive_vllm  # the driver, from this folder (sys.path above)
 
     runs = {}
     all_workloads = workloads()
@@ -148,8 +172,9 @@ def main(argv: list[str] | None = None) -> int:
                 runs[f"{name}/{mode}"] = compare(drive_vllm, f"{name}_{mode}", wl, tmp)
         if args.control:
             wl = all_workloads["preemption"]
-            runs["control_sjf/sync"] = compare(drive_vllm, "control", wl, tmp,
-                                               {"additional_config": {"llmsched": {"policy": "sjf"}}})
+            runs["control_sjf/sync"] = compare(
+                drive_vllm, "control", wl, tmp, {"additional_config": {"llmsched": {"policy": "sjf"}}}
+            )
     print(json.dumps({"runs": runs}, indent=1))
     return 0
 

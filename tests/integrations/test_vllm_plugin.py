@@ -89,7 +89,11 @@ def test_every_step_equals_vllm_033s_own_scheduler() -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     proc = subprocess.run(
         [py, str(ROOT / "tools" / "vllm_plugin_check.py"), "--control"],
-        capture_output=True, text=True, env=env, timeout=1800, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+        cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = json.loads(proc.stdout)["runs"]

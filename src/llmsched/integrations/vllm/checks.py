@@ -26,7 +26,9 @@ def check_version(version: str) -> None:
         )
 
 
-def check_config(vllm_config: Any, kv_cache_config: Any, block_size: int, hash_block_size: int | None) -> None:
+def check_config(
+    vllm_config: Any, kv_cache_config: Any, block_size: int, hash_block_size: int | None
+) -> None:
     """Raise UnsupportedByLlmsched naming the first configured feature the bridge lacks."""
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
@@ -41,8 +43,10 @@ def check_config(vllm_config: Any, kv_cache_config: Any, block_size: int, hash_b
     if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
         _fail("a KV cache that needs zeroing of new blocks")
     if spec.block_size != block_size or (hash_block_size is not None and hash_block_size != block_size):
-        _fail(f"a hash block size ({hash_block_size}) or spec block size ({spec.block_size}) "
-              f"other than the scheduler block size ({block_size})")
+        _fail(
+            f"a hash block size ({hash_block_size}) or spec block size ({spec.block_size}) "
+            f"other than the scheduler block size ({block_size})"
+        )
     if vllm_config.kv_transfer_config is not None:
         _fail("a KV connector (kv_transfer_config)")
     if vllm_config.ec_transfer_config is not None:
@@ -62,7 +66,10 @@ def _check_model_and_parallel(vllm_config: Any) -> None:
     par = vllm_config.parallel_config
     if par.pipeline_parallel_size > 1:
         _fail("pipeline parallelism")
-    if getattr(par, "decode_context_parallel_size", 1) > 1 or getattr(par, "prefill_context_parallel_size", 1) > 1:
+    if (
+        getattr(par, "decode_context_parallel_size", 1) > 1
+        or getattr(par, "prefill_context_parallel_size", 1) > 1
+    ):
         _fail("context parallelism")
     kv_events = vllm_config.kv_events_config
     if kv_events is not None and kv_events.enable_kv_cache_events:
@@ -70,7 +77,9 @@ def _check_model_and_parallel(vllm_config: Any) -> None:
     aux = getattr(vllm_config, "aux_output_config", None)
     if aux is not None and aux.enabled:
         _fail("an auxiliary output connector (aux_output_config)")
-    if getattr(vllm_config, "num_hash_lookahead_tokens", 0) or getattr(vllm_config, "num_prefill_lookahead_tokens", 0):
+    if getattr(vllm_config, "num_hash_lookahead_tokens", 0) or getattr(
+        vllm_config, "num_prefill_lookahead_tokens", 0
+    ):
         _fail("lookahead block hashing (an EAGLE-style drafter)")
     if getattr(vllm_config.observability_config, "kv_cache_metrics", False):
         _fail("KV cache residency metrics (observability_config.kv_cache_metrics)")
@@ -103,8 +112,12 @@ def check_request(request: Any) -> None:
         (request.pooling_params is not None, "pooling requests"),
         (request.prompt_embeds is not None, "prompt embeddings"),
         (request.resumable, "streaming-input sessions (resumable requests)"),
-        (request.sampling_params is not None and request.sampling_params.repetition_detection is not None,
-         "repetition detection"),
+        (
+            request.sampling_params is not None and request.sampling_params.repetition_detection is not None,
+            "repetition detection",
+        ),
     ):
         if present:
-            raise UnsupportedByLlmsched(f"llmsched scheduler_cls: request {rid!r} uses {what}, not supported yet")
+            raise UnsupportedByLlmsched(
+                f"llmsched scheduler_cls: request {rid!r} uses {what}, not supported yet"
+            )

@@ -28,7 +28,9 @@ class TraceWriter:
 
     def write(self, trace: StepTrace) -> None:
         """One step's record (the ``why`` field of ``llmsched replay --trace``)."""
-        self._file.write(json.dumps({"step": trace.step, "why": trace.to_json()}, separators=(",", ":")) + "\n")
+        self._file.write(
+            json.dumps({"step": trace.step, "why": trace.to_json()}, separators=(",", ":")) + "\n"
+        )
         self._file.flush()
 
     def close(self) -> None:
@@ -60,10 +62,11 @@ class Extras:
         extras = cls(raw.get("policy"), raw.get("policy_config"), raw.get("tenant_key"), raw.get("trace"))
         if extras.policy is not None:
             # Validates the name and the knobs now, with the config's own messages.
-            SchedulerConfig(num_gpu_blocks=2, max_model_len=1, policy=extras.policy,
-                            policy_config=extras.policy_config)
+            SchedulerConfig(
+                num_gpu_blocks=2, max_model_len=1, policy=extras.policy, policy_config=extras.policy_config
+            )
         if extras.tenant_key is not None and not isinstance(extras.tenant_key, str):
-            raise UnsupportedByLlmsched(f'additional_config["llmsched"]["tenant_key"] must be a string')
+            raise UnsupportedByLlmsched('additional_config["llmsched"]["tenant_key"] must be a string')
         if extras.trace_path is not None:
             extras.trace = TraceWriter(str(extras.trace_path))
         return extras

@@ -140,7 +140,9 @@ class LlmschedScheduler(SchedulerInterface):
         self._pending: dict[int, SchedulerOutput] = {}
         self._prev_scheduled: set[str] = set()
         self.last_preempted: list[str] = []
-        self._finished_by_client: dict[int, set[str]] | None = defaultdict(set) if include_finished_set else None
+        self._finished_by_client: dict[int, set[str]] | None = (
+            defaultdict(set) if include_finished_set else None
+        )
         self._stats_seen = PrefixCacheStats()
 
     # ---- requests in and out -----------------------------------------------
@@ -163,9 +165,14 @@ class LlmschedScheduler(SchedulerInterface):
             request_ids = list(self.requests)
         elif isinstance(request_ids, str):
             request_ids = (request_ids,)
-        ours = RequestStatus.FINISHED_STOPPED if finished_status == VllmStatus.FINISHED_STOPPED else (
-            RequestStatus.FINISHED_ERROR if finished_status == VllmStatus.FINISHED_ERROR
-            else RequestStatus.FINISHED_ABORTED
+        ours = (
+            RequestStatus.FINISHED_STOPPED
+            if finished_status == VllmStatus.FINISHED_STOPPED
+            else (
+                RequestStatus.FINISHED_ERROR
+                if finished_status == VllmStatus.FINISHED_ERROR
+                else RequestStatus.FINISHED_ABORTED
+            )
         )
         done = []
         for req in self.core.finish_requests(request_ids, ours):
@@ -266,7 +273,9 @@ class LlmschedScheduler(SchedulerInterface):
             resumed = []
         new_data = [
             NewRequestData.from_request(
-                vreq, (block_ids,), vreq._all_token_ids if self.use_v2_model_runner else None,
+                vreq,
+                (block_ids,),
+                vreq._all_token_ids if self.use_v2_model_runner else None,
                 uses_mrope=self._uses_mrope,
             )
             for vreq, block_ids in new_reqs
@@ -298,7 +307,9 @@ class LlmschedScheduler(SchedulerInterface):
         """Mirror an admission onto the vLLM request (status, stats, events)."""
         if vreq.prefill_stats is not None and vreq.num_preemptions <= 0:
             vreq.prefill_stats.set(
-                num_prompt_tokens=vreq.num_prompt_tokens, num_local_cached_tokens=start, num_external_cached_tokens=0
+                num_prompt_tokens=vreq.num_prompt_tokens,
+                num_local_cached_tokens=start,
+                num_external_cached_tokens=0,
             )
         vreq.status = VllmStatus.RUNNING
         vreq.num_computed_tokens = start
@@ -311,7 +322,9 @@ class LlmschedScheduler(SchedulerInterface):
             return req.num_output_placeholders
         return req.num_output_placeholders - 1 - len(spec.get(req.request_id, ()))
 
-    def _cached_data(self, out: SchedulerOutput, running: list, resumed: list, starts: dict) -> CachedRequestData:
+    def _cached_data(
+        self, out: SchedulerOutput, running: list, resumed: list, starts: dict
+    ) -> CachedRequestData:
         """CachedRequestData: running requests in order, then those resumed after preemption."""
         spec = out.spec_decode_tokens
         req_ids, new_block_ids, all_token_ids, computed, num_output = [], [], {}, [], []
@@ -338,7 +351,14 @@ class LlmschedScheduler(SchedulerInterface):
         )
 
     def _cached_counts(
-        self, rid: str, req: Request, starts: dict, spec: dict, all_ids: dict, computed: list, num_output: list
+        self,
+        rid: str,
+        req: Request,
+        starts: dict,
+        spec: dict,
+        all_ids: dict,
+        computed: list,
+        num_output: list,
     ) -> None:
         vreq = self.requests[rid]
         if not self.use_v2_model_runner and rid not in self._prev_scheduled:
@@ -380,10 +400,14 @@ class LlmschedScheduler(SchedulerInterface):
                 outputs_for.append(self._emit(req, new, stopped, mro, estimate))
         for req in res.finished:
             if req.request_id in self.requests:  # declined or failed without being scheduled
-                outputs[self.requests[req.request_id].client_index].append(self._emit(req, [], True, mro, estimate))
+                outputs[self.requests[req.request_id].client_index].append(
+                    self._emit(req, [], True, mro, estimate)
+                )
         return self._engine_outputs(outputs, spec_stats)
 
-    def _emit(self, req: Request, new: list[int], stopped: bool, mro: Any, estimate: dict) -> EngineCoreOutput:
+    def _emit(
+        self, req: Request, new: list[int], stopped: bool, mro: Any, estimate: dict
+    ) -> EngineCoreOutput:
         """One request's EngineCoreOutput; mirrors its tokens and status onto the vLLM request."""
         rid = req.request_id
         vreq = self.requests[rid]
@@ -470,7 +494,9 @@ class LlmschedScheduler(SchedulerInterface):
             req.spec_token_ids = [] if req.is_prefill_chunk else list(drafts)
             self.requests[rid].spec_token_ids = req.spec_token_ids
 
-    def update_draft_token_ids_in_output(self, draft_token_ids: Any, scheduler_output: VllmSchedulerOutput) -> None:
+    def update_draft_token_ids_in_output(
+        self, draft_token_ids: Any, scheduler_output: VllmSchedulerOutput
+    ) -> None:
         """Async mode: the real drafts in place of a step's placeholders."""
         sched = scheduler_output.scheduled_spec_decode_tokens
         for rid, drafts in zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids):
@@ -487,7 +513,9 @@ class LlmschedScheduler(SchedulerInterface):
 
     # ---- statistics and housekeeping -----------------------------------------
 
-    def make_stats(self, spec_decoding_stats: SpecDecodingStats | None = None, *args: Any, **kwargs: Any) -> Any:
+    def make_stats(
+        self, spec_decoding_stats: SpecDecodingStats | None = None, *args: Any, **kwargs: Any
+    ) -> Any:
         """SchedulerStats for vLLM's loggers (None unless log_stats)."""
         if not self.log_stats:
             return None
@@ -509,7 +537,14 @@ class LlmschedScheduler(SchedulerInterface):
         now = self.core.prefix_cache_stats
         seen = self._stats_seen
         delta = PrefixCacheStats()
-        for name in ("requests", "queries", "hits", "preempted_requests", "preempted_queries", "preempted_hits"):
+        for name in (
+            "requests",
+            "queries",
+            "hits",
+            "preempted_requests",
+            "preempted_queries",
+            "preempted_hits",
+        ):
             setattr(delta, name, getattr(now, name) - getattr(seen, name))
             setattr(seen, name, getattr(now, name))
         return delta
