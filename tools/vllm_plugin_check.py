@@ -153,6 +153,24 @@ def coverage(steps: list[dict]) -> dict:
     return seen
 
 
+def refusals(drive, tmp: Path) -> dict:
+    """Configurations our class must refuse when vLLM builds it: the error line of each."""
+    base = {"requests": _reqs(2, 20, 4)}
+    cases = {
+        "refuse_hybrid": {"mamba": True},
+        "refuse_kv_connector": {"kv_connector": {"role": "kv_consumer"}},
+    }
+    out = {}
+    for name, knobs in cases.items():
+        wl = dict(base, config=dict(knobs, scheduler_cls=OURS))
+        try:
+            _run(drive, wl, tmp / name)
+            out[name] = {"refused": None}
+        except ValueError as e:
+            out[name] = {"refused": str(e)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", nargs="*", default=None, help="workload names (default: all)")
@@ -175,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             runs["control_sjf/sync"] = compare(
                 drive_vllm, "control", wl, tmp, {"additional_config": {"llmsched": {"policy": "sjf"}}}
             )
+            runs.update(refusals(drive_vllm, tmp))
     print(json.dumps({"runs": runs}, indent=1))
     return 0
 

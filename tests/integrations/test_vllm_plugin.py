@@ -98,6 +98,10 @@ def test_every_step_equals_vllm_033s_own_scheduler() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = json.loads(proc.stdout)["runs"]
     control = runs.pop("control_sjf/sync")
+    hybrid = runs.pop("refuse_hybrid")["refused"]
+    connector = runs.pop("refuse_kv_connector")["refused"]
+    assert hybrid and "2 KV cache groups" in hybrid and "not supported" in hybrid
+    assert connector and "KV connector" in connector and "not supported" in connector
     # The comparison can fail: our SJF policy admits in another order.
     assert not control["identical"] and control["first_difference"]
     assert len(runs) == 12
