@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo chat test lint bench docs clean
+.PHONY: demo chat test test-vllm lint bench docs clean
 
 $(STAMP): pyproject.toml tools/system_libs.sh
 	bash tools/system_libs.sh
@@ -32,6 +32,14 @@ chat: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# llmsched's scheduler inside vLLM (scheduler_cls), checked step by step against
+# vLLM 0.33's own scheduler. Builds the reference environment first
+# (VLLM_REF_VENV, default ../vllm-ref-venv beside the repository; minutes).
+VLLM_REF_VENV ?= $(abspath ..)/vllm-ref-venv
+test-vllm: $(STAMP)
+	bash tools/setup_vllm_ref.sh $(VLLM_REF_VENV)
+	LLMSCHED_VLLM_PYTHON=$(VLLM_REF_VENV)/bin/python $(BIN)/python -m pytest tests/integrations -rs
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks tools

@@ -162,6 +162,8 @@ DEFAULTS = {
     "max_loras": None,
     "scheduler_extra": {},
     "cache_extra": {},
+    "scheduler_cls": None,
+    "additional_config": None,
 }
 
 VOCAB = 32000
@@ -245,7 +247,43 @@ def tstats(xs_ns: list[int]) -> dict:
     }
 
 
-def main() -> int:
+def normalise(obj, depth: int = 0):
+    """A JSON-able, order-keeping form of a vLLM output object, field by field.
+
+    Dicts keep their order ([[key, value], ...]), sets are sorted, events keep
+    only their type (timestamps differ between runs), and objects without a
+    simpler form (SamplingParams, LoRARequest) are compared by their repr."""
+    import dataclasses
+    import enum
+    if depth > 8:
+        return repr(obj)
+    if isinstance(obj, enum.Enum):
+        return obj.name
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    if isinstance(obj, float):
+        return round(obj, 9)
+    if isinstance(obj, (set, frozenset)):
+        return sorted((normalise(x, depth + 1) for x in obj), key=repr)
+    if isinstance(obj, dict):
+        return [[normalise(k, depth + 1), normalise(v, depth + 1)] for k, v in obj.items()]
+    if isinstance(obj, (list, tuple)):
+        return [normalise(x, depth + 1) for x in obj]
+    name = type(obj).__name__
+    if name == "EngineCoreEvent":
+        return ["event", normalise(obj.type)]
+    fields = None
+    if dataclasses.is_dataclass(obj):
+        fields = [f.name for f in dataclasses.fields(obj)]
+    elif hasattr(obj, "__struct_fields__") and name not in ("SamplingParams",):
+        fields = list(obj.__struct_fields__)
+    if fields is None:
+        return [name, repr(obj)]
+    # Wall-clock stamps differ between any two runs.
+    return [name, {f: normalise(getattr(obj, f), depth + 1) for f in fields if f != "timestamp"}]
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("workload")
     ap.add_argument("trace")
@@ -256,7 +294,10 @@ def main() -> int:
     ap.add_argument("--no-detail", action="store_true",
                     help="do not write per-request lists in the trace")
     ap.add_argument("--max-steps", type=int, default=10_000_000)
-    args = ap.parse_args()
+    ap.add_argument("--dump", default=None,
+                    help="also write every SchedulerOutput and EngineCoreOutputs, "
+                         "normalised field by field, one JSON line per step")
+    args = ap.parse_args(argv)
 
     t_start = time.perf_counter()
     with open(args.workload) as f:
@@ -388,6 +429,7 @@ def main() -> int:
         # No vllm._C / no GPU: vLLM resolves an UnspecifiedPlatform here, which
         # cannot infer a device type, so name one.
         device_config=DeviceConfig(device="cpu"),
+        additional_config=cfg["additional_config"] or {},
     )
     # VllmConfig.__post_init__ may adjust knobs; report what is in force.
     num_blocks = int(cfg["num_gpu_blocks"])
@@ -414,6 +456,10 @@ def main() -> int:
     vllm_config.cache_config.num_gpu_blocks = num_blocks
     async_mode = bool(vllm_config.scheduler_config.async_scheduling)
     sched_cls = AsyncScheduler if async_mode else Scheduler
+    if cfg["scheduler_cls"]:
+        # Another SchedulerInterface (e.g. llmsched's), built as EngineCore builds it.
+        vllm_config.scheduler_config.scheduler_cls = cfg["scheduler_cls"]
+        sched_cls = vllm_config.scheduler_config.get_scheduler_cls()
     scheduler = sched_cls(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
@@ -425,13 +471,14 @@ def main() -> int:
     )
     # The order vLLM preempts in: its SchedulerOutput keeps only a set of ids.
     preempt_order: list[str] = []
-    _preempt = scheduler._preempt_request
+    _preempt = getattr(scheduler, "_preempt_request", None)
 
     def _recording_preempt(request, *a, **kw):
         preempt_order.append(request.request_id)
         return _preempt(request, *a, **kw)
 
-    scheduler._preempt_request = _recording_preempt
+    if _preempt is not None:
+        scheduler._preempt_request = _recording_preempt
     if any(r.get("grammar_steps") is not None for r in reqs_in):
         # No grammar backend here (no tokenizer); the bitmask changes no
         # scheduling decision.
@@ -461,7 +508,7 @@ def main() -> int:
         "use_v2_model_runner": bool(vllm_config.use_v2_model_runner),
         "resolved": {
             "max_num_batched_tokens": sc.max_num_batched_tokens,
-            "max_num_scheduled_tokens": scheduler.max_num_scheduled_tokens,
+            "max_num_scheduled_tokens": getattr(scheduler, "max_num_scheduled_tokens", sc.max_num_batched_tokens),
             "max_num_seqs": sc.max_num_seqs,
             "max_model_len": scheduler.max_model_len,
             "enable_chunked_prefill": sc.enable_chunked_prefill,
@@ -475,8 +522,9 @@ def main() -> int:
             "enable_prefix_caching": vllm_config.cache_config.enable_prefix_caching,
             "prefix_caching_hash_algo": vllm_config.cache_config.prefix_caching_hash_algo,
             "log_stats": bool(cfg["log_stats"]),
-            "max_num_encoder_input_tokens": scheduler.max_num_encoder_input_tokens,
-            "encoder_cache_size": scheduler.encoder_cache_manager.cache_size,
+            "max_num_encoder_input_tokens": getattr(scheduler, "max_num_encoder_input_tokens", 0),
+            "encoder_cache_size": scheduler.encoder_cache_manager.cache_size
+            if hasattr(scheduler, "encoder_cache_manager") else 0,
             "disable_chunked_mm_input": sc.disable_chunked_mm_input,
             "mamba": bool(cfg["mamba"]),
             "mamba_cache_mode": vllm_config.cache_config.mamba_cache_mode,
@@ -586,6 +634,7 @@ def main() -> int:
 
     detail = not args.no_detail
     out = open(args.trace, "w")
+    dump = open(args.dump, "w") if args.dump else None
     out.write(json.dumps({"header": header}) + "\n")
 
     step = 0
@@ -745,6 +794,11 @@ def main() -> int:
         if rec["num_running"] >= steady_thr:
             steady_upd.append(upd_ns)
             steady_upd_cpu.append(upd_cpu_ns)
+        so_dump = rec.pop("_dump", None)
+        if dump is not None:
+            dump.write(json.dumps({"step": rec["step"], "scheduler_output": so_dump,
+                                   "engine_core_outputs": normalise(outs)},
+                                  separators=(",", ":")) + "\n")
         out.write(json.dumps(rec, separators=(",", ":")) + "\n")
 
     t_loop = time.perf_counter()
@@ -771,6 +825,7 @@ def main() -> int:
             t0 = time.perf_counter_ns()
             preempt_order.clear()
             so = scheduler.schedule()
+            so_dump = normalise(so) if dump is not None else None
             sched_ns = time.perf_counter_ns() - t0
             sched_cpu_ns = time.thread_time_ns() - c0
             # Mirrors EngineCore.step(): grammar bitmask (no-op here), untimed.
@@ -780,8 +835,10 @@ def main() -> int:
                 nonempty_steps += 1
             nr, nw = scheduler.get_request_counts()
             max_running_seen = max(max_running_seen, nr)
-            # vLLM's preemption order (the set in SchedulerOutput has the same ids).
-            preempted = list(preempt_order)
+            # vLLM's preemption order (the set in SchedulerOutput has the same ids);
+            # a scheduler without _preempt_request may list its own order.
+            preempted = list(preempt_order) if _preempt is not None else list(
+                getattr(scheduler, "last_preempted", so.preempted_req_ids or ()))
             assert set(preempted) == set(so.preempted_req_ids), (preempted, so.preempted_req_ids)
             total_preemptions += len(preempted)
             adm = admitted_of(so)
@@ -798,6 +855,8 @@ def main() -> int:
                 "schedule_ns": sched_ns,
                 "schedule_cpu_ns": sched_cpu_ns,
             }
+            if so_dump is not None:
+                rec["_dump"] = so_dump
             if detail:
                 rec["sched"] = [[k, v] for k, v in so.num_scheduled_tokens.items()]
                 rec["blocks"] = blocks_of(so)
@@ -854,6 +913,8 @@ def main() -> int:
         step += 1
     loop_s = time.perf_counter() - t_loop
     out.close()
+    if dump is not None:
+        dump.close()
 
     summary = {
         "vllm_version": header["vllm_version"],
@@ -901,12 +962,13 @@ def main() -> int:
     if args.summary:
         with open(args.summary, "w") as f:
             f.write(js + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    main()
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip interpreter teardown: triton (pulled in via xgrammar) prints
     # nanobind leak warnings at exit; nothing is left to flush.
     os._exit(0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Bridges to other serving engines; each imports its engine only inside its own package."""
