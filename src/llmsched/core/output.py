@@ -93,6 +93,10 @@ class ModelRunnerOutput:
     # Speculative decoding: drafts the executor really verified per request
     # (async placeholders with no draft behind them are not), for statistics.
     num_drafts_verified: Sequence[int] | None = None
+    # Requests asking for prompt logprobs: request id -> (first position,
+    # entries), one entry per prompt position from there (the entry for
+    # position p is the logprob of prompt token p, from the logits at p - 1).
+    prompt_logprobs: dict[str, tuple[int, list[object]]] | None = None
 
 
 @dataclass(slots=True)

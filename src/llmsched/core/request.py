@@ -153,7 +153,8 @@ class Request:
         self.lora_id = lora_id
         self.lora_name = lora_name if lora_name is not None else (str(lora_id) if lora_id else None)
         self.cache_salt = cache_salt
-        self.skip_prefix_cache = skip_prefix_cache
+        # Either says so: a request asking for prompt logprobs computes every position.
+        self.skip_prefix_cache = skip_prefix_cache or bool(params.skip_reading_prefix_cache)
         # Who sent it, for fair-share policies and per-tenant metrics.
         self.tenant = tenant
         # Encoder inputs (images), sorted by offset; their embeddings fill

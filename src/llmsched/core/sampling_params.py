@@ -29,6 +29,11 @@ class SamplingParams:
     output (a JSON schema, regex, choice or grammar; a dict is converted).
     ``n`` completions are generated per prompt, each an independent request
     sharing the prompt; with a ``seed``, completion i samples with seed + i.
+    ``prompt_logprobs`` asks for each prompt position's logprob (the first is
+    None), the prompt token's own and the top-N, as in vLLM.
+    ``skip_reading_prefix_cache`` stops the request from reading the prefix
+    cache (it still writes its blocks); None means "when prompt_logprobs is
+    set", so every prompt position is computed.
     """
 
     max_tokens: int = 16
@@ -50,6 +55,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
+    prompt_logprobs: int | None = None
+    skip_reading_prefix_cache: bool | None = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -98,6 +105,7 @@ class SamplingParams:
             not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS
         ):
             _fail("logprobs", self.logprobs, f"must be an integer in [0, {MAX_LOGPROBS}]")
+        self._check_prompt_logprobs()
         for name in (
             "ignore_eos",
             "include_stop_str_in_output",
@@ -114,6 +122,19 @@ class SamplingParams:
             self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
         if not _is_int(self.n) or self.n < 1:
             _fail("n", self.n, "must be an integer >= 1 (the number of completions per prompt)")
+
+    def _check_prompt_logprobs(self) -> None:
+        if self.prompt_logprobs is True:
+            self.prompt_logprobs = 1
+        if self.prompt_logprobs is not None and (
+            not _is_int(self.prompt_logprobs) or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS
+        ):
+            _fail("prompt_logprobs", self.prompt_logprobs, f"must be an integer in [0, {MAX_LOGPROBS}]")
+        if self.skip_reading_prefix_cache is None:
+            # A cache hit would leave the hit positions without logprobs.
+            self.skip_reading_prefix_cache = self.prompt_logprobs is not None
+        elif not isinstance(self.skip_reading_prefix_cache, bool):
+            _fail("skip_reading_prefix_cache", self.skip_reading_prefix_cache, "must be true, false or None")
 
     @property
     def greedy(self) -> bool:

@@ -27,7 +27,7 @@ from llmsched.core.policy import Policy, Verdict, WaitingQueue, make_policy
 from llmsched.core.remote_kv import RemoteKV
 from llmsched.core.request import Request, RequestStatus, check_stop
 from llmsched.core.session import Sessions
-from llmsched.core.trace import MAX_LISTED_WAITING, Reason, StepTrace
+from llmsched.core.trace import MAX_LISTED_WAITING, PREFIX_CACHE_NOT_READ, Reason, StepTrace
 
 _RUNNING = RequestStatus.RUNNING
 _WAITING = RequestStatus.WAITING
@@ -1406,6 +1406,8 @@ class Scheduler:
                 + (f" with a prefix-cache hit of {start} tokens, " if start else ", ")
                 + what
             )
+            if req.skip_prefix_cache and self.kv.enable_caching:
+                what += f", {PREFIX_CACHE_NOT_READ}"
         if n < wanted:
             if threshold and n == threshold:
                 what += f", capped by long_prefill_token_threshold={threshold}"

@@ -13,6 +13,12 @@ from dataclasses import dataclass, field
 # this many; the rest are only counted, so a deep queue cannot bloat a step.
 MAX_LISTED_WAITING = 32
 
+# Why an admitted request got no prefix-cache hit although caching is on
+# (said in its SCHEDULED entry's detail, which is where hits are told).
+PREFIX_CACHE_NOT_READ = (
+    "prefix cache not read (skip_reading_prefix_cache: prompt logprobs need every position)"
+)
+
 
 class Reason(str, enum.Enum):
     """Outcome of one request in one step."""

@@ -424,6 +424,8 @@ class LLMEngine:
             parent=parent,
             index=index,
         )
+        if params.prompt_logprobs is not None:
+            self._states[request_id].want_prompt_logprobs(len(spec.ids))
 
     def _report(self, st: RequestState, out: RequestOutput | None) -> RequestOutput | None:
         """What the caller sees of a request's output: itself, or for a child what its parent reports."""
@@ -629,6 +631,12 @@ class LLMEngine:
             if st is not None and math.isnan(st.metrics.first_scheduled_time):
                 st.metrics.first_scheduled_time = es.schedule_time
         logprobs_by_id = self._logprobs_by_id(es)
+        prompt_lps = es.model_output.prompt_logprobs
+        if prompt_lps:
+            for rid, (first, entries) in prompt_lps.items():
+                st = states.get(rid)
+                if st is not None:
+                    st.add_prompt_logprobs(first, entries, self._decode_one)
         outputs: list[RequestOutput] = failed
         for req in es.outputs.updated:
             st = states.get(req.request_id)

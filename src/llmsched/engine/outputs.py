@@ -110,8 +110,10 @@ class RequestOutput:
     error: str | None = None
     # A prefill instance's answer for its decode instance (disaggregated prefill/decode).
     kv_transfer_params: dict | None = None
-    # Not computed by llmsched; present so code written for vLLM reads None.
-    prompt_logprobs: list | None = None
+    # Asked for with SamplingParams.prompt_logprobs: per prompt position (the
+    # first None) the prompt token's Logprob and the top-N, as vLLM gives them;
+    # reported once every position is computed (a DELTA stream: once).
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
     @property
     def turn_finished(self) -> bool:

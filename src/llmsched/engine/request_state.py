@@ -46,6 +46,48 @@ class RequestState:
     parent: ParentRequest | None = None
     # The child's index among its parent's n (its CompletionOutput.index).
     index: int = 0
+    # Asked for prompt logprobs: one entry per prompt position (None for the
+    # first), filled chunk by chunk; reported once the last position is in.
+    # Positions a prefix-cache hit covered (skip_reading_prefix_cache=False)
+    # were never computed and stay None.
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    prompt_logprobs_done: bool = False
+    prompt_logprobs_sent: bool = False
+
+    def want_prompt_logprobs(self, num_prompt_tokens: int) -> None:
+        """Start collecting the prompt's logprobs (position 0 has none)."""
+        self.prompt_logprobs = [None] * num_prompt_tokens
+        self.prompt_logprobs_done = num_prompt_tokens <= 1
+
+    def add_prompt_logprobs(
+        self, first: int, entries: Sequence[object], decode_one: Callable[[int], str] | None
+    ) -> None:
+        """Record the executor's logprobs for prompt positions ``first``, ``first + 1``, ..."""
+        plp = self.prompt_logprobs
+        if plp is None:
+            return
+        for pos, entry in enumerate(entries, first):
+            # A recomputed chunk (after a preemption) brings positions already in.
+            if pos >= len(plp) or plp[pos] is not None:
+                continue
+            d = _to_logprob_dict(entry)
+            if decode_one is not None:
+                for tid, lp in d.items():
+                    if lp.decoded_token is None:
+                        lp.decoded_token = decode_one(tid)
+            plp[pos] = d
+        # Chunks run in order: the last position means the prompt is through.
+        self.prompt_logprobs_done = plp[-1] is not None
+
+    def _prompt_logprobs_to_report(self) -> list[dict[int, Logprob] | None] | None:
+        """Complete prompt logprobs for this output (a DELTA stream gets them once), else None."""
+        if self.prompt_logprobs is None or not self.prompt_logprobs_done:
+            return None
+        if self.output_kind is RequestOutputKind.DELTA:
+            if self.prompt_logprobs_sent:
+                return None
+            self.prompt_logprobs_sent = True
+        return self.prompt_logprobs
 
     def new_token_ids(self) -> list[int]:
         """Output tokens the scheduler appended since the last call."""
@@ -143,6 +185,7 @@ class RequestState:
             finished=finished,
             metrics=self.metrics,
             num_cached_tokens=max(req.num_cached_tokens, 0),
+            prompt_logprobs=self._prompt_logprobs_to_report(),
         )
 
 

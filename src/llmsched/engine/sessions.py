@@ -71,6 +71,10 @@ def check_session_params(request_id: str, params: SamplingParams, output_kind: R
         raise RequestRejected(
             f"session {request_id!r}: structured outputs are not supported with streaming input"
         )
+    if params.prompt_logprobs is not None:
+        raise RequestRejected(
+            f"session {request_id!r}: prompt_logprobs are not supported with streaming input"
+        )
 
 
 def add_input(

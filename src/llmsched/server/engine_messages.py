@@ -104,6 +104,8 @@ class OutputDelta:
     final: tuple[float, float, float, float, int, int] | None = None
     # A prefill instance's answer for the decode instance (final output only).
     kv_transfer_params: dict | None = None
+    # Asked for: the prompt's logprobs (first position None), in one output only.
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
     @classmethod
     def of(cls, out: RequestOutput) -> OutputDelta:
@@ -131,6 +133,7 @@ class OutputDelta:
             out.num_cached_tokens,
             final,
             out.kv_transfer_params,
+            out.prompt_logprobs,
         )
 
 
@@ -231,7 +234,7 @@ def encode_batch(batch: StepBatch) -> tuple:
     """A StepBatch as nested plain tuples (for the pipe)."""
     outs = [
         (o.request_id, o.text, o.token_ids, o.logprobs, o.finished, o.finish_reason, o.stop_reason,
-         o.num_cached_tokens, o.final, o.kv_transfer_params)
+         o.num_cached_tokens, o.final, o.kv_transfer_params, o.prompt_logprobs)
         for o in batch.outputs
     ]  # fmt: skip
     snap = batch.snapshot

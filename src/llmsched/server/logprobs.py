@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from llmsched.engine.outputs import Logprob
 
@@ -30,19 +30,32 @@ def _top(entry: dict[int, Logprob], n: int) -> list[tuple[int, Logprob]]:
 class CompletionLogprobs:
     """Builds ``choices[].logprobs`` for /v1/completions, delta by delta (text offsets run on)."""
 
-    __slots__ = ("num_top", "offset")
+    __slots__ = ("decode", "num_top", "offset")
 
-    def __init__(self, num_top: int) -> None:
+    def __init__(self, num_top: int, decode: Callable[[int], str] | None = None) -> None:
         self.num_top = num_top
         self.offset = 0
+        # The text of a token without logprobs (an echoed prompt's first token).
+        self.decode = decode
 
-    def format(self, token_ids: Sequence[int], entries: Sequence[dict[int, Logprob]]) -> dict:
-        """{"tokens", "token_logprobs", "top_logprobs", "text_offset"} for these tokens."""
+    def format(self, token_ids: Sequence[int], entries: Sequence[dict[int, Logprob] | None]) -> dict:
+        """{"tokens", "token_logprobs", "top_logprobs", "text_offset"} for these tokens.
+
+        A None entry (the first prompt token when echoed) gets null logprobs, as in vLLM.
+        """
         tokens: list[str] = []
-        token_lps: list[float] = []
-        tops: list[dict[str, float]] = []
+        token_lps: list[float | None] = []
+        tops: list[dict[str, float] | None] = []
         offsets: list[int] = []
         for tid, entry in zip(token_ids, entries):
+            if entry is None:
+                text = self.decode(tid) if self.decode is not None else _text(tid, None)
+                tokens.append(text)
+                token_lps.append(None)
+                tops.append(None)
+                offsets.append(self.offset)
+                self.offset += len(text)
+                continue
             chosen = entry.get(tid)
             text = _text(tid, chosen)
             tokens.append(text)
@@ -80,3 +93,16 @@ def chat_logprobs(
             }
         )
     return content
+
+
+def prompt_logprobs_json(entries: Sequence[dict[int, Logprob] | None]) -> list[dict | None]:
+    """vLLM's ``prompt_logprobs`` field: per position null or {token id: {logprob, rank, decoded_token}}."""
+    return [
+        None
+        if entry is None
+        else {
+            str(tid): {"logprob": _lp(lp.logprob), "rank": lp.rank, "decoded_token": lp.decoded_token}
+            for tid, lp in entry.items()
+        }
+        for entry in entries
+    ]

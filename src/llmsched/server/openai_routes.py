@@ -16,6 +16,7 @@ from llmsched.server.sampling import (
     check_chat,
     check_completion,
     check_prompt_len,
+    prompt_logprobs_of,
     resolve_max_tokens,
     structured_outputs_for,
 )
@@ -64,16 +65,29 @@ def openai_router(state: ServerState) -> APIRouter:
         check_completion(body)
         ids = completion_prompt_ids(body.prompt, state.tokenizer, state.vocab_size)
         check_prompt_len(len(ids), state.limits, "prompt")
-        max_tokens = resolve_max_tokens(body.max_tokens, len(ids), state.limits, "max_tokens")
+        # As vLLM: echo with max_tokens 0 still samples one token, then shows only the prompt.
+        echo_only = bool(body.echo) and body.max_tokens == 0
+        requested = 1 if echo_only else body.max_tokens
+        max_tokens = resolve_max_tokens(requested, len(ids), state.limits, "max_tokens")
+        prompt_lps = prompt_logprobs_of(body, state.limits.max_logprobs)
+        if prompt_lps is None and body.echo:
+            prompt_lps = body.logprobs
         params = build_sampling_params(
             body,
             max_tokens=max_tokens,
             logprobs=body.logprobs,
             limits=state.limits,
             structured_outputs=structured_outputs_for(body),
+            prompt_logprobs=prompt_lps,
         )
         rid = state.engine.new_request_id("cmpl")
         fmt = CompletionFormatter(rid, state.response_model(body.model), len(ids), body.logprobs)
+        fmt.echo_only = echo_only
+        if body.echo and body.logprobs is not None:
+            fmt.echo_ids = list(ids)
+        if state.tokenizer is not None:
+            tok = state.tokenizer
+            fmt.decode_token = lambda t: tok.decode([t], skip_special_tokens=False)
         return await generate(state, rid, ids, params, body, fmt, "prompt")
 
     @router.post("/v1/chat/completions", responses=_ERRORS)  # type: ignore[arg-type]
@@ -105,7 +119,12 @@ def openai_router(state: ServerState) -> APIRouter:
         max_tokens = resolve_max_tokens(requested, prompt_len, state.limits, param)
         num_top = (body.top_logprobs or 0) if body.logprobs else None
         params = build_sampling_params(
-            body, max_tokens=max_tokens, logprobs=num_top, limits=state.limits, structured_outputs=constraint
+            body,
+            max_tokens=max_tokens,
+            logprobs=num_top,
+            limits=state.limits,
+            structured_outputs=constraint,
+            prompt_logprobs=prompt_logprobs_of(body, state.limits.max_logprobs),
         )
         rid = state.engine.new_request_id("chatcmpl")
         name = state.response_model(body.model)

@@ -68,7 +68,8 @@ class CompletionRequest(SamplingFields):
     """POST /v1/completions."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)
+    # 0 only with echo: the prompt (and its logprobs) alone is the answer.
+    max_tokens: int | None = Field(16, ge=0)
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool | None = False
     suffix: str | None = None

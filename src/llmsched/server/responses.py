@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from llmsched.engine.outputs import Logprob
 from llmsched.server.engine_messages import OutputDelta
-from llmsched.server.logprobs import CompletionLogprobs, chat_logprobs
+from llmsched.server.logprobs import CompletionLogprobs, chat_logprobs, prompt_logprobs_json
 
 DONE = b"data: [DONE]\n\n"
 
@@ -35,6 +35,7 @@ class Delta:
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
     kv_transfer_params: dict | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
     def add(self, outs: Sequence[OutputDelta]) -> None:
         """Append these outputs' text, tokens and logprobs; keep the finish of the last."""
@@ -49,6 +50,8 @@ class Delta:
             self.num_cached_tokens = out.num_cached_tokens
             if out.kv_transfer_params is not None:
                 self.kv_transfer_params = out.kv_transfer_params
+            if out.prompt_logprobs is not None:
+                self.prompt_logprobs = out.prompt_logprobs
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
@@ -82,6 +85,10 @@ class Formatter:
         self.with_token_ids = False
         # Completions' echo: the prompt text, sent before the first generated text.
         self.echo: str | None = None
+        # Echo with logprobs: the prompt's ids, whose logprobs come before the
+        # generated tokens'; echo with max_tokens 0: the prompt alone is the answer.
+        self.echo_ids: list[int] | None = None
+        self.echo_only = False
 
     def _echoed(self, text: str) -> str:
         if self.echo is None:
@@ -96,6 +103,8 @@ class Formatter:
         f.index = index
         f.with_token_ids = self.with_token_ids
         f.echo = self.echo
+        f.echo_ids = self.echo_ids
+        f.echo_only = self.echo_only
         if self.prompt_token_ids is not None:
             f.prompt_token_ids = list(self.prompt_token_ids)
         return f
@@ -161,17 +170,43 @@ class CompletionFormatter(Formatter):
     def __init__(self, request_id: str, model: str, prompt_len: int, num_top_logprobs: int | None) -> None:
         super().__init__(request_id, model, prompt_len, num_top_logprobs)
         self._lp = CompletionLogprobs(num_top_logprobs) if num_top_logprobs is not None else None
+        # Decodes one token id (set where a tokenizer exists): echoed tokens without logprobs.
+        self.decode_token: Callable[[int], str] | None = None
 
-    def _logprobs(self, d: Delta) -> dict | None:
+    def fork(self, index: int) -> Formatter:
+        """As Formatter.fork, keeping the token decoder."""
+        f = super().fork(index)
+        assert isinstance(f, CompletionFormatter)
+        f.decode_token = self.decode_token
+        if f._lp is not None:
+            f._lp.decode = self.decode_token
+        return f
+
+    def _shown(self, d: Delta) -> tuple[str, list[int], list]:
+        """Text, token ids and logprob entries this delta shows: the echoed prompt's first (once)."""
+        if self.echo is None:
+            return d.text, d.token_ids, d.logprobs
+        only = self.echo_only
+        text = self._echoed("" if only else d.text)
+        ids = [] if only else list(d.token_ids)
+        entries: list = [] if only else list(d.logprobs)
+        if self.echo_ids is not None:
+            ids = self.echo_ids + ids
+            entries = list(d.prompt_logprobs or [None] * len(self.echo_ids)) + entries
+        return text, ids, entries
+
+    def _logprobs(self, ids: list[int], entries: list) -> dict | None:
         if self._lp is None:
             return None
-        return self._lp.format(d.token_ids, d.logprobs)
+        if self._lp.decode is None:
+            self._lp.decode = self.decode_token
+        return self._lp.format(ids, entries)
 
     def chunk(self, d: Delta) -> dict | None:
         """A text_completion chunk."""
         self._count(d)
-        lp = self._logprobs(d) if d.token_ids else None
-        text = self._echoed(d.text)
+        text, ids, entries = self._shown(d)
+        lp = self._logprobs(ids, entries) if ids else None
         if not text and d.finish_reason is None and not (lp and lp["tokens"]) and not self._has_ids(d):
             return None
         choice = {
@@ -186,14 +221,16 @@ class CompletionFormatter(Formatter):
     def final(self, d: Delta) -> dict:
         """The text_completion response."""
         self._count(d)
-        lp = self._logprobs(d)
+        text, ids, entries = self._shown(d)
         choice = {
             "index": 0,
-            "text": self._echoed(d.text),
-            "logprobs": lp,
+            "text": text,
+            "logprobs": self._logprobs(ids, entries),
             "finish_reason": d.finish_reason,
             "stop_reason": d.stop_reason,
         }
+        if d.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = prompt_logprobs_json(d.prompt_logprobs)
         out = self._envelope(self.object_final, [self._choice(choice, d)])
         out["usage"] = self.usage()
         if d.kv_transfer_params is not None:
@@ -248,6 +285,9 @@ class ChatFormatter(Formatter):
             "stop_reason": d.stop_reason,
         }
         out = self._envelope(self.object_final, [self._choice(choice, d)])
+        if d.prompt_logprobs is not None:
+            # vLLM puts chat's on the response, not the choice.
+            out["prompt_logprobs"] = prompt_logprobs_json(d.prompt_logprobs)
         out["usage"] = self.usage()
         if d.kv_transfer_params is not None:
             out["kv_transfer_params"] = d.kv_transfer_params

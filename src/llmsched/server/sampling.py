@@ -61,14 +61,32 @@ def check_completion(req: CompletionRequest) -> None:
             f"best_of={req.best_of} is not supported; it may only equal n (vLLM 0.33 dropped it)",
             "best_of",
         )
-    if req.echo and req.logprobs is not None:
+    if req.max_tokens == 0 and not req.echo:
         raise APIError(
-            400, "echo with logprobs needs the prompt's logprobs, which llmsched does not compute", "echo"
+            400, "max_tokens=0 is only allowed with echo (the prompt alone is the answer)", "max_tokens"
         )
-    if (req.model_extra or {}).get("prompt_logprobs") is not None:
-        raise APIError(400, "prompt_logprobs is not supported", "prompt_logprobs")
     if req.suffix:
         raise APIError(400, "suffix is not supported", "suffix")
+
+
+def prompt_logprobs_of(req: SamplingFields, max_logprobs: int) -> int | None:
+    """vLLM's extra field ``prompt_logprobs``, checked: an integer in [0, max_logprobs], or None."""
+    value = (req.model_extra or {}).get("prompt_logprobs")
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise APIError(400, f"prompt_logprobs must be an integer, got {value!r}", "prompt_logprobs")
+    if value == -1 or value > max_logprobs:
+        raise APIError(
+            400,
+            f"prompt_logprobs={value} is more than this server returns (at most {max_logprobs})",
+            "prompt_logprobs",
+        )
+    if value < 0:
+        raise APIError(400, f"prompt_logprobs must be a positive value or -1, got {value}", "prompt_logprobs")
+    if req.stream and value > 0:
+        raise APIError(400, "prompt_logprobs are not available when stream is true", "prompt_logprobs")
+    return value
 
 
 def check_chat(req: ChatCompletionRequest) -> None:
@@ -155,6 +173,7 @@ def build_sampling_params(
     logprobs: int | None,
     limits: ModelLimits,
     structured_outputs: StructuredOutputsParams | None = None,
+    prompt_logprobs: int | None = None,
 ) -> SamplingParams:
     """SamplingParams with the model's generation defaults under the request's values."""
     check_request_limits(
@@ -202,6 +221,7 @@ def build_sampling_params(
             skip_special_tokens=req.skip_special_tokens,
             spaces_between_special_tokens=req.spaces_between_special_tokens,
             structured_outputs=structured_outputs,
+            prompt_logprobs=prompt_logprobs,
             **merged,
         )
     except (InvalidSamplingParams, TypeError, ValueError) as e:

@@ -33,6 +33,7 @@ from llmsched.executor.torch.kv_cache import KVCache, KVCachePlan, cdiv, plan_kv
 from llmsched.executor.torch.layers import can_prepack_linears
 from llmsched.executor.torch.lora import LoRAManager
 from llmsched.executor.torch.model import DecoderModel
+from llmsched.executor.torch.prompt_logprobs import prompt_logprobs
 from llmsched.executor.torch.rope import RotaryEmbedding
 from llmsched.executor.torch.sampler import Sampler, TokenLogprobs
 from llmsched.executor.torch.spec.decoder import SpecDecoder
@@ -359,10 +360,18 @@ class TorchExecutor:
             )
             if self.spec is not None:
                 self.spec.observe(input_ids, step)
+            prompt_lps = None
+            if step.prompt_lp:
+                prompt_lps = prompt_logprobs(logits, step.prompt_lp)
+                assert step.sample_pick is not None
+                logits = logits.index_select(0, step.sample_pick)
             if not step.sample_states:
-                return ModelRunnerOutput(sampled_token_ids=[[] for _ in range(num_sched)])
+                empty: list[list[int]] = [[] for _ in range(num_sched)]
+                return ModelRunnerOutput(sampled_token_ids=empty, prompt_logprobs=prompt_lps)
             if self.spec is not None:
-                return self._run_spec(logits, step)
+                out = self._run_spec(logits, step)
+                out.prompt_logprobs = prompt_lps
+                return out
             if self._has_grammars:
                 self._apply_grammars(logits, step.sample_states)
             tokens, lps = self.sampler.sample(logits, step.sample_states)
@@ -377,7 +386,7 @@ class TorchExecutor:
             logprobs = [None] * num_sched
             for i, lp in zip(step.sample_sched_index, lps):
                 logprobs[i] = lp
-        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, prompt_logprobs=prompt_lps)
 
     def _run_spec(self, logits: torch.Tensor, step: StepInputs) -> ModelRunnerOutput:
         """Sampling with speculative decoding: plain rows sampled, drafts verified, next drafts proposed."""

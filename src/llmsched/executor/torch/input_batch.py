@@ -80,6 +80,10 @@ class StepPlan:
     # Speculative decoding: per scheduled request, how many of its last
     # input tokens are drafts to verify (None: none in this step).
     verify: list[int] | None = None
+    # Requests asking for prompt logprobs whose chunk covers prompt positions
+    # before the last: (scheduled index, first position, count, the prompt
+    # tokens those positions predict, top-N).
+    prompt_lp: list[tuple[int, int, int, list[int], int]] = field(default_factory=list)
 
 
 def plan_step(so: SchedulerOutput, verifies_drafts: bool = False) -> StepPlan:
@@ -96,6 +100,7 @@ def plan_step(so: SchedulerOutput, verifies_drafts: bool = False) -> StepPlan:
     counts: list[int] = []
     tokens: list[list[int] | None] = []
     samples: list[bool] = []
+    prompt_lp: list[tuple[int, int, int, list[int], int]] = []
     recompute = so.recompute_from
     for req, n in zip(so.scheduled, so.num_scheduled_tokens):
         start = req.num_computed_tokens - n
@@ -118,8 +123,15 @@ def plan_step(so: SchedulerOutput, verifies_drafts: bool = False) -> StepPlan:
         # Positions past the known tokens are being sampled by a step in flight (a decode's only input).
         tokens.append(req.token_ids[start : start + n] if start < req.num_tokens else None)
         samples.append(not req.is_prefill_chunk)
+        k = req.sampling_params.prompt_logprobs
+        if k is not None:
+            # The last prompt position's logits are the first sample's, as usual.
+            end = min(start + n, req.num_prompt_tokens - 1)
+            if start < end:
+                targets = req.prompt_token_ids[start + 1 : end + 1]
+                prompt_lp.append((len(starts) - 1, start, end - start, targets, k))
     outputs = [r.token_ids[r.num_prompt_tokens :] for r in so.admitted]
-    return StepPlan(so, starts, counts, tokens, samples, outputs)
+    return StepPlan(so, starts, counts, tokens, samples, outputs, prompt_lp=prompt_lp)
 
 
 @dataclass(slots=True)
@@ -154,6 +166,11 @@ class StepInputs:
     mm: Any = None
     # Hybrid models only: the step's Mamba state reads and writes (a hybrid.state.MambaStep).
     mamba: Any = None
+    # Prompt logprobs only: which logits rows the sampler gets (None: all,
+    # the plain case), and per asking request (scheduled index, request id,
+    # first position of its entries, its logits rows, target tokens, top-N).
+    sample_pick: torch.Tensor | None = None
+    prompt_lp: list[tuple[int, str, int, torch.Tensor, list[int], int]] | None = None
 
     def input_ids(self, device: torch.device) -> torch.Tensor:
         """The input tokens, holes filled from the executor's own samples (call once the step before ran)."""
@@ -359,7 +376,7 @@ class InputBatch:
                 [st.request.lora_id for _, _, st in decodes],
                 [(n, st.request.lora_id) for _, n, _, st in prefills],
             )
-        return StepInputs(
+        step = StepInputs(
             num_scheduled=len(so.scheduled),
             token_ids=ids,
             holes=holes,
@@ -370,6 +387,14 @@ class InputBatch:
             lora_spans=lora_spans,
             sched_rows=sched_rows,
         )
+        if plan.prompt_lp:
+            first_rows = {i: r for r, (_, i, _) in enumerate(decodes)}
+            r = nd
+            for _, n, i, _ in prefills:
+                first_rows[i] = r
+                r += n
+            _add_prompt_rows(step, plan, [row for row, _, _ in sample_rows], first_rows, dev)
+        return step
 
     def decode_metadata(self, entries: list[tuple[int, RequestState]]) -> AttentionMetadata:
         """Attention inputs for one token per request at the given positions (ascending), as decodes."""
@@ -421,6 +446,28 @@ class InputBatch:
                 group.lens = lens.to(dev, torch.int64)
             groups.append(group)
         return groups
+
+
+def _add_prompt_rows(
+    step: StepInputs, plan: StepPlan, sample_rows: list[int], first_rows: dict[int, int], dev: torch.device
+) -> None:
+    """Widen the LM head's rows to the prompt positions that want logprobs (ascending, no repeats)."""
+    wanted: list[tuple[int, list[int]]] = []
+    rows = set(sample_rows)
+    for i, start, n, _, _ in plan.prompt_lp:
+        # Recomputed chunks (recompute_from) start at plan.starts[i], before ``start`` perhaps.
+        r0 = first_rows[i] + start - plan.starts[i]
+        own = list(range(r0, r0 + n))
+        wanted.append((i, own))
+        rows.update(own)
+    union = sorted(rows)
+    at = {r: k for k, r in enumerate(union)}
+    step.logits_indices = torch.tensor(union, dtype=torch.int64).to(dev)
+    step.sample_pick = torch.tensor([at[r] for r in sample_rows], dtype=torch.int64).to(dev)
+    step.prompt_lp = []
+    for (i, start, _, targets, k), (_, own) in zip(plan.prompt_lp, wanted):
+        picks = torch.tensor([at[r] for r in own], device=dev)
+        step.prompt_lp.append((i, plan.so.scheduled[i].request_id, start + 1, picks, targets, k))
 
 
 def _position(item: tuple[int, int, RequestState]) -> int:
