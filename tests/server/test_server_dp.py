@@ -141,6 +141,21 @@ def test_loopback_address_port_and_one_api_server_are_taken() -> None:
     assert args.data_parallel_size == 2 and args.data_parallel_backend == "mp"
 
 
+def test_structured_outputs_hold_on_every_rank(server: ServerThread) -> None:
+    so = {"choice": ["alpha", "beta", "gamma"]}
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        outs = list(
+            pool.map(
+                lambda p: complete(
+                    server.base_url, p, structured_outputs=so, ignore_eos=False, max_tokens=16
+                ),
+                PROMPTS[:4],
+            )
+        )
+    texts = [o["choices"][0]["text"] for o in outs]
+    assert all(t in so["choice"] for t in texts), texts
+
+
 # Last: it ends the module's server.
 def test_a_killed_rank_fails_every_request_in_flight_and_the_server_goes_unhealthy(
     server: ServerThread,
