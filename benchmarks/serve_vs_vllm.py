@@ -61,7 +61,18 @@ def llmsched_cmd(args: argparse.Namespace, port: int) -> tuple[list[str], dict]:
     cmd += ["--max-model-len", str(args.max_model_len), "--log-level", "warning"]
     if args.llmsched_threads:
         cmd += ["--num-threads", str(args.llmsched_threads)]
+    if args.data_parallel_size > 1:
+        cmd += ["--data-parallel-size", str(args.data_parallel_size)]
     return cmd, env
+
+
+def llmsched_configuration(args: argparse.Namespace) -> dict:
+    """What `llmsched serve` ran: its data-parallel ranks and torch threads (recorded in the JSON)."""
+    return {
+        "data_parallel_size": args.data_parallel_size,
+        "num_threads": args.llmsched_threads,
+        "command": "llmsched " + " ".join(llmsched_cmd(args, 0)[0][3:]).replace(" --port 0", ""),
+    }
 
 
 def vllm_env(args: argparse.Namespace) -> dict:
@@ -299,6 +310,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--client", choices=("llmsched", "vllm"), default="llmsched", help="who drives both servers"
     )
     p.add_argument("--servers", default="llmsched,vllm", help="comma-separated, in order (default both)")
+    p.add_argument(
+        "--data-parallel-size",
+        "-dp",
+        type=int,
+        default=1,
+        help="llmsched serve's engine ranks (--data-parallel-size; default 1, one engine)",
+    )
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=128)
@@ -326,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.client == "vllm" and not args.vllm_python:
         raise SystemExit("--client vllm needs --vllm-python")
     runs: list[dict] = []
+    if "llmsched" in servers:
+        print(f"llmsched runs: {llmsched_configuration(args)['command']}")
     with tempfile.TemporaryDirectory(prefix="serve_vs_vllm-") as d:
         tmp = Path(d)
         print(f"burst: {args.num_prompts} x {args.input_len}/{args.output_len} tokens, all at once")
@@ -343,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(summary)
     cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     data = {"config": cfg, "servers": servers, "capacity_rps": capacity, "runs": runs, "summary": summary}
+    data["llmsched_configuration"] = llmsched_configuration(args)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(record_cpu(data), indent=2))
     print(f"wrote {args.json}")

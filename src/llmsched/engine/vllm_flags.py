@@ -118,8 +118,8 @@ def _group(action: str, why: str, names: str, *, scope: str = ENGINE, fine: tupl
 
 _ONE_DEVICE = (
     "llmsched runs one model replica per engine and shards nothing across devices; use data "
-    "parallelism instead (--data-parallel-size with `llmsched bench throughput` or `llmsched simulate`, "
-    "or one `llmsched serve` per device behind a load balancer)"
+    "parallelism instead (`llmsched serve --data-parallel-size N`, or --data-parallel-size with "
+    "`llmsched bench throughput` or `llmsched simulate`)"
 )
 _REVERSE_PROXY = "llmsched serves plain HTTP on --host/--port; put a reverse proxy in front for this"
 
@@ -279,29 +279,47 @@ FLAGS: tuple[VllmFlag, ...] = (
     ),
     *_group(
         REFUSE,
-        "`llmsched serve` runs one engine; run one server per device behind a load balancer (real "
-        "data-parallel ranks: `llmsched bench throughput --data-parallel-size`; at scale: "
-        "`llmsched simulate`)",
-        "data_parallel_size:v prefill_schedule_interval:v",
+        "the offline LLM runs one engine; serve data-parallel ranks with `llmsched serve "
+        "--data-parallel-size N` (or measure them with `llmsched bench throughput --data-parallel-size`)",
+        "data_parallel_size:v data_parallel_size_local:v",
+        scope=SERVER,
         fine=(1,),
     ),
     *_group(
         REFUSE,
-        "`llmsched serve` runs one engine on one node; remove the flag",
-        "node_rank:v data_parallel_rank:v data_parallel_start_rank:v",
+        "the offline LLM runs one engine; serve data-parallel ranks with `llmsched serve "
+        "--data-parallel-size N` (or measure them with `llmsched bench throughput --data-parallel-size`)",
+        "data_parallel_start_rank:v",
+        scope=SERVER,
         fine=(0,),
     ),
     *_group(
         REFUSE,
-        "`llmsched serve` runs one engine on one node; remove the flag",
-        "data_parallel_size_local:v",
+        "the offline LLM runs one engine; serve data-parallel ranks with `llmsched serve "
+        "--data-parallel-size N` (or measure them with `llmsched bench throughput --data-parallel-size`)",
+        "data_parallel_address:v data_parallel_rpc_port:v data_parallel_backend:v",
+        scope=SERVER,
+        fine=("mp",),
+    ),
+    *_group(
+        REFUSE,
+        "the prefill cadence is not available in `llmsched serve` yet (it is in `llmsched bench "
+        "throughput --data-parallel-size` and `llmsched simulate`)",
+        "prefill_schedule_interval:v",
         fine=(1,),
     ),
     *_group(
         REFUSE,
-        "`llmsched serve` runs one engine on one node; remove the flag",
-        "data_parallel_address:v data_parallel_rpc_port:v data_parallel_backend:v data_parallel_hybrid_lb:b "
-        "data_parallel_external_lb:b data_parallel_multi_port_external_lb:f device_ids:v",
+        "`llmsched serve` starts every data-parallel rank itself, behind its own API server "
+        "(--data-parallel-size); remove the flag",
+        "node_rank:v data_parallel_rank:v",
+        fine=(0,),
+    ),
+    *_group(
+        REFUSE,
+        "`llmsched serve` balances its data-parallel ranks itself, behind one API server; remove the flag",
+        "data_parallel_hybrid_lb:b data_parallel_external_lb:b data_parallel_multi_port_external_lb:f "
+        "device_ids:v",
         fine=(False,),
     ),
     *_group(
@@ -310,13 +328,6 @@ FLAGS: tuple[VllmFlag, ...] = (
         "balance scheduling for EP deployments can be studied with `llmsched simulate`)",
         "enable_expert_parallel:b enable_eplb:b enable_elastic_ep:b enable_dbo:b",
         fine=(False,),
-    ),
-    *_group(
-        REFUSE,
-        "one API server process serves every request here; remove the flag",
-        "api_server_count:v",
-        scope=SERVE,
-        fine=(1,),
     ),
     *_group(
         REFUSE,
@@ -415,7 +426,7 @@ FLAGS: tuple[VllmFlag, ...] = (
         "uds:v ssl_keyfile:v ssl_certfile:v ssl_ca_certs:v enable_ssl_refresh:b ssl_cert_reqs:v "
         "ssl_ciphers:v root_path:v middleware:v allow_credentials:b allowed_origins:v allowed_methods:v "
         "allowed_headers:v "
-        "grpc:f grpc_port:v headless:f enable_scale_out:b",
+        "grpc:f grpc_port:v enable_scale_out:b",
         scope=SERVE,
     ),
     *_group(

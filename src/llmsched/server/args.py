@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 
 from llmsched.core.errors import ConfigError
 from llmsched.engine.chat_template import load_chat_template
+from llmsched.server.dp_args import add_dp_serve_args, check_dp_serve
 from llmsched.server.lora_modules import LoRAModule, parse_lora_module
 
 # With no --max-num-queued-requests the queue is still bounded: this many
@@ -68,6 +69,15 @@ class ServerArgs:
     allowed_media_domains: list[str] = field(default_factory=list)
     # The chat template used instead of the model's: a file's path or the template's text.
     chat_template: str | None = None
+    # Data parallelism (vLLM's flags; server/dp_args.py says which settings run).
+    data_parallel_size: int = 1
+    data_parallel_size_local: int | None = None
+    data_parallel_start_rank: int | None = None
+    data_parallel_address: str | None = None
+    data_parallel_rpc_port: int | None = None
+    data_parallel_backend: str = "mp"
+    headless: bool = False
+    api_server_count: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -92,6 +102,7 @@ class ServerArgs:
         self.chat_template = load_chat_template(self.chat_template)
         if self.engine_mode not in ENGINE_MODES:
             raise ConfigError(f"engine_mode={self.engine_mode!r} must be one of {', '.join(ENGINE_MODES)}")
+        check_dp_serve(self)
 
     def _check_limits(self) -> None:
         if not 0.0 < self.kv_cache_metrics_sample <= 1.0:
@@ -209,6 +220,7 @@ class ServerArgs:
             help="the Jinja chat template for chat requests instead of the model's: a file, or the "
             "template's text (as vLLM)",
         )
+        add_dp_serve_args(parser)
         g.add_argument(
             "--log-level",
             "--uvicorn-log-level",

@@ -114,6 +114,8 @@ class AsyncEngine:
         self.admission = AdmissionControl(max_num_queued_requests, max_num_queued_tokens)
         self.observer = observer
         self.snapshot: EngineSnapshot = self.info.snapshot
+        # Data parallelism: each rank's latest snapshot (rank 0's is also ``snapshot``).
+        self.snapshots: dict[int, EngineSnapshot] = {0: self.info.snapshot}
         self._streams: dict[str, RequestStream] = {}
         self._queries: dict[int, asyncio.Future] = {}
         self._tokens = itertools.count()
@@ -281,9 +283,12 @@ class AsyncEngine:
         """Abort a request (client gone); a no-op once it finished. Safe from any thread."""
         self.backend.send(Abort(request_id))
 
-    async def steps(self, last: int, explain: bool = False) -> list[dict]:
-        """The engine loop's latest ``last`` step records (answered between two steps)."""
-        return await self._ask(lambda token: Query(token, last, explain), QUERY_TIMEOUT_S)
+    async def steps(self, last: int, explain: bool = False, rank: int | None = None) -> list[dict]:
+        """The engine loop's latest ``last`` step records (answered between two steps).
+
+        With data parallelism each record names its ``rank``; ``rank`` keeps only that one's.
+        """
+        return await self._ask(lambda token: Query(token, last, explain, rank), QUERY_TIMEOUT_S)
 
     async def lora_op(self, *, load: LoRARequest | None = None, unload: int | None = None) -> str | None:
         """Load or unload an adapter in the engine (between two steps); the error message, or None."""
@@ -354,7 +359,9 @@ class AsyncEngine:
         admission = self.admission
         observer = self.observer
         if batch.snapshot is not None:
-            self.snapshot = batch.snapshot
+            self.snapshots[batch.snapshot.engine] = batch.snapshot
+            if batch.snapshot.engine == 0:
+                self.snapshot = batch.snapshot
             if observer is not None:
                 observer.on_snapshot(batch.snapshot)
         token_time = batch.token_time
@@ -362,6 +369,7 @@ class AsyncEngine:
             st = streams.get(out.request_id)
             if st is None:
                 continue
+            st.rank = batch.rank
             if st.counts_as_queued and (out.token_ids or out.finished):
                 st.counts_as_queued = False
                 admission.started(st.prompt_len)

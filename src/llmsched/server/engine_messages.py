@@ -77,6 +77,8 @@ class Query:
     token: int
     last: int
     explain: bool = False
+    # Data parallelism: only this rank's records (None: every rank's).
+    rank: int | None = None
 
 
 @dataclass(slots=True)
@@ -164,6 +166,8 @@ class EngineSnapshot:
     external_prefix_cache_hits: int = 0
     # Vision-language models: (usage fraction, entries, items found cached, items encoded).
     encoder_cache: tuple[float, int, int, int] | None = None
+    # The data-parallel rank (vLLM's ``engine`` label) whose scheduler this is.
+    engine: int = 0
 
 
 @dataclass(slots=True)
@@ -173,6 +177,8 @@ class StepBatch:
     outputs: list[OutputDelta]
     token_time: float = math.nan
     snapshot: EngineSnapshot | None = None
+    # The data-parallel rank that ran the step.
+    rank: int = 0
 
 
 @dataclass(slots=True)

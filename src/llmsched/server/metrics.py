@@ -17,6 +17,7 @@ timestamps.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator
 
@@ -119,8 +120,9 @@ class ServerMetrics:
         *,
         cache_config: dict[str, str] | None = None,
         kv_cache_metrics: bool = False,
+        engine: int = 0,
     ) -> None:
-        self.labels = {"model_name": model_name, "engine": "0"}
+        self.labels = {"model_name": model_name, "engine": str(engine)}
         self._snapshot = snapshot
         self._admission = admission
         self.cache_config = dict(cache_config or {})
@@ -383,3 +385,68 @@ class ServerMetrics:
             "Prompt tokens of requests without a first token yet; capped by --max-num-queued-tokens.",
             adm.num_queued_tokens,
         )
+
+
+class DataParallelMetrics:
+    """One ServerMetrics per data-parallel rank, exposed together (vLLM's ``engine`` label tells them apart).
+
+    Each output counts on the rank that produced it, each snapshot on its
+    rank. Series without an ``engine`` label (the server's own queue limits,
+    tenants) are the server's, not a rank's, so they appear once.
+    """
+
+    def __init__(
+        self,
+        model_name: str,
+        max_model_len: int,
+        num_ranks: int,
+        snapshot: Callable[[int], EngineSnapshot],
+        admission: Callable[[], AdmissionControl],
+        *,
+        cache_config: dict[str, str] | None = None,
+        kv_cache_metrics: bool = False,
+    ) -> None:
+        self.ranks = [
+            ServerMetrics(
+                model_name,
+                max_model_len,
+                functools.partial(snapshot, r),
+                admission,
+                cache_config=cache_config,
+                kv_cache_metrics=kv_cache_metrics,
+                engine=r,
+            )
+            for r in range(num_ranks)
+        ]
+        for m in self.ranks[1:]:
+            m.tenants = self.ranks[0].tenants
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    def on_output(self, stream: RequestStream, out: OutputDelta, token_time: float) -> None:
+        """Count one output on its rank."""
+        self.ranks[stream.rank].on_output(stream, out, token_time)
+
+    def on_snapshot(self, snap: EngineSnapshot) -> None:
+        """Count a snapshot on its rank."""
+        self.ranks[snap.engine].on_snapshot(snap)
+
+    def on_rejected(self, reason: str) -> None:
+        """Count a request refused by the server's queue limits."""
+        self.ranks[0].on_rejected(reason)
+
+    def render(self) -> bytes:
+        """The Prometheus text format of every rank's metrics."""
+        return generate_latest(self.registry)
+
+    def collect(self) -> Iterator[Metric]:
+        """prometheus_client's collector hook: each family once, with every rank's series."""
+        families: dict[str, Metric] = {}
+        for m in self.ranks:
+            for fam in m.collect():
+                have = families.get(fam.name)
+                if have is None:
+                    families[fam.name] = fam
+                else:
+                    have.samples.extend(s for s in fam.samples if "engine" in s.labels)
+        yield from families.values()

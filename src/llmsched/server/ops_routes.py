@@ -44,10 +44,20 @@ def ops_router(state: ServerState) -> APIRouter:
     async def debug_steps(
         last: int = Query(10, ge=1, le=MAX_DEBUG_STEPS, description="how many of the latest steps"),
         explain: bool = Query(False, description="add each step's human-readable explanation"),
+        rank: int | None = Query(None, ge=0, description="data parallelism: only this rank's steps"),
     ) -> dict:
-        """The latest engine steps: what ran, what was admitted, preempted, aborted, and why."""
+        """The latest engine steps: what ran, what was admitted, preempted, aborted, and why.
+
+        With data parallelism every record names its ``rank``; without ``rank``
+        the latest ``last`` steps of all ranks, by time.
+        """
+        num_ranks = state.args.data_parallel_size
+        if rank is not None and rank >= num_ranks:
+            raise APIError(
+                400, f"rank={rank}: the server runs {num_ranks} data-parallel rank(s), 0 to {num_ranks - 1}"
+            )
         try:
-            steps = await state.engine.steps(last, explain)
+            steps = await state.engine.steps(last, explain, None if num_ranks == 1 else rank)
         except (EngineDead, TimeoutError) as e:
             raise APIError(503, f"the engine did not answer: {e}") from None
         return {"trace_steps": state.engine.info.trace_steps, "steps": steps}

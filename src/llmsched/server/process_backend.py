@@ -107,28 +107,35 @@ class ProcessBackend:
         kv_metrics_sample: float = 0.0,
         start_timeout_s: float = 600.0,
         prefault_kv_cache: bool = False,
+        wait: bool = True,
+        name: str = "llmsched-engine",
     ) -> None:
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self.process = ctx.Process(
             target=engine_process_main,
             args=(child, engine_args, admission_window_ms, trace_steps, kv_metrics_sample, prefault_kv_cache),
-            name="llmsched-engine",
+            name=name,
             daemon=True,
         )
         self.process.start()
         child.close()
         self._send_lock = threading.Lock()
         self._reader: threading.Thread | None = None
+        self._info: EngineInfo | None = None
+        if wait:
+            self.wait_started(start_timeout_s)
+
+    def wait_started(self, timeout_s: float) -> None:
+        """Wait for the engine process to report its engine; ConfigError (process killed) if it does not."""
         msg: object = None
         try:
-            if self._conn.poll(start_timeout_s):
+            if self._conn.poll(timeout_s):
                 msg = self._conn.recv()
         except (EOFError, OSError):
             msg = None
         if not isinstance(msg, EngineInfo):
-            self.process.kill()
-            self.process.join(5)
+            self.kill()
             why = (
                 msg.message
                 if isinstance(msg, Dead)
@@ -137,8 +144,20 @@ class ProcessBackend:
             raise ConfigError(f"the engine did not start: {why}")
         self._info = msg
 
+    def kill(self) -> None:
+        """Kill the engine process at once (a failed start, or another rank's)."""
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(5)
+
+    @property
+    def pid(self) -> int | None:
+        """The engine process's id."""
+        return self.process.pid
+
     def info(self) -> EngineInfo:
         """The engine's facts, as the engine process reported them."""
+        assert self._info is not None, "wait_started() first"
         return self._info
 
     def start(self, deliver: Callable[[object], None]) -> None:

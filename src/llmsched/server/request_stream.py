@@ -85,6 +85,8 @@ class RequestStream:
     input_acks: deque[asyncio.Future] | None = None
     # A session's turn just ended: the wait for its next input is no inter-token gap.
     turn_ended: bool = False
+    # The data-parallel rank serving it (as its outputs say).
+    rank: int = 0
 
     def end_timer(self) -> None:
         """Cancel the timeout timer, if any."""

@@ -16,7 +16,7 @@ from llmsched.server.args import ServerArgs
 from llmsched.server.async_engine import AsyncEngine, Backend
 from llmsched.server.errors import APIError
 from llmsched.server.lora_modules import LoRAModules
-from llmsched.server.metrics import ServerMetrics
+from llmsched.server.metrics import DataParallelMetrics, ServerMetrics
 from llmsched.server.prefault import prefault_kv_cache
 from llmsched.server.sampling import ModelLimits
 
@@ -26,7 +26,7 @@ class ServerState:
     """The server's shared objects; built once, before the app starts."""
 
     engine: AsyncEngine
-    metrics: ServerMetrics
+    metrics: ServerMetrics | DataParallelMetrics
     served_model_names: list[str]
     model_root: str
     limits: ModelLimits
@@ -74,6 +74,17 @@ def make_backend(
         "trace_steps": server_args.trace_steps,
         "kv_metrics_sample": server_args.kv_cache_metrics_sample if server_args.kv_cache_metrics else 0.0,
     }
+    if server_args.data_parallel_size > 1:
+        if executor_factory is not None:
+            raise ConfigError("data-parallel ranks run in processes of their own: no custom executor factory")
+        from llmsched.server.dp_backend import DataParallelBackend
+
+        return DataParallelBackend(
+            engine_args,
+            server_args.data_parallel_size,
+            prefault_kv_cache=server_args.prefault_kv_cache,
+            **loop_options,
+        )
     if server_args.engine_mode == "thread" or executor_factory is not None:
         from llmsched.engine.llm_engine import LLMEngine
         from llmsched.server.thread_backend import ThreadBackend
@@ -115,14 +126,26 @@ def create_state(
         max_num_queued_tokens=server_args.max_num_queued_tokens,
         request_timeout_s=server_args.request_timeout_s,
     )
-    metrics = ServerMetrics(
-        names[0],
-        info.max_model_len,
-        lambda: engine.snapshot,
-        lambda: engine.admission,
-        cache_config=info.cache_config,
-        kv_cache_metrics=info.kv_cache_metrics,
-    )
+    metrics: ServerMetrics | DataParallelMetrics
+    if server_args.data_parallel_size > 1:
+        metrics = DataParallelMetrics(
+            names[0],
+            info.max_model_len,
+            server_args.data_parallel_size,
+            lambda rank: engine.snapshots.get(rank, info.snapshot),
+            lambda: engine.admission,
+            cache_config=info.cache_config,
+            kv_cache_metrics=info.kv_cache_metrics,
+        )
+    else:
+        metrics = ServerMetrics(
+            names[0],
+            info.max_model_len,
+            lambda: engine.snapshot,
+            lambda: engine.admission,
+            cache_config=info.cache_config,
+            kv_cache_metrics=info.kv_cache_metrics,
+        )
     engine.observer = metrics
     limits = ModelLimits(
         max_model_len=info.max_model_len,
