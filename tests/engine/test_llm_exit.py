@@ -20,11 +20,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+import transformers
 
 import llmsched
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 
 CHILD = """
 import sys
@@ -36,7 +35,7 @@ folders, drop_last = sys.argv[1:-1], sys.argv[-1] == "drop"
 for folder in folders:
     # One thread: OpenMP teams spinning on a busy machine make each step slow.
     llm = LLM(model=folder, dtype="float32", speculative_config=NGRAM, max_model_len=256,
-              max_num_batched_tokens=8192, num_threads=1)
+              max_num_batched_tokens=8192, num_threads=1, async_scheduling=True)
     outs = llm.generate(PROMPTS, SamplingParams(max_tokens=12, temperature=0.0), use_tqdm=False)
     assert all(o.outputs[0].token_ids for o in outs)
     if folder != folders[-1]:

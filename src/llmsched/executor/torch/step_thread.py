@@ -66,8 +66,8 @@ class StepThread:
         self._device = device
         self._queue: SimpleQueue[_Call | _Step | _Deferred | None] = SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        _running.add(self)
         self._thread.start()
+        _running.add(self)
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` on the thread after everything queued; wait and return (or raise) its result."""
