@@ -1,6 +1,9 @@
-"""Closing a TorchExecutor that still holds rows of requests never reported finished."""
+"""Closing a TorchExecutor that still holds rows of requests never reported finished; dropping one open."""
 
 from __future__ import annotations
+
+import gc
+import weakref
 
 from llmsched.core import Request, SamplingParams, SchedulerConfig
 from llmsched.engine import EngineCore
@@ -28,3 +31,20 @@ def test_close_after_rows_grew_during_a_step(tiny_models):
     ex.close()
     assert ex.batch.states == {} and not hasattr(ex, "kv_cache") and not hasattr(ex, "model")
     ex.close()  # a second close does nothing
+
+
+def test_an_executor_dropped_without_close_is_collected_and_its_thread_ends(tiny_models):
+    kw = {"num_gpu_blocks": 16, "max_model_len": 64}
+    ex = TorchExecutor(tiny_models["qwen2"].path, dtype="float32", max_num_seqs=2, **kw)
+    config = SchedulerConfig(block_size=ex.block_size, max_num_seqs=2, async_scheduling=True, **kw)
+    engine = EngineCore(config, ex)
+    engine.add_request(Request("a", [1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True)))
+    while engine.has_requests():
+        engine.step()
+    thread = ex._thread._thread
+    ref = weakref.ref(ex)
+    del engine, ex
+    gc.collect()
+    assert ref() is None
+    thread.join(timeout=10)
+    assert not thread.is_alive()

@@ -40,7 +40,7 @@ from llmsched.executor.torch.spec.decoder import SpecDecoder
 from llmsched.executor.torch.spec.draft_model import DraftModelProposer
 from llmsched.executor.torch.spec.draft_rows import DraftRowProcessor, kept_logprobs
 from llmsched.executor.torch.spec.verify import DraftVerifier
-from llmsched.executor.torch.step_thread import StepThread
+from llmsched.executor.torch.step_thread import RunStep, StepThread
 from llmsched.executor.torch.warmup import WarmUp, warm_up
 from llmsched.executor.torch.weights import load_weights
 
@@ -54,6 +54,34 @@ log = logging.getLogger(__name__)
 # paying its ops in every layer: up to ~10% of a batch-64 decode step.)
 DECODE_GROUP_BYTES = 64 << 20
 _NO_SAMPLES = ModelRunnerOutput(sampled_token_ids=())
+
+
+# Executors built and not closed yet: closed at interpreter exit. Their
+# threads must not be inside torch when the interpreter finalizes (see
+# StepThread), and the grammar matchers in their request states must go
+# before xgrammar is torn down, or its C++ side aborts the process.
+_open: weakref.WeakSet[TorchExecutor] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    for executor in list(_open):
+        try:
+            executor.close()
+        except Exception:
+            log.warning("closing %s at exit failed", executor.model_config.path, exc_info=True)
+
+
+def _weak_run(run: weakref.WeakMethod) -> RunStep:
+    """The executor's step runner, without keeping the executor alive between steps."""
+
+    def run_step(step: StepInputs, input_ids: torch.Tensor) -> ModelRunnerOutput:
+        method = run()
+        if method is None:
+            raise RuntimeError("the executor was garbage collected before this step ran")
+        return method(step, input_ids)
+
+    return run_step
 
 
 def use_transposed_keys(device: torch.device) -> bool:
@@ -123,7 +151,11 @@ class TorchExecutor:
         self.lora: LoRAManager | None = None
         if enable_lora:
             self.lora = LoRAManager(cfg, max_loras, max_lora_rank, self.device, self.dtype)
-        self._thread: StepThread | None = StepThread(self._run, self.device)
+        # The thread holds the executor weakly: an executor nobody closed is
+        # still collected, and its thread stopped, once its owner drops it.
+        self._thread: StepThread | None = StepThread(_weak_run(weakref.WeakMethod(self._run)), self.device)
+        self._stop_thread = weakref.finalize(self, self._thread.stop)
+        self._stop_thread.atexit = False
         try:
             self._thread.call(
                 self._load,
@@ -136,8 +168,10 @@ class TorchExecutor:
                 num_threads,
             )
         except BaseException:
+            self._stop_thread.detach()
             self._thread.close()
             raise
+        _open.add(self)
         log.info(
             "loaded %s (%s) on %s in %s: %d KV blocks of %d tokens from %s",
             cfg.path,
@@ -304,10 +338,6 @@ class TorchExecutor:
         if not self._has_grammars and any(r.grammar is not None for r in scheduler_output.admitted):
             # Sticky: once a constrained request came, each step looks for matchers.
             self._has_grammars = True
-            # Matchers left in the request states must go before the
-            # interpreter tears xgrammar down, or its C++ side aborts at exit.
-            ref = weakref.ref(self)
-            atexit.register(lambda: (ex := ref()) is not None and ex.close())
         assert self._thread is not None, "the executor is closed"
         if self.spec is not None:
             # Drafts and true positions come from the step before (see
@@ -541,9 +571,13 @@ class TorchExecutor:
         """Finish any step still running, then drop the weights, cache and request state."""
         if self._thread is None:
             return
-        self._thread.call(self._unload)
-        self._thread.close()
-        self._thread = None
+        _open.discard(self)
+        self._stop_thread.detach()
+        try:
+            self._thread.call(self._unload)
+        finally:
+            self._thread.close()
+            self._thread = None
 
     def _unload(self) -> None:
         # Rows of requests that finished in the last step (never reported

@@ -14,6 +14,7 @@ and back between the two forwards.
 
 from __future__ import annotations
 
+import atexit
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -50,7 +51,15 @@ class _Deferred:
 
 
 class StepThread:
-    """One daemon thread that runs calls and steps in the order they were submitted."""
+    """One daemon thread that runs calls and steps in the order they were submitted.
+
+    It keeps nothing of what it ran once it waits for more: an owner whose
+    ``run_step`` holds it weakly can be garbage collected, and ``stop()``
+    from its finalizer. Threads still running when the interpreter exits are
+    stopped (after what is queued) and joined first: a thread taking the GIL
+    back from a torch op during finalization is ended there, and unwinding
+    torch's C++ frames aborts the process.
+    """
 
     def __init__(self, run_step: RunStep, device: torch.device, name: str = "llmsched-executor") -> None:
         self._run_step = run_step
@@ -58,6 +67,7 @@ class StepThread:
         self._queue: SimpleQueue[_Call | _Step | _Deferred | None] = SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
+        _running.add(self)
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` on the thread after everything queued; wait and return (or raise) its result."""
@@ -79,64 +89,85 @@ class StepThread:
         self._queue.put(_Deferred(prepare, future))
         return future
 
-    def close(self) -> None:
-        """Finish what is queued, then stop the thread."""
+    def stop(self) -> None:
+        """Let the thread end once it ran what is queued; returns at once (safe in a finalizer)."""
         self._queue.put(None)
-        self._thread.join()
+
+    def close(self) -> None:
+        """Finish what is queued, then stop the thread (and wait for it, unless called on it)."""
+        self.stop()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
 
     def _loop(self) -> None:
         queue = self._queue
-        item = queue.get()
-        input_ids: torch.Tensor | None = None
         # A step's output held back until the next step's forward starts.
         held: tuple[Future, ModelRunnerOutput] | None = None
-        while item is not None:
-            if isinstance(item, _Call):
-                _settle(item.future, item.fn, *item.args)
-                item = queue.get()
-                continue
-            if isinstance(item, _Deferred):
-                prepared = _prepare(item)
-                if not isinstance(prepared, _Step):
-                    if held is not None:
-                        held[0].set_result(held[1])
-                        held = None
+        try:
+            item = queue.get()
+            while item is not None:
+                # Each item is handled in a frame of its own, so that nothing
+                # it holds (its owner, through a call or a preparation) stays
+                # referenced while this thread waits for the next one.
+                item, held = self._handle(item, held)
+                if item is _WAIT:
                     item = queue.get()
-                    continue
-                item = prepared
-            step, future = item.step, item.future
-            try:
-                if input_ids is None:
-                    input_ids = step.input_ids(self._device)
-            except BaseException as e:
-                future.set_exception(e)
-                item = queue.get()
-                continue
-            finally:
+        finally:
+            _running.discard(self)
+
+    def _handle(
+        self, item: _Call | _Step | _Deferred, held: tuple[Future, ModelRunnerOutput] | None
+    ) -> tuple[Any, tuple[Future, ModelRunnerOutput] | None]:
+        """Run one queued item; the next item if it was taken already (else _WAIT), and the output held."""
+        if isinstance(item, _Call):
+            _settle(item.future, item.fn, *item.args)
+            return _WAIT, held
+        if isinstance(item, _Deferred):
+            prepared = _prepare(item)
+            if prepared is None:
                 if held is not None:
-                    # Now: the engine wakes on it and runs Python for a
-                    # while, holding the GIL, once this forward is under way.
                     held[0].set_result(held[1])
-                    held = None
-            try:
-                output = self._run_step(step, input_ids)
-            except BaseException as e:
-                future.set_exception(e)
-                input_ids = None
-                item = queue.get()
-                continue
-            input_ids = None
-            try:
-                item = queue.get_nowait()
-            except Empty:
-                future.set_result(output)
-                item = queue.get()
-                continue
-            if isinstance(item, (_Step, _Deferred)):
-                # The next step's holes are this step's samples, just taken.
-                held = (future, output)
-            else:
-                future.set_result(output)
+                return _WAIT, None
+            item = prepared
+        step, future = item.step, item.future
+        try:
+            input_ids = step.input_ids(self._device)
+        except BaseException as e:
+            future.set_exception(e)
+            return _WAIT, None
+        finally:
+            if held is not None:
+                # Now: the engine wakes on it and runs Python for a
+                # while, holding the GIL, once this forward is under way.
+                held[0].set_result(held[1])
+        try:
+            output = self._run_step(step, input_ids)
+        except BaseException as e:
+            future.set_exception(e)
+            return _WAIT, None
+        del input_ids
+        try:
+            following = self._queue.get_nowait()
+        except Empty:
+            future.set_result(output)
+            return _WAIT, None
+        if isinstance(following, (_Step, _Deferred)):
+            # The next step's holes are this step's samples, just taken.
+            return following, (future, output)
+        future.set_result(output)
+        return following, None
+
+
+# What _handle returns when the next item is still to be waited for.
+_WAIT = object()
+# Threads started and not ended yet (stopped and joined at exit).
+_running: set[StepThread] = set()
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    for thread in list(_running):
+        thread.close()
 
 
 def _prepare(item: _Deferred) -> _Step | None:
