@@ -124,14 +124,6 @@ class Scheduler:
         # loads): admitted before the others.
         self.holding = self.policy.make_queue()
         self.sessions = Sessions(self)
-        # Hybrid model with prefix caching: prefill chunks end on block boundaries.
-        self._mamba_align = config.mamba and config.enable_prefix_caching
-        self._hybrid = config.mamba
-        self._max_prefill_chunk = (
-            min(config.max_num_batched_tokens, config.long_prefill_token_threshold)
-            if config.long_prefill_token_threshold > 0
-            else config.max_num_batched_tokens
-        )
         self.running: list[Request] = []
         self.admission_gate: AdmissionGate | None = None
         # The clock that requests' arrival times read (the simulator sets its own).
@@ -149,7 +141,22 @@ class Scheduler:
         # The encoder budget and cache, made when the first request with
         # encoder inputs arrives (text-only workloads never pay for it).
         self._enc: EncoderScheduler | None = None
-        # Hot settings as plain attributes: read once per step.
+        self._read_settings(config)
+        self._attach_connector(connector)
+        bind = getattr(self.policy, "bind", None)
+        if bind is not None:
+            bind(self)
+
+    def _read_settings(self, config: SchedulerConfig) -> None:
+        """Hot settings as plain attributes (read once per step), and the prefill cadence's state."""
+        # Hybrid model with prefix caching: prefill chunks end on block boundaries.
+        self._mamba_align = config.mamba and config.enable_prefix_caching
+        self._hybrid = config.mamba
+        self._max_prefill_chunk = (
+            min(config.max_num_batched_tokens, config.long_prefill_token_threshold)
+            if config.long_prefill_token_threshold > 0
+            else config.max_num_batched_tokens
+        )
         self._max_tokens_budget = config.max_num_batched_tokens
         self._max_num_seqs = config.max_num_seqs
         self._max_model_len = config.max_model_len
@@ -175,24 +182,23 @@ class Scheduler:
         self._last_prefill_step = -self._prefill_interval
         self._prefill_capacity_bound = False
         self._set_aside: set[Request] = set()
-        # The KV-connector path (remote KV, delayed frees); None without a
-        # connector, and then none of it costs anything.
+
+    def _attach_connector(self, connector: KVConnector | None) -> None:
+        """The KV-connector path (remote KV, delayed frees); without a connector none of it costs anything."""
         self.connector = connector
         self._remote: RemoteKV | None = None
         self._drop_stale_output = False
         if connector is not None:
+            cfg = self.config
             self._remote = RemoteKV(
                 connector,
                 self.kv,
                 self.holding,
-                config.async_scheduling,
-                config.num_speculative_tokens,
-                config.num_lookahead_tokens,
+                cfg.async_scheduling,
+                cfg.num_speculative_tokens,
+                cfg.num_lookahead_tokens,
             )
             self._drop_stale_output = self._remote.drop_stale_output
-        bind = getattr(self.policy, "bind", None)
-        if bind is not None:
-            bind(self)
 
     # ---- requests in and out -------------------------------------------------
 
@@ -381,209 +387,6 @@ class Scheduler:
             )
         self._close_step(out, budget, prefill_scheduled or prefill_admitted)
         return out
-
-    def _defers_prefills(self, throttle: bool) -> bool:
-        """Whether this step holds prefill work back to the cadence."""
-        if not (throttle or self._prefill_interval > 1) or self._prefill_capacity_bound:
-            return False
-        # Defer only while decodes exist to fill the step; the interval
-        # counts executed steps since the last one that carried prefill.
-        return (
-            throttle or self._num_executed_steps + 1 - self._last_prefill_step < self._prefill_interval
-        ) and any(not r.is_prefill_chunk for r in self.running)
-
-    def _schedule_running(
-        self, out: SchedulerOutput, trace: StepTrace | None, threshold: int, defer: bool
-    ) -> tuple[int, bool]:
-        """Serve running requests in running order; returns (budget left, whether a prefill continued)."""
-        sched, ntoks, running = out.scheduled, out.num_scheduled_tokens, self.running
-        kv, enc, lookahead = self.kv, self._enc, self._lookahead
-        max_len, budget = self._max_model_len, self._max_tokens_budget
-        align, mm = self._mamba_align, enc is not None
-        prefill_scheduled = False
-        i = 0
-        while i < len(running) and budget > 0:
-            req = running[i]
-            computed = req.num_computed_tokens
-            # Async mode: tokens the steps in flight will sample, already in computed.
-            placeholders = req.num_output_placeholders
-            n = req.num_tokens + placeholders - computed
-            if req.spec_token_ids:
-                n += len(req.spec_token_ids)
-            wanted = n
-            if 0 < threshold < n:
-                n = threshold
-            if n > budget:
-                n = budget
-            if n > max_len - 1 - computed:  # positions stay below it (matters with drafts)
-                n = max_len - 1 - computed
-            plan, held = None, ""
-            done = placeholders and computed + 2 - placeholders >= req.num_prompt_tokens + req.max_tokens
-            if done or n <= 0 or (defer and req.is_prefill_chunk) or align or (mm and req.mm_items):
-                n, plan, held = self._fit_running(req, computed, n, bool(done), defer, budget, trace)
-                if n <= 0:
-                    i += 1
-                    continue
-            new_blocks = kv.allocate_slots(req, n, lookahead)
-            if new_blocks is None:
-                new_blocks, i, freed = self._preempt_for_running(out, req, n, i, trace)
-                budget += freed
-                if new_blocks is None:
-                    if req.status is _PREEMPTED:
-                        # It preempted itself: running[i] is the next request, which may fit now.
-                        continue
-                    break
-            if req.is_prefill_chunk:
-                prefill_scheduled = True
-            req.num_computed_tokens = computed + n
-            req.is_prefill_chunk = computed + n < req.num_tokens + placeholders
-            if plan is not None:
-                enc.commit(req, plan)
-            sched.append(req)
-            ntoks.append(n)
-            if new_blocks:
-                out.new_block_ids[req.request_id] = [b.block_id for b in new_blocks]
-            if req.spec_token_ids:
-                _schedule_drafts(out, req, computed + n - req.num_tokens - placeholders)
-            if trace is not None:
-                self._trace_scheduled(trace, req, computed, n, wanted, budget, threshold, held=held)
-            budget -= n
-            i += 1
-        if trace is not None:
-            _trace_unreached(trace, running[i:])
-        return budget, prefill_scheduled
-
-    def _fit_running(
-        self,
-        req: Request,
-        computed: int,
-        n: int,
-        done: bool,
-        defer: bool,
-        budget: int,
-        trace: StepTrace | None,
-    ) -> tuple[int, EncoderPlan | None, str]:
-        """A running request's chunk in the rarer cases: (n, encoder plan, what held it short).
-
-        ``n`` = 0: passed over this step (traced here): ``done`` (max_tokens
-        already in flight), a deferred prefill, a Mamba boundary not
-        reached, an item the encoder cannot take, or nothing to compute.
-        """
-        why: tuple[Reason, str] | None = None
-        plan: EncoderPlan | None = None
-        held = ""
-        if done:
-            # The steps in flight reach max_tokens even if every draft among
-            # the placeholders is rejected: another step would be wasted.
-            why = Reason.MAX_TOKENS_IN_FLIGHT, f"{req.num_output_placeholders} in flight"
-        elif defer and req.is_prefill_chunk:
-            why = Reason.PREFILL_DEFERRED, "chunk held to a cadence step"
-        else:
-            if self._mamba_align and n > 0:
-                n = self._aligned_chunk(req, computed, n)
-                if n == 0:
-                    why = Reason.MAMBA_ALIGNMENT, f"{budget} tokens left"
-            enc = self._enc
-            if why is None and enc is not None and req.mm_items:
-                # Items the chunk overlaps must be cached or fit the encoder budget and cache.
-                n, plan, held = enc.try_schedule(req, computed, n)
-            if why is None and n <= 0:
-                why = (Reason.ENCODER_HELD if held else Reason.NOTHING_TO_COMPUTE), held
-        if why is None:
-            return n, plan, held
-        if trace is not None:
-            trace.add(req.request_id, why[0], detail=why[1])
-        return 0, None, ""
-
-    def _preempt_for_running(
-        self, out: SchedulerOutput, req: Request, n: int, i: int, trace: StepTrace | None
-    ) -> tuple[list | None, int, int]:
-        """Preempt victims until running ``req`` (at ``i``) gets blocks for ``n`` tokens or goes itself.
-
-        Returns the blocks (None: not allocated), ``req``'s index once the
-        victims left, and the tokens victims scheduled earlier gave back.
-        """
-        running = self.running
-        remote = self._remote
-        new_blocks = None
-        freed = 0
-        while True:
-            victim = self.policy.select_victim(running)
-            if remote is not None and not remote.can_preempt(victim):
-                # Freeing the victim would not give blocks back now.
-                break
-            vi = running.index(victim)
-            del running[vi]
-            if vi < i:
-                i -= 1
-                freed += self._unschedule(out, victim)
-            self._preempt(victim)
-            out.preempted.append(victim)
-            if trace is not None:
-                trace.add(
-                    victim.request_id,
-                    Reason.PREEMPTED,
-                    detail=("by itself" if victim is req else f"by {req.request_id}")
-                    + f": KV blocks short for {n} more tokens",
-                )
-            if victim is req:
-                break
-            new_blocks = self.kv.allocate_slots(req, n, self._lookahead)
-            if new_blocks is not None:
-                break
-        return new_blocks, i, freed
-
-    def _schedule_waiting(
-        self,
-        out: SchedulerOutput,
-        trace: StepTrace | None,
-        budget: int,
-        threshold: int,
-        defer: bool,
-        num_waiting: int,
-        prefill_running: bool,
-    ) -> tuple[int, bool]:
-        """Admit waiting requests unless the gate is closed; returns (budget left, whether prefill came)."""
-        gate = self.admission_gate
-        why_gated = gate(self) if gate is not None and num_waiting else None
-        if why_gated is not None:
-            if trace is not None:
-                reason = getattr(gate, "reason", Reason.ADMISSION_GATED)
-                self._trace_waiting(trace, None, reason, why_gated, whole_queue=True)
-            return budget, False
-        prefill_admitted = False
-        if num_waiting:
-            budget, prefill_admitted = self._admit(out, budget, threshold, defer, trace, prefill_running)
-        if not defer:
-            # An admitting step that left requests queued for lack of
-            # room stops the cadence from throttling: holding back a
-            # backed-up queue would only grow it.
-            self._prefill_capacity_bound = self.num_waiting > len(self._set_aside)
-        return budget, prefill_admitted
-
-    def _close_step(self, out: SchedulerOutput, budget: int, carried_prefill: bool) -> None:
-        """The step's closing bookkeeping: totals, Mamba and encoder inputs, connector, cadence."""
-        out.total_num_scheduled_tokens = total = self._max_tokens_budget - budget
-        if self._hybrid:
-            ids = self.kv.mamba.state_ids
-            out.mamba_state_ids = {r.request_id: ids(r.request_id, s, s + n) for r, s, n in out.chunks()}
-        enc = self._enc
-        if enc is not None:
-            out.encoder_inputs = enc.scheduled
-            out.freed_encoder_ids = enc.take_evicted()
-        remote = self._remote
-        if remote is not None:
-            if out.trace is not None:
-                remote.trace_events(out.trace)
-            remote.after_schedule(out)
-        if self._async:
-            self._mark_in_flight(out)
-        if total:
-            self._num_executed_steps += 1
-        if carried_prefill and self._prefill_interval > 1:
-            self._last_prefill_step = self._num_executed_steps
-        if self._debug:
-            self._check_invariants(out)
 
     # ---- plain decode steps -----------------------------------------------------
 
@@ -920,6 +723,211 @@ class Scheduler:
             req.num_output_placeholders += 1 + len(spec.get(req.request_id, ())) if spec else 1
             if drafts:
                 req.spec_token_ids = drafts
+
+    # ---- the phases of a step ------------------------------------------------
+
+    def _defers_prefills(self, throttle: bool) -> bool:
+        """Whether this step holds prefill work back to the cadence."""
+        if not (throttle or self._prefill_interval > 1) or self._prefill_capacity_bound:
+            return False
+        # Defer only while decodes exist to fill the step; the interval
+        # counts executed steps since the last one that carried prefill.
+        return (
+            throttle or self._num_executed_steps + 1 - self._last_prefill_step < self._prefill_interval
+        ) and any(not r.is_prefill_chunk for r in self.running)
+
+    def _schedule_running(
+        self, out: SchedulerOutput, trace: StepTrace | None, threshold: int, defer: bool
+    ) -> tuple[int, bool]:
+        """Serve running requests in running order; returns (budget left, whether a prefill continued)."""
+        sched, ntoks, running = out.scheduled, out.num_scheduled_tokens, self.running
+        kv, enc, lookahead = self.kv, self._enc, self._lookahead
+        max_len, budget = self._max_model_len, self._max_tokens_budget
+        align, mm = self._mamba_align, enc is not None
+        prefill_scheduled = False
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            computed = req.num_computed_tokens
+            # Async mode: tokens the steps in flight will sample, already in computed.
+            placeholders = req.num_output_placeholders
+            n = req.num_tokens + placeholders - computed
+            if req.spec_token_ids:
+                n += len(req.spec_token_ids)
+            wanted = n
+            if 0 < threshold < n:
+                n = threshold
+            if n > budget:
+                n = budget
+            if n > max_len - 1 - computed:  # positions stay below it (matters with drafts)
+                n = max_len - 1 - computed
+            plan, held = None, ""
+            done = placeholders and computed + 2 - placeholders >= req.num_prompt_tokens + req.max_tokens
+            if done or n <= 0 or (defer and req.is_prefill_chunk) or align or (mm and req.mm_items):
+                n, plan, held = self._fit_running(req, computed, n, bool(done), defer, budget, trace)
+                if n <= 0:
+                    i += 1
+                    continue
+            new_blocks = kv.allocate_slots(req, n, lookahead)
+            if new_blocks is None:
+                new_blocks, i, freed = self._preempt_for_running(out, req, n, i, trace)
+                budget += freed
+                if new_blocks is None:
+                    if req.status is _PREEMPTED:
+                        # It preempted itself: running[i] is the next request, which may fit now.
+                        continue
+                    break
+            if req.is_prefill_chunk:
+                prefill_scheduled = True
+            req.num_computed_tokens = computed + n
+            req.is_prefill_chunk = computed + n < req.num_tokens + placeholders
+            if plan is not None:
+                enc.commit(req, plan)
+            sched.append(req)
+            ntoks.append(n)
+            if new_blocks:
+                out.new_block_ids[req.request_id] = [b.block_id for b in new_blocks]
+            if req.spec_token_ids:
+                _schedule_drafts(out, req, computed + n - req.num_tokens - placeholders)
+            if trace is not None:
+                self._trace_scheduled(trace, req, computed, n, wanted, budget, threshold, held=held)
+            budget -= n
+            i += 1
+        if trace is not None:
+            _trace_unreached(trace, running[i:])
+        return budget, prefill_scheduled
+
+    def _fit_running(
+        self,
+        req: Request,
+        computed: int,
+        n: int,
+        done: bool,
+        defer: bool,
+        budget: int,
+        trace: StepTrace | None,
+    ) -> tuple[int, EncoderPlan | None, str]:
+        """A running request's chunk in the rarer cases: (n, encoder plan, what held it short).
+
+        ``n`` = 0: passed over this step (traced here): ``done`` (max_tokens
+        already in flight), a deferred prefill, a Mamba boundary not
+        reached, an item the encoder cannot take, or nothing to compute.
+        """
+        why: tuple[Reason, str] | None = None
+        plan: EncoderPlan | None = None
+        held = ""
+        if done:
+            # The steps in flight reach max_tokens even if every draft among
+            # the placeholders is rejected: another step would be wasted.
+            why = Reason.MAX_TOKENS_IN_FLIGHT, f"{req.num_output_placeholders} in flight"
+        elif defer and req.is_prefill_chunk:
+            why = Reason.PREFILL_DEFERRED, "chunk held to a cadence step"
+        else:
+            if self._mamba_align and n > 0:
+                n = self._aligned_chunk(req, computed, n)
+                if n == 0:
+                    why = Reason.MAMBA_ALIGNMENT, f"{budget} tokens left"
+            enc = self._enc
+            if why is None and enc is not None and req.mm_items:
+                # Items the chunk overlaps must be cached or fit the encoder budget and cache.
+                n, plan, held = enc.try_schedule(req, computed, n)
+            if why is None and n <= 0:
+                why = (Reason.ENCODER_HELD if held else Reason.NOTHING_TO_COMPUTE), held
+        if why is None:
+            return n, plan, held
+        if trace is not None:
+            trace.add(req.request_id, why[0], detail=why[1])
+        return 0, None, ""
+
+    def _preempt_for_running(
+        self, out: SchedulerOutput, req: Request, n: int, i: int, trace: StepTrace | None
+    ) -> tuple[list | None, int, int]:
+        """Preempt victims until running ``req`` (at ``i``) gets blocks for ``n`` tokens or goes itself.
+
+        Returns the blocks (None: not allocated), ``req``'s index once the
+        victims left, and the tokens victims scheduled earlier gave back.
+        """
+        running = self.running
+        remote = self._remote
+        new_blocks = None
+        freed = 0
+        while True:
+            victim = self.policy.select_victim(running)
+            if remote is not None and not remote.can_preempt(victim):
+                # Freeing the victim would not give blocks back now.
+                break
+            vi = running.index(victim)
+            del running[vi]
+            if vi < i:
+                i -= 1
+                freed += self._unschedule(out, victim)
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if trace is not None:
+                trace.add(
+                    victim.request_id,
+                    Reason.PREEMPTED,
+                    detail=("by itself" if victim is req else f"by {req.request_id}")
+                    + f": KV blocks short for {n} more tokens",
+                )
+            if victim is req:
+                break
+            new_blocks = self.kv.allocate_slots(req, n, self._lookahead)
+            if new_blocks is not None:
+                break
+        return new_blocks, i, freed
+
+    def _schedule_waiting(
+        self,
+        out: SchedulerOutput,
+        trace: StepTrace | None,
+        budget: int,
+        threshold: int,
+        defer: bool,
+        num_waiting: int,
+        prefill_running: bool,
+    ) -> tuple[int, bool]:
+        """Admit waiting requests unless the gate is closed; returns (budget left, whether prefill came)."""
+        gate = self.admission_gate
+        why_gated = gate(self) if gate is not None and num_waiting else None
+        if why_gated is not None:
+            if trace is not None:
+                reason = getattr(gate, "reason", Reason.ADMISSION_GATED)
+                self._trace_waiting(trace, None, reason, why_gated, whole_queue=True)
+            return budget, False
+        prefill_admitted = False
+        if num_waiting:
+            budget, prefill_admitted = self._admit(out, budget, threshold, defer, trace, prefill_running)
+        if not defer:
+            # An admitting step that left requests queued for lack of
+            # room stops the cadence from throttling: holding back a
+            # backed-up queue would only grow it.
+            self._prefill_capacity_bound = self.num_waiting > len(self._set_aside)
+        return budget, prefill_admitted
+
+    def _close_step(self, out: SchedulerOutput, budget: int, carried_prefill: bool) -> None:
+        """The step's closing bookkeeping: totals, Mamba and encoder inputs, connector, cadence."""
+        out.total_num_scheduled_tokens = total = self._max_tokens_budget - budget
+        if self._hybrid:
+            ids = self.kv.mamba.state_ids
+            out.mamba_state_ids = {r.request_id: ids(r.request_id, s, s + n) for r, s, n in out.chunks()}
+        enc = self._enc
+        if enc is not None:
+            out.encoder_inputs = enc.scheduled
+            out.freed_encoder_ids = enc.take_evicted()
+        remote = self._remote
+        if remote is not None:
+            if out.trace is not None:
+                remote.trace_events(out.trace)
+            remote.after_schedule(out)
+        if self._async:
+            self._mark_in_flight(out)
+        if total:
+            self._num_executed_steps += 1
+        if carried_prefill and self._prefill_interval > 1:
+            self._last_prefill_step = self._num_executed_steps
+        if self._debug:
+            self._check_invariants(out)
 
     def _admit(
         self,
