@@ -377,7 +377,7 @@ class Scheduler:
         defer = self._defers_prefills(throttle_prefills)
         budget, prefill_scheduled = self._schedule_running(out, trace, threshold, defer)
         if out.preempted:
-            # A step that had to preempt admits nobody.
+            # As in vLLM, a step that had to preempt admits nobody.
             prefill_admitted = False
             if trace is not None:
                 self._trace_waiting(trace, None, Reason.PREEMPTION_STEP, "", whole_queue=True)
