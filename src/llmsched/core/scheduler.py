@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from llmsched.core.config import SchedulerConfig
-from llmsched.core.connector import KVConnector
+from llmsched.core.connector import KVConnector, KVConnectorOutput
 from llmsched.core.decode_cohort import DecodeCohort, advance_async_decodes
-from llmsched.core.encoder_inputs import EncoderScheduler
+from llmsched.core.encoder_inputs import EncoderPlan, EncoderScheduler
 from llmsched.core.errors import RequestRejected
 from llmsched.core.kv.hybrid import HybridKVCacheManager
 from llmsched.core.kv.mamba import mamba_aligned_chunk
@@ -50,6 +51,56 @@ def _holds_blocks(req: Request) -> bool:
 AdmissionGate = Callable[["Scheduler"], "str | None"]
 
 
+def _schedule_drafts(out: SchedulerOutput, req: Request, num_drafts: int) -> None:
+    """List the drafts a scheduled chunk reaches; fresh ones arrive with this step's output."""
+    if num_drafts > 0:
+        out.spec_decode_tokens[req.request_id] = req.spec_token_ids[:num_drafts]
+    req.spec_token_ids = []
+
+
+def _trace_unreached(trace: StepTrace, reqs: list[Request]) -> None:
+    """Trace the running requests the loop never reached: the budget ran out first."""
+    for req in reqs:
+        trace.add(req.request_id, Reason.BUDGET, detail="reached after the budget ran out")
+
+
+def _append_tokens(req: Request, toks: list[int], stale: bool) -> bool:
+    """Append a step's tokens (a decode and its accepted drafts) up to a stop; whether it stopped."""
+    for j, t in enumerate(toks):
+        req.token_ids.append(t)
+        req.num_tokens += 1
+        if (req.num_tokens >= req.stop_length or t in req.stop_ids) and check_stop(req, t):
+            # Tokens after the stop are dropped; computed covers all
+            # kept tokens but the last, as after any step.
+            if not stale:
+                req.num_computed_tokens -= len(toks) - j - 1
+            return True
+    return False
+
+
+@dataclass(slots=True)
+class _Admissions:
+    """One step's pass over the waiting queues: what its phases share."""
+
+    out: SchedulerOutput
+    trace: StepTrace | None
+    budget: int
+    threshold: int
+    defer: bool
+    # A running request continued its prefill this step (no draft padding then).
+    prefill_running: bool
+    # Adapters in use (None: no max_loras limit).
+    loras: set[int] | None
+    # Set aside for a reason of their own, put back at the head in their
+    # order: those holding KV blocks into the holding queue.
+    set_aside: list[Request]
+    held_aside: list[Request]
+    # Why admissions stopped at a request (None: they did not).
+    stop: Reason | None = None
+    detail: str = ""
+    prefill_admitted: bool = False
+
+
 class Scheduler:
     """Owns the request queues and the KV cache manager; makes one batch per step."""
 
@@ -73,14 +124,6 @@ class Scheduler:
         # loads): admitted before the others.
         self.holding = self.policy.make_queue()
         self.sessions = Sessions(self)
-        # Hybrid model with prefix caching: prefill chunks end on block boundaries.
-        self._mamba_align = config.mamba and config.enable_prefix_caching
-        self._hybrid = config.mamba
-        self._max_prefill_chunk = (
-            min(config.max_num_batched_tokens, config.long_prefill_token_threshold)
-            if config.long_prefill_token_threshold > 0
-            else config.max_num_batched_tokens
-        )
         self.running: list[Request] = []
         self.admission_gate: AdmissionGate | None = None
         # The clock that requests' arrival times read (the simulator sets its own).
@@ -98,7 +141,22 @@ class Scheduler:
         # The encoder budget and cache, made when the first request with
         # encoder inputs arrives (text-only workloads never pay for it).
         self._enc: EncoderScheduler | None = None
-        # Hot settings as plain attributes: read once per step.
+        self._read_settings(config)
+        self._attach_connector(connector)
+        bind = getattr(self.policy, "bind", None)
+        if bind is not None:
+            bind(self)
+
+    def _read_settings(self, config: SchedulerConfig) -> None:
+        """Hot settings as plain attributes (read once per step), and the prefill cadence's state."""
+        # Hybrid model with prefix caching: prefill chunks end on block boundaries.
+        self._mamba_align = config.mamba and config.enable_prefix_caching
+        self._hybrid = config.mamba
+        self._max_prefill_chunk = (
+            min(config.max_num_batched_tokens, config.long_prefill_token_threshold)
+            if config.long_prefill_token_threshold > 0
+            else config.max_num_batched_tokens
+        )
         self._max_tokens_budget = config.max_num_batched_tokens
         self._max_num_seqs = config.max_num_seqs
         self._max_model_len = config.max_model_len
@@ -124,24 +182,23 @@ class Scheduler:
         self._last_prefill_step = -self._prefill_interval
         self._prefill_capacity_bound = False
         self._set_aside: set[Request] = set()
-        # The KV-connector path (remote KV, delayed frees); None without a
-        # connector, and then none of it costs anything.
+
+    def _attach_connector(self, connector: KVConnector | None) -> None:
+        """The KV-connector path (remote KV, delayed frees); without a connector none of it costs anything."""
         self.connector = connector
         self._remote: RemoteKV | None = None
         self._drop_stale_output = False
         if connector is not None:
+            cfg = self.config
             self._remote = RemoteKV(
                 connector,
                 self.kv,
                 self.holding,
-                config.async_scheduling,
-                config.num_speculative_tokens,
-                config.num_lookahead_tokens,
+                cfg.async_scheduling,
+                cfg.num_speculative_tokens,
+                cfg.num_lookahead_tokens,
             )
             self._drop_stale_output = self._remote.drop_stale_output
-        bind = getattr(self.policy, "bind", None)
-        if bind is not None:
-            bind(self)
 
     # ---- requests in and out -------------------------------------------------
 
@@ -309,188 +366,26 @@ class Scheduler:
         trace = StepTrace(out.step) if self._trace_enabled else None
         out.trace = trace
         out.finished_req_ids, self._finished_ids = self._finished_ids, []
-        sched = out.scheduled
-        ntoks = out.num_scheduled_tokens
-        preempted = out.preempted
-        kv = self.kv
-        running = self.running
-        max_len = self._max_model_len
-        lookahead = self._lookahead
-        budget = self._max_tokens_budget
-        enc = self._enc
-        if enc is not None:
-            enc.begin_step()
+        if self._enc is not None:
+            self._enc.begin_step()
+        if self._hybrid:
+            self.kv.new_step()
+        num_waiting = len(self.waiting) + len(self.holding)
         # The threshold exists so a long prefill cannot starve others; a lone
         # request has nobody to starve, so it gets the whole budget.
-        remote = self._remote
-        num_waiting = len(self.waiting) + len(self.holding)
-        if self._hybrid:
-            kv.new_step()
-        threshold = self._threshold if len(running) + num_waiting > 1 else 0
-        defer = False
-        if (throttle_prefills or self._prefill_interval > 1) and not self._prefill_capacity_bound:
-            # Defer only while decodes exist to fill the step; the interval
-            # counts executed steps since the last one that carried prefill.
-            defer = (
-                throttle_prefills
-                or self._num_executed_steps + 1 - self._last_prefill_step < self._prefill_interval
-            ) and any(not r.is_prefill_chunk for r in running)
-        track_prefill = self._prefill_interval > 1
-        prefill_scheduled = False
-
-        # 1. Running requests, in running order.
-        i = 0
-        while i < len(running) and budget > 0:
-            req = running[i]
-            computed = req.num_computed_tokens
-            # Async mode: placeholders (always 0 in sync mode) are tokens the
-            # steps in flight will sample; computed already counts them.
-            placeholders = req.num_output_placeholders
-            if placeholders and computed + 2 - placeholders >= req.num_prompt_tokens + req.max_tokens:
-                # The steps in flight already bring it to max_tokens even if
-                # every draft among the placeholders is rejected (hence
-                # placeholders - 1 discounted): another step would be wasted.
-                if trace is not None:
-                    trace.add(req.request_id, Reason.MAX_TOKENS_IN_FLIGHT, detail=f"{placeholders} in flight")
-                i += 1
-                continue
-            if defer and req.is_prefill_chunk:
-                if trace is not None:
-                    trace.add(req.request_id, Reason.PREFILL_DEFERRED, detail="chunk held to a cadence step")
-                i += 1
-                continue
-            n = req.num_tokens + placeholders - computed
-            if req.spec_token_ids:
-                n += len(req.spec_token_ids)
-            wanted = n
-            if 0 < threshold < n:
-                n = threshold
-            if n > budget:
-                n = budget
-            # Positions must stay below max_model_len (matters with drafts).
-            if n > max_len - 1 - computed:
-                n = max_len - 1 - computed
-            if self._mamba_align and n > 0:
-                n = self._aligned_chunk(req, computed, n)
-                if n == 0:
-                    if trace is not None:
-                        trace.add(req.request_id, Reason.MAMBA_ALIGNMENT, detail=f"{budget} tokens left")
-                    i += 1
-                    continue
-            plan = None
-            held = ""
-            if enc is not None and req.mm_items:
-                # Items the chunk overlaps must be cached or fit the encoder budget and cache.
-                n, plan, held = enc.try_schedule(req, computed, n)
-            if n <= 0:
-                if trace is not None:
-                    trace.add(
-                        req.request_id,
-                        Reason.ENCODER_HELD if held else Reason.NOTHING_TO_COMPUTE,
-                        detail=held,
-                    )
-                i += 1
-                continue
-            new_blocks = kv.allocate_slots(req, n, lookahead)
-            if new_blocks is None:
-                # Preempt victims until the allocation fits or req itself goes.
-                while True:
-                    victim = self.policy.select_victim(running)
-                    if remote is not None and not remote.can_preempt(victim):
-                        # Freeing the victim would not give blocks back now.
-                        break
-                    vi = running.index(victim)
-                    del running[vi]
-                    if vi < i:
-                        i -= 1
-                        budget += self._unschedule(out, victim)
-                    self._preempt(victim)
-                    preempted.append(victim)
-                    if trace is not None:
-                        trace.add(
-                            victim.request_id,
-                            Reason.PREEMPTED,
-                            detail=("by itself" if victim is req else f"by {req.request_id}")
-                            + f": KV blocks short for {n} more tokens",
-                        )
-                    if victim is req:
-                        break
-                    new_blocks = kv.allocate_slots(req, n, lookahead)
-                    if new_blocks is not None:
-                        break
-                if new_blocks is None:
-                    if req.status is _PREEMPTED:
-                        # req preempted itself; running[i] is now the next
-                        # request, which may still fit in the blocks just freed.
-                        continue
-                    break
-            if req.is_prefill_chunk:
-                prefill_scheduled = True
-            req.num_computed_tokens = computed + n
-            req.is_prefill_chunk = computed + n < req.num_tokens + placeholders
-            if plan is not None:
-                enc.commit(req, plan)
-            sched.append(req)
-            ntoks.append(n)
-            if new_blocks:
-                out.new_block_ids[req.request_id] = [b.block_id for b in new_blocks]
-            if req.spec_token_ids:
-                num_drafts = computed + n - req.num_tokens - placeholders
-                if num_drafts > 0:
-                    out.spec_decode_tokens[req.request_id] = req.spec_token_ids[:num_drafts]
-                # Fresh drafts arrive with this step's output.
-                req.spec_token_ids = []
-            if trace is not None:
-                self._trace_scheduled(trace, req, computed, n, wanted, budget, threshold, held=held)
-            budget -= n
-            i += 1
-
-        if trace is not None:
-            for req in running[i:]:
-                trace.add(req.request_id, Reason.BUDGET, detail="reached after the budget ran out")
-
-        # 2. Waiting requests, unless this step preempted.
-        prefill_admitted = False
-        if preempted:
+        threshold = self._threshold if len(self.running) + num_waiting > 1 else 0
+        defer = self._defers_prefills(throttle_prefills)
+        budget, prefill_scheduled = self._schedule_running(out, trace, threshold, defer)
+        if out.preempted:
+            # As in vLLM, a step that had to preempt admits nobody.
+            prefill_admitted = False
             if trace is not None:
                 self._trace_waiting(trace, None, Reason.PREEMPTION_STEP, "", whole_queue=True)
         else:
-            gate = self.admission_gate
-            why_gated = gate(self) if gate is not None and num_waiting else None
-            if why_gated is not None:
-                if trace is not None:
-                    reason = getattr(gate, "reason", Reason.ADMISSION_GATED)
-                    self._trace_waiting(trace, None, reason, why_gated, whole_queue=True)
-            else:
-                if num_waiting:
-                    budget, prefill_admitted = self._admit(
-                        out, budget, threshold, defer, trace, prefill_scheduled
-                    )
-                if not defer:
-                    # An admitting step that left requests queued for lack of
-                    # room stops the cadence from throttling: holding back a
-                    # backed-up queue would only grow it.
-                    self._prefill_capacity_bound = self.num_waiting > len(self._set_aside)
-
-        out.total_num_scheduled_tokens = total = self._max_tokens_budget - budget
-        if self._hybrid:
-            ids = kv.mamba.state_ids
-            out.mamba_state_ids = {r.request_id: ids(r.request_id, s, s + n) for r, s, n in out.chunks()}
-        if enc is not None:
-            out.encoder_inputs = enc.scheduled
-            out.freed_encoder_ids = enc.take_evicted()
-        if remote is not None:
-            if trace is not None:
-                remote.trace_events(trace)
-            remote.after_schedule(out)
-        if self._async:
-            self._mark_in_flight(out)
-        if total:
-            self._num_executed_steps += 1
-        if track_prefill and (prefill_scheduled or prefill_admitted):
-            self._last_prefill_step = self._num_executed_steps
-        if self._debug:
-            self._check_invariants(out)
+            budget, prefill_admitted = self._schedule_waiting(
+                out, trace, budget, threshold, defer, num_waiting, prefill_scheduled
+            )
+        self._close_step(out, budget, prefill_scheduled or prefill_admitted)
         return out
 
     # ---- plain decode steps -----------------------------------------------------
@@ -829,6 +724,211 @@ class Scheduler:
             if drafts:
                 req.spec_token_ids = drafts
 
+    # ---- the phases of a step ------------------------------------------------
+
+    def _defers_prefills(self, throttle: bool) -> bool:
+        """Whether this step holds prefill work back to the cadence."""
+        if not (throttle or self._prefill_interval > 1) or self._prefill_capacity_bound:
+            return False
+        # Defer only while decodes exist to fill the step; the interval
+        # counts executed steps since the last one that carried prefill.
+        return (
+            throttle or self._num_executed_steps + 1 - self._last_prefill_step < self._prefill_interval
+        ) and any(not r.is_prefill_chunk for r in self.running)
+
+    def _schedule_running(
+        self, out: SchedulerOutput, trace: StepTrace | None, threshold: int, defer: bool
+    ) -> tuple[int, bool]:
+        """Serve running requests in running order; returns (budget left, whether a prefill continued)."""
+        sched, ntoks, running = out.scheduled, out.num_scheduled_tokens, self.running
+        kv, enc, lookahead = self.kv, self._enc, self._lookahead
+        max_len, budget = self._max_model_len, self._max_tokens_budget
+        align, mm = self._mamba_align, enc is not None
+        prefill_scheduled = False
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            computed = req.num_computed_tokens
+            # Async mode: tokens the steps in flight will sample, already in computed.
+            placeholders = req.num_output_placeholders
+            n = req.num_tokens + placeholders - computed
+            if req.spec_token_ids:
+                n += len(req.spec_token_ids)
+            wanted = n
+            if 0 < threshold < n:
+                n = threshold
+            if n > budget:
+                n = budget
+            if n > max_len - 1 - computed:  # positions stay below it (matters with drafts)
+                n = max_len - 1 - computed
+            plan, held = None, ""
+            done = placeholders and computed + 2 - placeholders >= req.num_prompt_tokens + req.max_tokens
+            if done or n <= 0 or (defer and req.is_prefill_chunk) or align or (mm and req.mm_items):
+                n, plan, held = self._fit_running(req, computed, n, bool(done), defer, budget, trace)
+                if n <= 0:
+                    i += 1
+                    continue
+            new_blocks = kv.allocate_slots(req, n, lookahead)
+            if new_blocks is None:
+                new_blocks, i, freed = self._preempt_for_running(out, req, n, i, trace)
+                budget += freed
+                if new_blocks is None:
+                    if req.status is _PREEMPTED:
+                        # It preempted itself: running[i] is the next request, which may fit now.
+                        continue
+                    break
+            if req.is_prefill_chunk:
+                prefill_scheduled = True
+            req.num_computed_tokens = computed + n
+            req.is_prefill_chunk = computed + n < req.num_tokens + placeholders
+            if plan is not None:
+                enc.commit(req, plan)
+            sched.append(req)
+            ntoks.append(n)
+            if new_blocks:
+                out.new_block_ids[req.request_id] = [b.block_id for b in new_blocks]
+            if req.spec_token_ids:
+                _schedule_drafts(out, req, computed + n - req.num_tokens - placeholders)
+            if trace is not None:
+                self._trace_scheduled(trace, req, computed, n, wanted, budget, threshold, held=held)
+            budget -= n
+            i += 1
+        if trace is not None:
+            _trace_unreached(trace, running[i:])
+        return budget, prefill_scheduled
+
+    def _fit_running(
+        self,
+        req: Request,
+        computed: int,
+        n: int,
+        done: bool,
+        defer: bool,
+        budget: int,
+        trace: StepTrace | None,
+    ) -> tuple[int, EncoderPlan | None, str]:
+        """A running request's chunk in the rarer cases: (n, encoder plan, what held it short).
+
+        ``n`` = 0: passed over this step (traced here): ``done`` (max_tokens
+        already in flight), a deferred prefill, a Mamba boundary not
+        reached, an item the encoder cannot take, or nothing to compute.
+        """
+        why: tuple[Reason, str] | None = None
+        plan: EncoderPlan | None = None
+        held = ""
+        if done:
+            # The steps in flight reach max_tokens even if every draft among
+            # the placeholders is rejected: another step would be wasted.
+            why = Reason.MAX_TOKENS_IN_FLIGHT, f"{req.num_output_placeholders} in flight"
+        elif defer and req.is_prefill_chunk:
+            why = Reason.PREFILL_DEFERRED, "chunk held to a cadence step"
+        else:
+            if self._mamba_align and n > 0:
+                n = self._aligned_chunk(req, computed, n)
+                if n == 0:
+                    why = Reason.MAMBA_ALIGNMENT, f"{budget} tokens left"
+            enc = self._enc
+            if why is None and enc is not None and req.mm_items:
+                # Items the chunk overlaps must be cached or fit the encoder budget and cache.
+                n, plan, held = enc.try_schedule(req, computed, n)
+            if why is None and n <= 0:
+                why = (Reason.ENCODER_HELD if held else Reason.NOTHING_TO_COMPUTE), held
+        if why is None:
+            return n, plan, held
+        if trace is not None:
+            trace.add(req.request_id, why[0], detail=why[1])
+        return 0, None, ""
+
+    def _preempt_for_running(
+        self, out: SchedulerOutput, req: Request, n: int, i: int, trace: StepTrace | None
+    ) -> tuple[list | None, int, int]:
+        """Preempt victims until running ``req`` (at ``i``) gets blocks for ``n`` tokens or goes itself.
+
+        Returns the blocks (None: not allocated), ``req``'s index once the
+        victims left, and the tokens victims scheduled earlier gave back.
+        """
+        running = self.running
+        remote = self._remote
+        new_blocks = None
+        freed = 0
+        while True:
+            victim = self.policy.select_victim(running)
+            if remote is not None and not remote.can_preempt(victim):
+                # Freeing the victim would not give blocks back now.
+                break
+            vi = running.index(victim)
+            del running[vi]
+            if vi < i:
+                i -= 1
+                freed += self._unschedule(out, victim)
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if trace is not None:
+                trace.add(
+                    victim.request_id,
+                    Reason.PREEMPTED,
+                    detail=("by itself" if victim is req else f"by {req.request_id}")
+                    + f": KV blocks short for {n} more tokens",
+                )
+            if victim is req:
+                break
+            new_blocks = self.kv.allocate_slots(req, n, self._lookahead)
+            if new_blocks is not None:
+                break
+        return new_blocks, i, freed
+
+    def _schedule_waiting(
+        self,
+        out: SchedulerOutput,
+        trace: StepTrace | None,
+        budget: int,
+        threshold: int,
+        defer: bool,
+        num_waiting: int,
+        prefill_running: bool,
+    ) -> tuple[int, bool]:
+        """Admit waiting requests unless the gate is closed; returns (budget left, whether prefill came)."""
+        gate = self.admission_gate
+        why_gated = gate(self) if gate is not None and num_waiting else None
+        if why_gated is not None:
+            if trace is not None:
+                reason = getattr(gate, "reason", Reason.ADMISSION_GATED)
+                self._trace_waiting(trace, None, reason, why_gated, whole_queue=True)
+            return budget, False
+        prefill_admitted = False
+        if num_waiting:
+            budget, prefill_admitted = self._admit(out, budget, threshold, defer, trace, prefill_running)
+        if not defer:
+            # An admitting step that left requests queued for lack of
+            # room stops the cadence from throttling: holding back a
+            # backed-up queue would only grow it.
+            self._prefill_capacity_bound = self.num_waiting > len(self._set_aside)
+        return budget, prefill_admitted
+
+    def _close_step(self, out: SchedulerOutput, budget: int, carried_prefill: bool) -> None:
+        """The step's closing bookkeeping: totals, Mamba and encoder inputs, connector, cadence."""
+        out.total_num_scheduled_tokens = total = self._max_tokens_budget - budget
+        if self._hybrid:
+            ids = self.kv.mamba.state_ids
+            out.mamba_state_ids = {r.request_id: ids(r.request_id, s, s + n) for r, s, n in out.chunks()}
+        enc = self._enc
+        if enc is not None:
+            out.encoder_inputs = enc.scheduled
+            out.freed_encoder_ids = enc.take_evicted()
+        remote = self._remote
+        if remote is not None:
+            if out.trace is not None:
+                remote.trace_events(out.trace)
+            remote.after_schedule(out)
+        if self._async:
+            self._mark_in_flight(out)
+        if total:
+            self._num_executed_steps += 1
+        if carried_prefill and self._prefill_interval > 1:
+            self._last_prefill_step = self._num_executed_steps
+        if self._debug:
+            self._check_invariants(out)
+
     def _admit(
         self,
         out: SchedulerOutput,
@@ -843,177 +943,196 @@ class Scheduler:
         running request continued its prefill this step."""
         waiting = self.waiting
         holding = self.holding
-        sessions = self.sessions
         running = self.running
-        kv = self.kv
-        remote = self._remote
-        enc = self._enc
-        lookahead = self._lookahead
-        max_loras = self._max_loras
-        loras = {r.lora_id for r in running if r.lora_id} if max_loras is not None else None
-        # Set aside for a reason of their own, put back at the head in their
-        # order: those holding KV blocks (connector) into the holding queue.
-        set_aside: list[Request] = []
-        held_aside: list[Request] = []
-        stop: Reason | None = None
-        detail = ""
-        prefill_admitted = False
-        policy = self.policy
-        decides = policy.decides_admission
-        while budget > 0:
+        sessions = self.sessions
+        max_num_seqs = self._max_num_seqs
+        decides = self.policy.decides_admission
+        loras = {r.lora_id for r in running if r.lora_id} if self._max_loras is not None else None
+        a = _Admissions(out, trace, budget, threshold, defer, prefill_running, loras, [], [])
+        while a.budget > 0:
             # Requests holding blocks (sessions, connector loads) go first.
             queue = holding if len(holding) else waiting
             if not len(queue):
                 break
             req = queue.peek()
             # Sessions waiting for input keep their sequence slot.
-            if len(running) + sessions.num_waiting_for_input >= self._max_num_seqs:
+            if len(running) + sessions.num_waiting_for_input >= max_num_seqs:
                 freed = self._preempt_for(out, req, trace) if decides else None
                 if freed is None:
-                    stop, detail = Reason.MAX_NUM_SEQS, f"{len(running)} running"
+                    a.stop, a.detail = Reason.MAX_NUM_SEQS, f"{len(running)} running"
                     break
-                budget += freed
-            why = (
-                self._why_set_aside(req, loras, max_loras)
-                if remote is not None
-                or req.num_stale_output_tokens
-                or loras is not None
-                or req.status is _WAITING_FOR_GRAMMAR
-                or req.status is _WAITING_FOR_INPUT
-                else None
-            )
-            if decides and why is None:
-                why = self._policy_refusal(out, req, None, queue, set_aside, held_aside, trace)
-                if why is not None:
-                    if why[0] is Verdict.STOP:
-                        stop, detail = why[1], why[2]
-                        break
-                    continue
-            ext = 0
-            load_async = False
-            if why is None:
-                if req.num_computed_tokens == 0:
-                    hit_blocks, hit = kv.get_computed_blocks(req)
-                    if remote is not None:
-                        ext, load_async = remote.lookup(req, hit)
-                        if ext is None:
-                            why = Reason.REMOTE_KV, 0, "the connector cannot tell yet"
-                else:
-                    # Its blocks hold KV loaded by the connector; nothing to look up.
-                    hit_blocks, hit = _NO_BLOCKS, -1
-            if why is not None:
-                queue.pop()
-                self._set_aside.add(req)
-                (held_aside if _holds_blocks(req) else set_aside).append(req)
-                if trace is not None:
-                    trace.add(req.request_id, *why)
-                continue
-            computed = hit + ext if hit >= 0 else req.num_computed_tokens
-            n = 0
-            plan = None
-            held = ""
-            if not load_async:
-                # With drafts, vLLM pads a one-token admission to a full draft
-                # step (keeps the batch uniform) unless prefill runs in it.
-                # Not yet with a KV connector: its block accounting does not
-                # expect padded slots (vLLM pads there too: a known gap).
-                pad = (
-                    self._has_drafts
-                    and remote is None
-                    and not prefill_running
-                    and (computed > 0 or len(out.scheduled) > len(out.admitted))
-                )
-                n, stop, detail = self._admission_chunk(req, computed, budget, threshold, defer, pad)
-                if stop is not None:
-                    if decides:
-                        stop, detail = self._blocked(
-                            out, req, stop, detail, queue, set_aside, held_aside, trace
-                        )
-                        if stop is None:
-                            continue
-                    break
-                if self._mamba_align:
-                    n = self._aligned_chunk(req, computed, n)
-                    if n == 0:
-                        stop, detail = Reason.MAMBA_ALIGNMENT, f"{budget} tokens left"
-                        break
-                if enc is not None and req.mm_items:
-                    n, plan, held = enc.try_schedule(req, computed, n)
-                    if n == 0:
-                        # An item it reaches cannot be encoded this step:
-                        # set aside, so those behind it may still go (as vLLM).
-                        queue.pop()
-                        self._set_aside.add(req)
-                        (held_aside if _holds_blocks(req) else set_aside).append(req)
-                        if trace is not None:
-                            trace.add(req.request_id, Reason.ENCODER_HELD, detail=held)
-                        continue
-            while True:
-                reserved = self._watermark_blocks if running else 0
-                if remote is None:
-                    if hit < 0:
-                        # A session resuming: its blocks hold the KV computed so far.
-                        blocks = kv.allocate_held(req, n, lookahead, self._reserve_full, reserved)
-                    else:
-                        blocks = kv.allocate_new(req, n, hit_blocks, lookahead, self._reserve_full, reserved)
-                else:
-                    blocks = remote.allocate(
-                        req, n, hit_blocks, ext, load_async, lookahead, self._reserve_full, reserved
-                    )
-                if blocks is not None or not decides:
-                    break
-                freed = self._preempt_for(out, req, trace)
-                if freed is None:
-                    break
-                budget += freed
-            if blocks is None:
-                if enc is not None and req.mm_items:
-                    enc.release(req)
-                stop, detail = self._why_no_blocks(req, hit_blocks, ext + n, reserved)
-                if decides:
-                    stop, detail = self._blocked(out, req, stop, detail, queue, set_aside, held_aside, trace)
-                    if stop is None:
-                        continue
+                a.budget += freed
+            if not self._admit_head(a, queue, req):
                 break
-            if remote is not None:
-                remote.allocated(req, ext)
-            if hit >= 0:
-                kv.record_admission(req, hit)
-            if load_async:
-                remote.start_load(req, computed)
-                queue.pop()
-                self._set_aside.add(req)
-                held_aside.append(req)
-                if trace is not None:
-                    trace.add(req.request_id, Reason.REMOTE_KV, detail=f"load of {ext} tokens started")
-                continue
-            queue.pop()
-            self._set_aside.discard(req)
-            running.append(req)
-            if computed < req.num_tokens - 1:
-                prefill_admitted = True
-            self._start_running(out, req, blocks, computed, n, hit)
-            if n > 1 and computed + 1 == req.num_tokens:
-                # Padded: drafts that no proposer made, so none is accepted.
-                out.spec_decode_tokens[req.request_id] = [-1] * (n - 1)
-            if plan is not None:
-                enc.commit(req, plan)
-            if loras is not None and req.lora_id:
-                loras.add(req.lora_id)
-            if trace is not None:
-                self._trace_scheduled(
-                    trace, req, computed, n, req.num_tokens - computed, budget, threshold, True, held
-                )
-            budget -= n
-        if set_aside:
-            waiting.requeue(set_aside)
-        if held_aside:
-            holding.requeue(held_aside)
+        if a.set_aside:
+            waiting.requeue(a.set_aside)
+        if a.held_aside:
+            holding.requeue(a.held_aside)
         if trace is not None and len(waiting):
+            stop, detail = a.stop, a.detail
             if stop is None:
                 stop, detail = Reason.BUDGET, f"all {self._max_tokens_budget} tokens of the step are used"
-            self._trace_waiting(trace, set_aside, stop, detail)
-        return budget, prefill_admitted
+            self._trace_waiting(trace, a.set_aside, stop, detail)
+        return a.budget, a.prefill_admitted
+
+    def _admit_head(self, a: _Admissions, queue: WaitingQueue, req: Request) -> bool:
+        """Admit or set aside ``req``, the head of ``queue``; False when admissions stop at it."""
+        remote = self._remote
+        why = (
+            self._why_set_aside(req, a.loras, self._max_loras)
+            if remote is not None
+            or req.num_stale_output_tokens
+            or a.loras is not None
+            or req.status is _WAITING_FOR_GRAMMAR
+            or req.status is _WAITING_FOR_INPUT
+            else None
+        )
+        if why is None and self.policy.decides_admission:
+            refusal = self._policy_refusal(a.out, req, None, queue, a.set_aside, a.held_aside, a.trace)
+            if refusal is not None:
+                if refusal[0] is Verdict.STOP:
+                    a.stop, a.detail = refusal[1], refusal[2]
+                    return False
+                return True
+        hit_blocks, hit, ext, load_async = _NO_BLOCKS, -1, 0, False
+        if why is None:
+            hit_blocks, hit = self._lookup_prefix(req)
+            if remote is not None and hit >= 0:
+                # The connector: tokens it can load beyond the local hit.
+                ext, load_async = remote.lookup(req, hit)
+                if ext is None:
+                    why = Reason.REMOTE_KV, 0, "the connector cannot tell yet"
+        if why is not None:
+            self._put_aside(a, queue, req, why)
+            return True
+        computed = hit + ext if hit >= 0 else req.num_computed_tokens
+        chunk = (0, None, "") if load_async else self._admission_size(a, queue, req, computed)
+        if chunk is None:
+            return a.stop is None
+        n, plan, held = chunk
+        blocks = self._allocate_admission(a, queue, req, n, hit_blocks, hit, ext, load_async)
+        if blocks is None:
+            return a.stop is None
+        if load_async:
+            self._start_load(a, queue, req, computed, ext)
+        else:
+            self._start_running(a, queue, req, blocks, computed, n, hit, plan, held)
+        return True
+
+    def _lookup_prefix(self, req: Request) -> tuple[list, int]:
+        """The prefix-cache hit for the head: (blocks, tokens); tokens -1 for no lookup."""
+        if req.num_computed_tokens == 0:
+            return self.kv.get_computed_blocks(req)
+        # Its blocks hold KV loaded by the connector; nothing to look up.
+        return _NO_BLOCKS, -1
+
+    def _put_aside(
+        self, a: _Admissions, queue: WaitingQueue, req: Request, why: tuple[Reason, int, str]
+    ) -> None:
+        """Set the head aside for a reason of its own: those behind it may still go."""
+        queue.pop()
+        self._set_aside.add(req)
+        (a.held_aside if _holds_blocks(req) else a.set_aside).append(req)
+        if a.trace is not None:
+            a.trace.add(req.request_id, *why)
+
+    def _admission_size(
+        self, a: _Admissions, queue: WaitingQueue, req: Request, computed: int
+    ) -> tuple[int, EncoderPlan | None, str] | None:
+        """Tokens to admit the head with: (n, encoder plan, what held it short).
+
+        None when it is not admitted now; ``a.stop`` then says whether
+        admissions stop at it.
+        """
+        out = a.out
+        # With drafts, vLLM pads a one-token admission to a full draft
+        # step (keeps the batch uniform) unless prefill runs in it.
+        # Not yet with a KV connector: its block accounting does not
+        # expect padded slots (vLLM pads there too: a known gap).
+        pad = (
+            self._has_drafts
+            and self._remote is None
+            and not a.prefill_running
+            and (computed > 0 or len(out.scheduled) > len(out.admitted))
+        )
+        n, stop, detail = self._admission_chunk(req, computed, a.budget, a.threshold, a.defer, pad)
+        if stop is not None:
+            self._blocked(a, queue, req, stop, detail)
+            return None
+        if self._mamba_align:
+            n = self._aligned_chunk(req, computed, n)
+            if n == 0:
+                a.stop, a.detail = Reason.MAMBA_ALIGNMENT, f"{a.budget} tokens left"
+                return None
+        enc = self._enc
+        if enc is not None and req.mm_items:
+            n, plan, held = enc.try_schedule(req, computed, n)
+            if n == 0:
+                # An item it reaches cannot be encoded this step:
+                # set aside, so those behind it may still go (as vLLM).
+                self._put_aside(a, queue, req, (Reason.ENCODER_HELD, 0, held))
+                return None
+            return n, plan, held
+        return n, None, ""
+
+    def _allocate_admission(
+        self,
+        a: _Admissions,
+        queue: WaitingQueue,
+        req: Request,
+        n: int,
+        hit_blocks: list,
+        hit: int,
+        ext: int,
+        load_async: bool,
+    ) -> list | None:
+        """KV blocks to admit the head, preempting for them where the policy decides.
+
+        None when they cannot be had; ``a.stop`` then says whether
+        admissions stop at it.
+        """
+        kv = self.kv
+        remote = self._remote
+        decides = self.policy.decides_admission
+        lookahead = self._lookahead
+        while True:
+            reserved = self._watermark_blocks if self.running else 0
+            if remote is None:
+                if hit < 0:
+                    # A session resuming: its blocks hold the KV computed so far.
+                    blocks = kv.allocate_held(req, n, lookahead, self._reserve_full, reserved)
+                else:
+                    blocks = kv.allocate_new(req, n, hit_blocks, lookahead, self._reserve_full, reserved)
+            else:
+                blocks = remote.allocate(
+                    req, n, hit_blocks, ext, load_async, lookahead, self._reserve_full, reserved
+                )
+            if blocks is not None or not decides:
+                break
+            freed = self._preempt_for(a.out, req, a.trace)
+            if freed is None:
+                break
+            a.budget += freed
+        if blocks is None:
+            if self._enc is not None and req.mm_items:
+                self._enc.release(req)
+            stop, detail = self._why_no_blocks(req, hit_blocks, ext + n, reserved)
+            self._blocked(a, queue, req, stop, detail)
+            return None
+        if remote is not None:
+            remote.allocated(req, ext)
+        if hit >= 0:
+            kv.record_admission(req, hit)
+        return blocks
+
+    def _start_load(self, a: _Admissions, queue: WaitingQueue, req: Request, computed: int, ext: int) -> None:
+        """Start the connector's asynchronous load for the head; it waits in the holding queue meanwhile."""
+        self._remote.start_load(req, computed)
+        queue.pop()
+        self._set_aside.add(req)
+        a.held_aside.append(req)
+        if a.trace is not None:
+            a.trace.add(req.request_id, Reason.REMOTE_KV, detail=f"load of {ext} tokens started")
 
     def _policy_refusal(
         self,
@@ -1046,24 +1165,19 @@ class Scheduler:
             trace.add(req.request_id, reason, detail=detail)
         return refusal
 
-    def _blocked(
-        self,
-        out: SchedulerOutput,
-        req: Request,
-        stop: Reason,
-        detail: str,
-        queue: WaitingQueue,
-        set_aside: list[Request],
-        held_aside: list[Request],
-        trace: StepTrace | None,
-    ) -> tuple[Reason | None, str]:
-        """The head did not fit: (None, "") if the policy skipped or declined it, else why admissions stop."""
-        refusal = self._policy_refusal(out, req, (stop, detail), queue, set_aside, held_aside, trace)
-        if refusal is None:
-            return stop, detail
-        if refusal[0] is Verdict.STOP:
-            return refusal[1], refusal[2]
-        return None, ""
+    def _blocked(self, a: _Admissions, queue: WaitingQueue, req: Request, stop: Reason, detail: str) -> None:
+        """The head did not fit: admissions stop at it (``a.stop``) unless the policy skips or declines it."""
+        if self.policy.decides_admission:
+            refusal = self._policy_refusal(
+                a.out, req, (stop, detail), queue, a.set_aside, a.held_aside, a.trace
+            )
+            if refusal is not None:
+                if refusal[0] is Verdict.STOP:
+                    stop, detail = refusal[1], refusal[2]
+                else:
+                    a.stop, a.detail = None, ""
+                    return
+        a.stop, a.detail = stop, detail
 
     def _preempt_for(self, out: SchedulerOutput, req: Request, trace: StepTrace | None) -> int | None:
         """Preempt the running request the policy picks to make room for waiting ``req``.
@@ -1149,7 +1263,7 @@ class Scheduler:
         if req.status is _REMOTE and not self._remote.ready(req):
             return Reason.REMOTE_KV, 0, "load in progress"
         if req.status is _WAITING_FOR_GRAMMAR:
-            if not req.grammar.ready:  # type: ignore[union-attr]
+            if not req.grammar.ready:
                 # Skipped, not blocking: those behind it may run (as vLLM).
                 return Reason.GRAMMAR_COMPILING, 0, ""
             req.status = _WAITING
@@ -1164,9 +1278,24 @@ class Scheduler:
         return None
 
     def _start_running(
-        self, out: SchedulerOutput, req: Request, blocks: list, computed: int, n: int, hit: int
+        self,
+        a: _Admissions,
+        queue: WaitingQueue,
+        req: Request,
+        blocks: list,
+        computed: int,
+        n: int,
+        hit: int,
+        plan: EncoderPlan | None,
+        held: str,
     ) -> None:
-        """Record an admission of ``n`` tokens after ``computed`` (``hit`` < 0: no lookup)."""
+        """Admit the head with ``n`` tokens after ``computed`` (``hit`` < 0: no lookup)."""
+        queue.pop()
+        self._set_aside.discard(req)
+        self.running.append(req)
+        if computed < req.num_tokens - 1:
+            a.prefill_admitted = True
+        out = a.out
         kv = self.kv
         if req.num_cached_tokens < 0:
             req.num_cached_tokens = computed
@@ -1185,6 +1314,17 @@ class Scheduler:
             start = kv.claim_unwritten(blocks[: hit // kv.block_size])
             if start is not None:
                 out.recompute_from[req.request_id] = start
+        if n > 1 and computed + 1 == req.num_tokens:
+            # Padded: drafts that no proposer made, so none is accepted.
+            out.spec_decode_tokens[req.request_id] = [-1] * (n - 1)
+        if plan is not None:
+            self._enc.commit(req, plan)
+        if a.loras is not None and req.lora_id:
+            a.loras.add(req.lora_id)
+        if a.trace is not None:
+            wanted = req.num_tokens - computed
+            self._trace_scheduled(a.trace, req, computed, n, wanted, a.budget, a.threshold, True, held)
+        a.budget -= n
 
     def _why_no_blocks(self, req: Request, hit_blocks: list, n: int, reserved: int) -> tuple[Reason, str]:
         kv = self.kv
@@ -1253,14 +1393,7 @@ class Scheduler:
         In async mode ``out`` is the oldest step in flight, and the scheduler
         has planned a later step since: its placeholders are resolved here.
         """
-        res = StepOutputs()
-        updated = res.updated
-        finished = res.finished
         sampled = result.sampled_token_ids
-        drafts = None if self._async else result.draft_token_ids
-        spec_sched = out.spec_decode_tokens
-        async_mode = self._async
-        has_drafts = self._has_drafts
         if len(sampled) != len(out.scheduled):
             raise ValueError(
                 f"executor returned {len(sampled)} results for {len(out.scheduled)} scheduled requests"
@@ -1269,8 +1402,20 @@ class Scheduler:
         kv_out = result.kv_connector_output
         # Requests whose KV failed to load: their output is void (see RemoteKV.begin_update).
         failed = remote.begin_update(out, kv_out, self.running) if remote is not None else None
+        res = StepOutputs()
+        stopped_waiting = self._apply_sampled(out, result, failed, res)
+        self._close_update(res, stopped_waiting, failed, kv_out)
+        return res
+
+    def _apply_sampled(
+        self, out: SchedulerOutput, result: ModelRunnerOutput, failed: set[str] | None, res: StepOutputs
+    ) -> set[Request]:
+        """Give each scheduled request its sampled tokens; returns those that stopped while waiting."""
+        updated, finished, sampled = res.updated, res.finished, result.sampled_token_ids
+        async_mode, has_drafts, enc = self._async, self._has_drafts, self._enc
+        drafts = None if async_mode else result.draft_token_ids
+        spec_sched = out.spec_decode_tokens
         stopped_waiting: set[Request] = set()
-        enc = self._enc
         for k, req in enumerate(out.scheduled):
             toks = sampled[k]
             status = req.status
@@ -1289,49 +1434,27 @@ class Scheduler:
                 continue
             mm = enc is not None and req.mm_items
             if mm and not (spec_sched and toks):
-                # Items its confirmed progress passed are no longer needed by it.
-                enc.release_passed(req)
-            # No tokens: a partial prefill chunk. Not running (and not a
-            # preempted request's stale output): aborted meanwhile.
+                enc.release_passed(req)  # items its confirmed progress passed: no longer needed by it
+            # No tokens: a partial prefill chunk. Not running (nor stale output): aborted meanwhile.
             if not toks or (status is not _RUNNING and not stale):
                 continue
-            if spec_sched and not stale:
-                scheduled_drafts = spec_sched.get(req.request_id)
-                if scheduled_drafts:
-                    rejected = len(scheduled_drafts) - (len(toks) - 1)
-                    if rejected > 0:
-                        req.num_computed_tokens -= rejected
-                        if req.num_output_placeholders:
-                            req.num_output_placeholders -= rejected
-            if mm and spec_sched:
-                enc.release_passed(req)
-            stopped = False
+            if spec_sched:
+                self._settle_drafts(req, spec_sched.get(req.request_id), len(toks), stale, bool(mm))
             if len(toks) == 1:
                 t = toks[0]
                 req.token_ids.append(t)
                 req.num_tokens += 1
-                if req.num_tokens >= req.stop_length or t in req.stop_ids:
-                    stopped = check_stop(req, t)
+                stopped = (req.num_tokens >= req.stop_length or t in req.stop_ids) and check_stop(req, t)
             else:
-                for j, t in enumerate(toks):
-                    req.token_ids.append(t)
-                    req.num_tokens += 1
-                    if (req.num_tokens >= req.stop_length or t in req.stop_ids) and check_stop(req, t):
-                        # Tokens after the stop are dropped; computed covers all
-                        # kept tokens but the last, as after any step.
-                        if not stale:
-                            req.num_computed_tokens -= len(toks) - j - 1
-                        stopped = True
-                        break
+                stopped = _append_tokens(req, toks, stale)
             if not stale:
                 placeholders = req.num_output_placeholders
                 if placeholders:
                     # Every returned token resolves one, those cut at a stop too.
                     req.num_output_placeholders = placeholders - len(toks)
                 if placeholders or has_drafts:
-                    # Tokens ran ahead of known values (placeholders, drafts),
-                    # so allocation registered fewer blocks than are computed
-                    # now: register those the finished steps completed.
+                    # Tokens ran ahead of known values (placeholders, drafts), so allocation
+                    # registered fewer blocks than are computed: register those now complete.
                     self.kv.cache_blocks(req, req.num_computed_tokens - req.num_in_flight_tokens)
             updated.append(req)
             if stopped:
@@ -1343,21 +1466,47 @@ class Scheduler:
                     stopped_waiting.add(req)
             elif drafts is not None and not req.is_prefill_chunk:
                 req.spec_token_ids = list(drafts[k])
+        return stopped_waiting
+
+    def _settle_drafts(
+        self, req: Request, scheduled_drafts: list[int] | None, num_sampled: int, stale: bool, mm: bool
+    ) -> None:
+        """Take back the positions (and placeholders) of the drafts a step rejected; release passed items."""
+        if scheduled_drafts and not stale:
+            rejected = len(scheduled_drafts) - (num_sampled - 1)
+            if rejected > 0:
+                req.num_computed_tokens -= rejected
+                if req.num_output_placeholders:
+                    req.num_output_placeholders -= rejected
+        if mm:
+            # Only now: its confirmed progress is known once rejected drafts are taken back.
+            self._enc.release_passed(req)  # type: ignore[union-attr]
+
+    def _close_update(
+        self,
+        res: StepOutputs,
+        stopped_waiting: set[Request],
+        failed: set[str] | None,
+        kv_out: KVConnectorOutput | None,
+    ) -> None:
+        """Free what finished: stopped, declined by the policy, mismatched encoder inputs, failed loads."""
+        finished = res.finished
         if finished:
             self._remove_stopped(finished, stopped_waiting)
         if self._declined:
             finished.extend(self._declined)
             self._declined = []
+        enc = self._enc
         if enc is not None and enc.mismatched:
             mismatched, enc.mismatched = enc.mismatched, set()
             finished.extend(self.finish_requests(mismatched, RequestStatus.FINISHED_ERROR))
+        remote = self._remote
         if remote is not None:
             if failed and not remote.recompute_failures:
                 finished.extend(self.finish_requests(failed, RequestStatus.FINISHED_ERROR))
             remote.end_update(kv_out)
         if self._debug:
             self._check_kv_invariants()
-        return res
 
     def _remove_stopped(self, finished: list[Request], stopped_waiting: set[Request]) -> None:
         """Take requests that stopped out of their queues and free them."""
