@@ -182,7 +182,10 @@ class TorchExecutor:
             self.block_size,
             self.kv_plan.source,
         )
-        # Before anyone can send a request: the first one must not pay the first-time costs.
+        self._warm_up(max_num_batched_tokens)
+
+    def _warm_up(self, max_num_batched_tokens: int) -> None:
+        """Run the dummy steps before anyone can send a request, so the first one pays no first-time costs."""
         try:
             self.warmup: WarmUp | None = warm_up(self, max_num_batched_tokens)
         except BaseException:
