@@ -1051,6 +1051,7 @@ class Scheduler:
         # expect padded slots (vLLM pads there too: a known gap).
         pad = (
             self._has_drafts
+            and self.config.pad_draft_admissions
             and self._remote is None
             and not a.prefill_running
             and (computed > 0 or len(out.scheduled) > len(out.admitted))

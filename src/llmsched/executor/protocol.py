@@ -26,6 +26,11 @@ class Executor(Protocol):
     simply run at once (``execute``), which is right for executors that
     fabricate their output from the schedule, as the replay and simulator
     executors do.
+
+    With speculative decoding, vLLM pads an admission with one token left
+    to a full draft step of placeholder drafts. An executor that cannot run
+    such a step sets ``runs_placeholder_drafts = False``, and the engine
+    then schedules no padding.
     """
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
