@@ -16,7 +16,14 @@ from collections.abc import Callable, Iterable
 
 from llmsched.core.config import SchedulerConfig
 from llmsched.core.connector import KVConnector
-from llmsched.core.decode_cohort import DecodeCohort, advance_async_decodes
+from llmsched.core.decode_cohort import (
+    AsyncDecodeCohort,
+    DecodeCohort,
+    advance_async_decodes,
+    async_cohort_of,
+    async_cohort_schedule,
+    async_cohort_update,
+)
 from llmsched.core.encoder_inputs import EncoderScheduler
 from llmsched.core.errors import RequestRejected
 from llmsched.core.kv.hybrid import HybridKVCacheManager
@@ -665,6 +672,27 @@ class Scheduler:
         return finished
 
     # ---- decode cohorts: plain decodes kept lazily across admitting steps --------
+
+    def start_async_cohort(self, token_id: int, in_flight: SchedulerOutput) -> AsyncDecodeCohort | None:
+        """Async: an AsyncDecodeCohort of every running request (``decode_cohort.async_cohort_of``)."""
+        return async_cohort_of(self, token_id, in_flight)
+
+    def async_cohort_schedule(
+        self, cohort: AsyncDecodeCohort
+    ) -> tuple[SchedulerOutput, list[Request], int, int] | None:
+        """schedule() with ``cohort``'s decodes kept lazy (see ``decode_cohort.async_cohort_schedule``)."""
+        return async_cohort_schedule(self, cohort)
+
+    def async_cohort_update(
+        self,
+        cohort: AsyncDecodeCohort,
+        out: SchedulerOutput,
+        result: ModelRunnerOutput,
+        finishing: list[Request],
+        decodes: int,
+    ) -> tuple[list[Request], int, list[Request]]:
+        """update_from_output() of ``out`` in a cohort call (see ``decode_cohort.async_cohort_update``)."""
+        return async_cohort_update(self, cohort, out, result, finishing, decodes)
 
     def _steps_may_be_plain(self) -> bool:
         """False where a step always does more than schedule what it is asked (see ``plain_decode_steps``)."""

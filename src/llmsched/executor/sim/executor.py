@@ -34,6 +34,7 @@ import math
 from array import array
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import islice
 from typing import Any
 
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput
@@ -168,8 +169,34 @@ class SimExecutor:
         self.last_sampled = []
         return self._price(scheduler_output, batch)
 
-    def _shape(self, so: SchedulerOutput) -> tuple[BatchShape, list[tuple[int, ...]], list[Request]]:
-        """The batch's shape, each listed request's sampled tokens, and the requests that sample."""
+    def execute_after_decodes(
+        self, scheduler_output: SchedulerOutput, num_decodes: int, decode_context: int
+    ) -> ModelRunnerOutput:
+        """``execute()`` of a batch whose first ``num_decodes`` requests are one-token decodes not read.
+
+        Async scheduling, without speculative decoding or LoRA pricing. For
+        the simulator's cohort calls: ``decode_context`` is those decodes'
+        summed computed counts after scheduling, as ``execute()`` sums them;
+        each samples a token. ``last_sampled`` is left empty.
+        """
+        if not self.async_scheduling or self.spec is not None or self.prices_lora:
+            raise ValueError("execute_after_decodes() clocks async steps without drafts or LoRA pricing only")
+        batch, sampled, _ = self._shape(scheduler_output, num_decodes)
+        batch.num_tokens += num_decodes
+        batch.num_sampled += num_decodes
+        batch.num_decodes += num_decodes
+        batch.decode_context += decode_context
+        self.last_sampled = []
+        self._price(scheduler_output, batch)
+        return ModelRunnerOutput(sampled_token_ids=[self._token] * num_decodes + sampled)
+
+    def _shape(
+        self, so: SchedulerOutput, skip: int = 0
+    ) -> tuple[BatchShape, list[tuple[int, ...]], list[Request]]:
+        """The batch's shape, each listed request's sampled tokens, and the requests that sample.
+
+        ``skip``: leave out the first so many listed requests.
+        """
         token = self._token
         sampled: list[tuple[int, ...]] = []
         samplers: list[Request] = []
@@ -179,7 +206,10 @@ class SimExecutor:
         # would run, and vLLM never recomputes a withdrawn chunk's blocks (it
         # reads them as cached). The extra tokens are this project's torch
         # executor's repair, and rare.
-        for req, n in zip(so.scheduled, so.num_scheduled_tokens):
+        listed = zip(so.scheduled, so.num_scheduled_tokens)
+        if skip:
+            listed = islice(listed, skip, None)
+        for req, n in listed:
             end = req.num_computed_tokens
             num_tokens += n
             if n == 1:
