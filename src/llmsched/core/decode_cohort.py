@@ -492,6 +492,11 @@ def async_cohort_update(
     """
     token = cohort.token_id
     kv = sched.kv
+    scheduled = so.scheduled
+    lazy = cohort.num_in_flight
+    # Behind the members scheduled then: those that joined since (lazy too), and the others.
+    others = [k for k in range(lazy, len(scheduled)) if scheduled[k] not in cohort]
+    lazy = len(scheduled) - len(others)
     cohort.finish(finishing)
     finished = finishing
     for r in finished:
@@ -499,15 +504,10 @@ def async_cohort_update(
         r.num_in_flight_tokens = 0
         check_stop(r, token)
         kv.cache_blocks(r, r.num_computed_tokens)
-    lazy = cohort.num_in_flight
     sampled = result.sampled_token_ids
     samplers: list[Request] = []
-    first = lazy
-    for k in range(first, len(so.scheduled)):
-        req = so.scheduled[k]
-        if req in cohort:
-            lazy += 1  # joined since it was scheduled
-            continue
+    for k in others:
+        req = scheduled[k]
         status = req.status
         if status >= _FINISHED:
             continue
