@@ -200,6 +200,23 @@ def test_no_async_plain_calls_where_a_call_may_do_more():
     assert sync.async_plain_decode_steps(8, 10) == 0
 
 
+def async_cohort_plain_run(lazy: Pipeline, stepped: Pipeline, cohort, rng: random.Random) -> int:
+    """Plain calls of the async cohort, checked against scheduled calls; how many ran."""
+    k = lazy.sched.async_cohort_plain_calls(cohort, rng.randrange(1, 12))
+    if not k:
+        return 0
+    for _ in range(k):
+        ref, res = stepped.step()
+        assert ref.num_scheduled_tokens == [1] * len(ref.scheduled) and not ref.admitted
+    finishing = cohort.finishing(k - 1)
+    last = lazy.sched.advance_async_cohort(cohort, k, finishing)
+    assert ids(finishing) == ids(res.finished)
+    # The last call's step goes in flight, as the engine does it.
+    assert ids(last.scheduled) == ids(ref.scheduled) and last.step == ref.step
+    lazy.in_flight[:] = [(last, fabricate(last, 8))]
+    return k
+
+
 def async_cohort_call(lazy: Pipeline, stepped: Pipeline, cohort) -> bool:
     """One engine call through the async cohort, checked against a scheduled call; False if it declined."""
     got = lazy.sched.async_cohort_schedule(cohort)
@@ -246,16 +263,23 @@ def test_async_cohort_calls_equal_scheduled_calls(seed, overrides):
     lazy = Pipeline(make_sched(**config, debug=False), token=8)
     shared = [900_000 + j for j in range(64)]
     cohort = None
-    num_lazy = num_joined = 0
-    for _ in range(200):
-        if rng.random() < 0.3:
+    num_lazy = num_joined = num_plain = 0
+    for turn in range(300):
+        # Bursts of arrivals, then quiet stretches in which the cohort decodes alone.
+        if turn % 50 < 20 and rng.random() < 0.4:
             feed([stepped.sched, lazy.sched], random.Random(rng.random()), rng.randrange(1, 4), shared)
         if cohort is None and len(lazy.in_flight) == 1 and len(lazy.sched.waiting):
             cohort = lazy.sched.start_async_cohort(8, lazy.in_flight[0][0])
         before = len(cohort) if cohort is not None else 0
-        taken = cohort is not None and async_cohort_call(lazy, stepped, cohort)
+        taken = False
+        if cohort is not None and not len(lazy.sched.waiting) and len(lazy.sched.running) == len(cohort):
+            k = async_cohort_plain_run(lazy, stepped, cohort, rng)
+            num_plain += k
+            taken = k > 0
+        elif cohort is not None:
+            taken = async_cohort_call(lazy, stepped, cohort)
+            num_lazy += taken
         if taken:
-            num_lazy += 1
             num_joined += len(cohort) > before
         if not taken or rng.random() < 0.2:
             if cohort is not None:
@@ -272,6 +296,8 @@ def test_async_cohort_calls_equal_scheduled_calls(seed, overrides):
         cohort.flush()
     assert async_snapshot(lazy.sched) == async_snapshot(stepped.sched)
     assert num_lazy
+    # Small KV caches and sequence caps leave few quiet stretches; the default leaves many.
+    assert num_plain or overrides
     # Small budgets chunk most prompts: their requests rarely join.
     assert num_joined or overrides.get("max_num_batched_tokens") == 16, num_joined
 

@@ -440,6 +440,15 @@ def test_async_plain_decode_calls_leave_every_figure_and_request_unchanged(
         return done
 
     monkeypatch.setattr(Scheduler, "advance_async_decode_steps", counted)
+    # Plain calls of a cohort kept across admitting calls count too.
+    advance_cohort = Scheduler.advance_async_cohort
+
+    def counted_cohort(s, cohort, k, finishing):
+        applied.append(k)
+        finished.extend(finishing)
+        return advance_cohort(s, cohort, k, finishing)
+
+    monkeypatch.setattr(Scheduler, "advance_async_cohort", counted_cohort)
     dep, wl = _llama_run({"async_scheduling": True, **spec}, workload, 150, seed=3, num_prefix_groups=2)
     runs = []
     for fast in (False, True):

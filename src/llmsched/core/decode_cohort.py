@@ -254,9 +254,17 @@ class AsyncDecodeCohort:
         # The call that skips it (schedule()'s max-tokens-in-flight rule) and whose update finishes it.
         heapq.heappush(self._finishes, (r.stop_length - 1 - off, seq, r))
 
-    def finishing(self) -> list[Request]:
-        """The members the coming call finishes (and does not schedule), in running order."""
-        now = self.steps
+    def offset_of(self, r: Request) -> int:
+        """Member ``r``'s computed count less ``steps``."""
+        return self._offset[r]
+
+    def next_finish(self) -> float:
+        """The call that finishes the next member (inf: none is a member)."""
+        return self._finishes[0][0] if self._finishes else math.inf
+
+    def finishing(self, ahead: int = 0) -> list[Request]:
+        """The members the coming call (or the one ``ahead`` after it) finishes, in running order."""
+        now = self.steps + ahead
         heap = self._finishes
         found: list[tuple[int, Request]] = []
         # A heap's entries below a bound form a subtree at its root: walk only that.
@@ -301,6 +309,29 @@ class AsyncDecodeCohort:
         for r in finishing:
             context -= offset[r] + end
         return context
+
+    def run(self, num_calls: int, finishing: list[Request]) -> None:
+        """Apply ``num_calls`` plain calls; the last skips ``finishing``, whom its update finishes.
+
+        ``finishing`` is ``finishing(num_calls - 1)``; no member finishes earlier.
+        """
+        end = self.steps + num_calls
+        last = end - 1
+        events = self._events
+        offset = self._offset
+        kv = self._kv
+        token = self.token_id
+        skip = set(finishing) if finishing else ()
+        while events and events[0][0] < end:
+            s, seq, r = heapq.heappop(events)
+            off = offset.get(r)
+            if off is None or (s == last and r in skip):
+                continue
+            _catch_up_known(r, off + s, token)
+            kv.allocate_slots(r, 1)
+            heapq.heappush(events, (max(kv.next_decode_event(r, 1) - 1 - off, s + 1), seq, r))
+        self.steps = end
+        self.finish(finishing)
 
     def finish(self, finishing: list[Request]) -> None:
         """The update of the call ``finishing`` came from: each gets its last token and leaves."""
@@ -536,3 +567,56 @@ def async_cohort_update(
         cohort.join(r)
     cohort.num_in_flight = decodes
     return samplers, lazy, finished
+
+
+def async_cohort_plain_calls(sched: Scheduler, cohort: AsyncDecodeCohort, limit: int) -> int:
+    """How many of the next calls (at most ``limit``) are plain decodes of ``cohort``.
+
+    ``async_plain_decode_steps`` for a cohort, without a pass over it: every
+    running request is a member and nothing waits. The calls run through
+    the one that finishes the next members, unless that would finish every
+    member (its step would schedule nothing). While the free blocks cover
+    k // block_size + 1 new blocks per member, no allocation can fail.
+    """
+    d = len(sched.running)
+    if not d or d != len(cohort) or len(sched.waiting) or len(sched.holding):
+        return 0
+    kv = sched.kv
+    k = min(
+        limit, int(cohort.next_finish()) - cohort.steps + 1, (kv.num_free_blocks // d) * kv.block_size - 1
+    )
+    if k > 0 and len(cohort.finishing(k - 1)) == d:
+        k -= 1
+    return k if k > 0 else 0
+
+
+def advance_async_cohort(
+    sched: Scheduler, cohort: AsyncDecodeCohort, num_calls: int, finishing: list[Request]
+) -> SchedulerOutput:
+    """Apply ``num_calls`` calls proven plain by ``async_cohort_plain_calls``; the last one's step.
+
+    ``finishing``: the members the last call finishes (``cohort.finishing(num_calls - 1)``;
+    none if the run stops before the call that finishes the next ones).
+    They are freed; the step left in flight lists the other members.
+    """
+    m = len(cohort)
+    cohort.run(num_calls, finishing)
+    sched._finished_ids = []
+    sched._step += num_calls
+    sched._num_executed_steps += num_calls
+    # What a schedule() with an empty queue sets.
+    sched._prefill_capacity_bound = False
+    running = sched.running
+    if finishing:
+        token = cohort.token_id
+        kv = sched.kv
+        for r in finishing:
+            r.num_output_placeholders = 0
+            r.num_in_flight_tokens = 0
+            check_stop(r, token)
+            kv.cache_blocks(r, r.num_computed_tokens)
+        sched._remove_stopped(finishing, set())
+        running = sched.running
+        m = len(running)
+    cohort.num_in_flight = m
+    return SchedulerOutput(sched._step - 1, running[:m], [1] * m, m)

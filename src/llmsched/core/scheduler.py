@@ -19,8 +19,10 @@ from llmsched.core.connector import KVConnector
 from llmsched.core.decode_cohort import (
     AsyncDecodeCohort,
     DecodeCohort,
+    advance_async_cohort,
     advance_async_decodes,
     async_cohort_of,
+    async_cohort_plain_calls,
     async_cohort_schedule,
     async_cohort_update,
 )
@@ -682,6 +684,16 @@ class Scheduler:
     ) -> tuple[SchedulerOutput, list[Request], int, int] | None:
         """schedule() with ``cohort``'s decodes kept lazy (see ``decode_cohort.async_cohort_schedule``)."""
         return async_cohort_schedule(self, cohort)
+
+    def async_cohort_plain_calls(self, cohort: AsyncDecodeCohort, limit: int) -> int:
+        """How many coming calls are plain decodes of ``cohort`` (``async_cohort_plain_calls``)."""
+        return async_cohort_plain_calls(self, cohort, limit)
+
+    def advance_async_cohort(
+        self, cohort: AsyncDecodeCohort, num_calls: int, finishing: list[Request]
+    ) -> SchedulerOutput:
+        """Apply plain calls of ``cohort``; the last one's step (``decode_cohort.advance_async_cohort``)."""
+        return advance_async_cohort(self, cohort, num_calls, finishing)
 
     def async_cohort_update(
         self,

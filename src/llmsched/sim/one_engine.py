@@ -474,7 +474,7 @@ class OneEngine:
             if cohort is None:
                 return 0
         elif not len(sched.waiting) and len(sched.running) == len(cohort):
-            return 0
+            return self._async_cohort_plain_run(cohort)
         if self.max_steps is not None and self.turns >= self.max_steps:
             return 0
         got = sched.async_cohort_schedule(cohort)
@@ -506,6 +506,36 @@ class OneEngine:
         if num_running > tally.max_running:
             tally.max_running = num_running
         return 1
+
+    def _async_cohort_plain_run(self, cohort: AsyncDecodeCohort) -> int:
+        """Plain decode calls of the cohort until an arrival is due, counted as ``_async_plain_decodes``."""
+        sched, ex, tally = self.sched, self.ex, self.tally
+        limit = self.max_steps - self.turns if self.max_steps is not None else _PLAIN_RUN
+        k = sched.async_cohort_plain_calls(cohort, limit)
+        if not k:
+            return 0
+        d = len(cohort)
+        steps = cohort.steps
+        context = cohort.sum_offset + d * steps
+        finishing = cohort.finishing(k - 1)
+        last_shape = None
+        if finishing:
+            d_last = d - len(finishing)
+            stays = cohort.sum_offset - sum(cohort.offset_of(r) for r in finishing)
+            last_shape = (d_last, stays + d_last * (steps + k))
+        run = ex.run_async_decodes(sched.next_step, d, context, k, self.arrivals.next_due_time(), last_shape)
+        n = len(run)
+        if not n:
+            return 0
+        last = sched.advance_async_cohort(cohort, n, finishing if n == k else [])
+        d_now = len(last.scheduled)
+        self.engine.replace_in_flight(
+            last, ModelRunnerOutput(sampled_token_ids=[(ex.sample_token_id,)] * d_now)
+        )
+        self.prev_end = end = tally.metrics.add_steps(run.ends, self.prev_end, d)
+        self.costs.add_pipelined(run.hosts, run.models, run.totals)
+        self._count_plain_run(n, d, finishing if n == k else (), end)
+        return n
 
     def _start_async_cohort(self) -> AsyncDecodeCohort | None:
         """A cohort of the running requests, if the step in flight decodes them all and all sampled last."""
