@@ -21,6 +21,11 @@ schedule one token for every running request and apply the plain decode
 step in flight before them are run together likewise (see
 ``Scheduler.async_plain_decode_steps`` and ``SimExecutor.run_async_decodes``):
 the same calls, clock and figures, the last step they schedule left in flight.
+Plainly decoding requests are moreover kept as an ``AsyncDecodeCohort``
+across the calls that admit others (and the cohort runs its own plain
+calls), so such a call costs its admissions, the first decodes of the
+requests admitted the call before, and block events, not a pass over the
+batch.
 """
 
 from __future__ import annotations
