@@ -9,7 +9,7 @@ import pytest
 from llmsched.core import SamplingParams, Scheduler
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput
 from support.decode_state import feed, snapshot
-from support.scheduling import Pipeline, make_req, make_sched, run_step
+from support.scheduling import Pipeline, fabricate, make_req, make_sched, run_step
 
 
 def kv_snapshot(s: Scheduler) -> dict:
@@ -198,3 +198,142 @@ def test_no_async_plain_calls_where_a_call_may_do_more():
     sync.add_request(make_req("c", 10))
     run_step(sync)
     assert sync.async_plain_decode_steps(8, 10) == 0
+
+
+def async_cohort_plain_run(lazy: Pipeline, stepped: Pipeline, cohort, rng: random.Random) -> int:
+    """Plain calls of the async cohort, checked against scheduled calls; how many ran."""
+    k = lazy.sched.async_cohort_plain_calls(cohort, rng.randrange(1, 12))
+    if not k:
+        return 0
+    for _ in range(k):
+        ref, res = stepped.step()
+        assert ref.num_scheduled_tokens == [1] * len(ref.scheduled) and not ref.admitted
+    finishing = cohort.finishing(k - 1)
+    last = lazy.sched.advance_async_cohort(cohort, k, finishing)
+    assert ids(finishing) == ids(res.finished)
+    # The last call's step goes in flight, as the engine does it.
+    assert ids(last.scheduled) == ids(ref.scheduled) and last.step == ref.step
+    lazy.in_flight[:] = [(last, fabricate(last, 8))]
+    return k
+
+
+def async_cohort_call(lazy: Pipeline, stepped: Pipeline, cohort) -> bool:
+    """One engine call through the async cohort, checked against a scheduled call; False if it declined."""
+    got = lazy.sched.async_cohort_schedule(cohort)
+    if got is None:
+        return False
+    out, finishing, decodes, _ = got
+    prev, prev_result = lazy.in_flight.pop(0)
+    lazy.in_flight.append((out, fabricate(out, 8)))
+    samplers, members, finished = lazy.sched.async_cohort_update(
+        cohort, prev, prev_result, finishing, decodes
+    )
+    ref, res = stepped.step()
+    assert res is not None and not ref.preempted
+    assert ids(out.scheduled) == ids(ref.scheduled)
+    assert out.num_scheduled_tokens == ref.num_scheduled_tokens
+    assert out.num_scheduled_tokens[:decodes] == [1] * decodes
+    assert out.total_num_scheduled_tokens == ref.total_num_scheduled_tokens
+    assert ids(out.admitted) == ids(ref.admitted)
+    assert out.admitted_block_ids == ref.admitted_block_ids
+    assert out.finished_req_ids == ref.finished_req_ids
+    assert ids(finished) == ids(res.finished)
+    # The members sampled first (lazily); the rest went through update_from_output's code.
+    assert ids(samplers) == ids(res.updated[members:])
+    return True
+
+
+@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"enable_prefix_caching": False},
+        {"num_gpu_blocks": 40, "max_num_seqs": 6},
+        {"block_size": 16, "num_gpu_blocks": 60, "max_model_len": 96},
+        {"max_num_batched_tokens": 16, "max_num_seqs": 8},
+        {"max_num_batched_tokens": 256, "max_num_seqs": 4},
+        {"policy": "priority", "num_gpu_blocks": 60},
+    ],
+)
+def test_async_cohort_calls_equal_scheduled_calls(seed, overrides):
+    rng = random.Random(seed)
+    config = {"async_scheduling": True, **overrides}
+    stepped = Pipeline(make_sched(**config), token=8)
+    lazy = Pipeline(make_sched(**config, debug=False), token=8)
+    shared = [900_000 + j for j in range(64)]
+    cohort = None
+    num_lazy = num_joined = num_plain = 0
+    for turn in range(300):
+        # Bursts of arrivals, then quiet stretches in which the cohort decodes alone.
+        if turn % 50 < 20 and rng.random() < 0.4:
+            feed([stepped.sched, lazy.sched], random.Random(rng.random()), rng.randrange(1, 4), shared)
+        if cohort is None and len(lazy.in_flight) == 1 and len(lazy.sched.waiting):
+            cohort = lazy.sched.start_async_cohort(8, lazy.in_flight[0][0])
+        before = len(cohort) if cohort is not None else 0
+        taken = False
+        if cohort is not None and not len(lazy.sched.waiting) and len(lazy.sched.running) == len(cohort):
+            k = async_cohort_plain_run(lazy, stepped, cohort, rng)
+            num_plain += k
+            taken = k > 0
+        elif cohort is not None:
+            taken = async_cohort_call(lazy, stepped, cohort)
+            num_lazy += taken
+        if taken:
+            num_joined += len(cohort) > before
+        if not taken or rng.random() < 0.2:
+            if cohort is not None:
+                cohort.flush()
+                cohort = None
+            if not taken:
+                stepped.step()
+                lazy.step()
+        lazy.sched._check_kv_invariants()
+        # Shared state is exact at every call; the members' own counters once caught up.
+        snap = kv_snapshot if cohort is not None else async_snapshot
+        assert snap(lazy.sched) == snap(stepped.sched)
+    if cohort is not None:
+        cohort.flush()
+    assert async_snapshot(lazy.sched) == async_snapshot(stepped.sched)
+    assert num_lazy
+    # Small KV caches and sequence caps leave few quiet stretches; the default leaves many.
+    assert num_plain or overrides
+    # Small budgets chunk most prompts: their requests rarely join.
+    assert num_joined or overrides.get("max_num_batched_tokens") == 16, num_joined
+
+
+def test_no_async_cohort_where_a_call_may_do_more():
+    s = make_sched(async_scheduling=True, debug=False)
+    pipe = Pipeline(s, token=8)
+    s.add_request(make_req("a", 10, max_tokens=20))
+    pipe.step()
+    assert s.start_async_cohort(8, pipe.in_flight[0][0]) is None  # its prefill is in flight
+    pipe.step()
+    cohort = s.start_async_cohort(8, pipe.in_flight[0][0])
+    assert cohort is not None and len(cohort) == 1
+    cohort.flush()
+    assert s.start_async_cohort(7, pipe.in_flight[0][0]) is not None  # ignore_eos: no stop token
+    s.add_request(make_req("b", 30))
+    pipe.step()  # b's prefill in flight behind a
+    chunked = make_sched(async_scheduling=True, debug=False, max_num_batched_tokens=8, max_num_seqs=4)
+    for config in ({"prefill_schedule_interval": 2}, {"debug": True}):
+        other = make_sched(**{"async_scheduling": True, "debug": False, **config})
+        other_pipe = Pipeline(other, token=8)
+        other.add_request(make_req("d", 10, max_tokens=20))
+        other_pipe.step()
+        other_pipe.step()
+        assert other.start_async_cohort(8, other_pipe.in_flight[0][0]) is None, config
+    chunked_pipe = Pipeline(chunked, token=8)
+    chunked.add_request(make_req("e", 10, max_tokens=20))
+    chunked_pipe.step()
+    chunked_pipe.step()
+    chunked_pipe.step()
+    cohort = chunked.start_async_cohort(8, chunked_pipe.in_flight[0][0])
+    assert cohort is not None
+    chunked.add_request(make_req("f", 30))
+    assert chunked.async_cohort_schedule(cohort) is not None  # f's first chunk is admitted
+    chunked_pipe.in_flight.pop(0)
+    # f's next chunk is no plain decode: the cohort declines the call and changes nothing.
+    before = snapshot(chunked)
+    assert chunked.async_cohort_schedule(cohort) is None
+    assert snapshot(chunked) == before

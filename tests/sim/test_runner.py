@@ -440,6 +440,15 @@ def test_async_plain_decode_calls_leave_every_figure_and_request_unchanged(
         return done
 
     monkeypatch.setattr(Scheduler, "advance_async_decode_steps", counted)
+    # Plain calls of a cohort kept across admitting calls count too.
+    advance_cohort = Scheduler.advance_async_cohort
+
+    def counted_cohort(s, cohort, k, finishing):
+        applied.append(k)
+        finished.extend(finishing)
+        return advance_cohort(s, cohort, k, finishing)
+
+    monkeypatch.setattr(Scheduler, "advance_async_cohort", counted_cohort)
     dep, wl = _llama_run({"async_scheduling": True, **spec}, workload, 150, seed=3, num_prefix_groups=2)
     runs = []
     for fast in (False, True):
@@ -465,3 +474,43 @@ def test_async_trace_and_series_take_every_call():
         res = simulate(dep, wl, trace_out=buf, record_series=True, fast_forward=fast)
         out.append((_without_wall_times(buf.getvalue()), list(res.series.time), res.num_steps))
     assert out[0] == out[1]
+
+
+@pytest.mark.parametrize(
+    ("spec", "workload", "share"),
+    [
+        ({}, {"request_rate": 4.0}, 0.03),
+        ({}, {"request_rate": 30.0}, 0.3),
+        # Prompts often chunked: their calls go through schedule().
+        ({"max_num_batched_tokens": 2048}, {"request_rate": 40.0, "range_ratio": 0.5}, 0.05),
+        # KV-bound: preemptions, and queues held back by the watermark.
+        (
+            {"num_gpu_blocks": 400, "max_num_seqs": 24, "max_model_len": 2048},
+            {"request_rate": 25.0, "prefix_len": 256, "range_ratio": 0.9},
+            0.05,
+        ),
+        ({"max_model_len": 1100}, {"request_rate": 20.0, "range_ratio": 0.5}, 0.1),
+        ({"scheduling_policy": "priority"}, {"request_rate": 20.0, "num_priority_levels": 3}, 0.1),
+    ],
+)
+def test_async_cohort_calls_leave_every_figure_and_request_unchanged(spec, workload, share, monkeypatch):
+    calls = []
+    update = Scheduler.async_cohort_update
+
+    def counted(s, *args):
+        calls.append(1)
+        return update(s, *args)
+
+    monkeypatch.setattr(Scheduler, "async_cohort_update", counted)
+    dep, wl = _llama_run({"async_scheduling": True, **spec}, workload, 300, seed=5, num_prefix_groups=3)
+    runs = []
+    for fast in (False, True):
+        res = simulate(dep, wl, fast_forward=fast, record_requests=True, detailed=True)
+        data = res.to_json()
+        data["simulation"].pop("wall_s")
+        data["simulation"].pop("wall_us_per_request")
+        runs.append((data, res.requests))
+    # The per-call path ran alone first; then calls that admit kept the decodes lazy.
+    assert spec.get("num_gpu_blocks") is None or runs[0][0]["simulation"]["num_preemptions"]
+    assert len(calls) > share * runs[0][0]["simulation"]["num_steps"], len(calls)
+    assert runs[0] == runs[1]

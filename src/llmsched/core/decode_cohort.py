@@ -18,9 +18,17 @@ from __future__ import annotations
 
 import heapq
 import math
+from typing import TYPE_CHECKING
 
 from llmsched.core.kv.manager import KVCacheManager
-from llmsched.core.request import Request
+from llmsched.core.output import ModelRunnerOutput, SchedulerOutput
+from llmsched.core.request import Request, RequestStatus, check_stop
+
+if TYPE_CHECKING:
+    from llmsched.core.scheduler import Scheduler
+
+_RUNNING = RequestStatus.RUNNING
+_FINISHED = RequestStatus.FINISHED_STOPPED  # this and every later status are terminal
 
 
 def catch_up(r: Request, computed: int, token_id: int) -> None:
@@ -187,3 +195,428 @@ def _catch_up_known(r: Request, computed: int, token_id: int) -> None:
         r.num_computed_tokens = computed
         r.token_ids.extend([token_id] * more)
         r.num_tokens = computed
+
+
+class AsyncDecodeCohort:
+    """Async scheduling's plain decodes, kept lazily across the engine calls that admit others.
+
+    Between two engine calls a member has ``num_tokens == num_computed_tokens``
+    and one placeholder in flight; a call schedules it one more token and
+    applies the step before, which gives it one. Its counters are caught up
+    only at its allocation events (at schedule time, registering one token
+    later than in sync mode: ``known_lag``) and at its finish, as in
+    ``DecodeCohort``. ``steps`` counts the calls scheduled since the cohort
+    began; member ``r`` has ``offset[r] + steps`` computed tokens before the
+    next call. The members are the head of the running queue, in running
+    order; requests behind them go through the scheduler's own code.
+    ``num_in_flight`` is how many entries at the head of the step in flight
+    are members (their update is lazy too).
+    """
+
+    __slots__ = (
+        "_events",
+        "_finishes",
+        "_kv",
+        "_offset",
+        "_seq",
+        "num_in_flight",
+        "steps",
+        "sum_offset",
+        "token_id",
+    )
+
+    def __init__(self, kv: KVCacheManager, token_id: int) -> None:
+        self._kv = kv
+        self.token_id = token_id
+        self.steps = 0
+        self._offset: dict[Request, int] = {}
+        self.sum_offset = 0
+        self._events: list[tuple[int, int, Request]] = []
+        self._finishes: list[tuple[int, int, Request]] = []
+        self._seq = 0
+        self.num_in_flight = 0
+
+    def __len__(self) -> int:
+        return len(self._offset)
+
+    def __contains__(self, r: Request) -> bool:
+        return r in self._offset
+
+    def join(self, r: Request) -> None:
+        """Add a plain async decode (between calls, one placeholder in flight) after the others."""
+        off = r.num_computed_tokens - self.steps
+        self._offset[r] = off
+        self.sum_offset += off
+        seq = self._seq
+        self._seq = seq + 1
+        # The call whose schedule reaches its next event (this coming one if it is overdue).
+        heapq.heappush(self._events, (max(self._kv.next_decode_event(r, 1) - 1 - off, self.steps), seq, r))
+        # The call that skips it (schedule()'s max-tokens-in-flight rule) and whose update finishes it.
+        heapq.heappush(self._finishes, (r.stop_length - 1 - off, seq, r))
+
+    def offset_of(self, r: Request) -> int:
+        """Member ``r``'s computed count less ``steps``."""
+        return self._offset[r]
+
+    def next_finish(self) -> float:
+        """The call that finishes the next member (inf: none is a member)."""
+        return self._finishes[0][0] if self._finishes else math.inf
+
+    def finishing(self, ahead: int = 0) -> list[Request]:
+        """The members the coming call (or the one ``ahead`` after it) finishes, in running order."""
+        now = self.steps + ahead
+        heap = self._finishes
+        found: list[tuple[int, Request]] = []
+        # A heap's entries below a bound form a subtree at its root: walk only that.
+        stack = [0] if heap else []
+        while stack:
+            i = stack.pop()
+            s, seq, r = heap[i]
+            if s > now:
+                continue
+            if s < now:
+                raise AssertionError(f"{r.request_id} passed its stop length among lazy decodes")
+            found.append((seq, r))
+            for j in (2 * i + 1, 2 * i + 2):
+                if j < len(heap):
+                    stack.append(j)
+        found.sort(key=lambda e: e[0])
+        return [r for _, r in found]
+
+    def schedule(self, finishing: list[Request]) -> int:
+        """Apply the coming call's schedule to the members; their summed computed counts after it.
+
+        ``finishing`` (from ``finishing()``) are not scheduled: their events
+        wait for a call that never comes.
+        """
+        now = self.steps
+        end = now + 1
+        events = self._events
+        offset = self._offset
+        kv = self._kv
+        token = self.token_id
+        skip = set(finishing) if finishing else ()
+        while events and events[0][0] < end:
+            _, seq, r = heapq.heappop(events)
+            off = offset.get(r)
+            if off is None or r in skip:
+                continue
+            _catch_up_known(r, off + now, token)
+            kv.allocate_slots(r, 1)
+            heapq.heappush(events, (max(kv.next_decode_event(r, 1) - 1 - off, end), seq, r))
+        self.steps = end
+        context = self.sum_offset + len(offset) * end
+        for r in finishing:
+            context -= offset[r] + end
+        return context
+
+    def run(self, num_calls: int, finishing: list[Request]) -> None:
+        """Apply ``num_calls`` plain calls; the last skips ``finishing``, whom its update finishes.
+
+        ``finishing`` is ``finishing(num_calls - 1)``; no member finishes earlier.
+        """
+        end = self.steps + num_calls
+        last = end - 1
+        events = self._events
+        offset = self._offset
+        kv = self._kv
+        token = self.token_id
+        skip = set(finishing) if finishing else ()
+        while events and events[0][0] < end:
+            s, seq, r = heapq.heappop(events)
+            off = offset.get(r)
+            if off is None or (s == last and r in skip):
+                continue
+            _catch_up_known(r, off + s, token)
+            kv.allocate_slots(r, 1)
+            heapq.heappush(events, (max(kv.next_decode_event(r, 1) - 1 - off, s + 1), seq, r))
+        self.steps = end
+        self.finish(finishing)
+
+    def finish(self, finishing: list[Request]) -> None:
+        """The update of the call ``finishing`` came from: each gets its last token and leaves."""
+        offset = self._offset
+        finishes = self._finishes
+        token = self.token_id
+        last = self.steps - 1
+        while finishes and finishes[0][0] <= last:
+            heapq.heappop(finishes)
+        for r in finishing:
+            off = offset.pop(r)
+            self.sum_offset -= off
+            _catch_up_known(r, off + last, token)
+            r.token_ids.append(token)
+            r.num_tokens += 1
+
+    def flush(self) -> list[Request]:
+        """Catch every member up (one placeholder in flight each) and empty the cohort; the members."""
+        steps = self.steps
+        token = self.token_id
+        members = list(self._offset)
+        for r, off in self._offset.items():
+            _catch_up_known(r, off + steps, token)
+        self._offset.clear()
+        self._events.clear()
+        self._finishes.clear()
+        self.sum_offset = 0
+        self.num_in_flight = 0
+        return members
+
+
+def plain_async_decode(r: Request, token_id: int) -> bool:
+    """True for a running request an async cohort can keep: one plain decode token in flight, known stop."""
+    return (
+        not r.is_prefill_chunk
+        and r.num_tokens == r.num_computed_tokens
+        and r.num_output_placeholders == 1
+        and r.num_in_flight_tokens == 1
+        and not r.num_stale_output_tokens
+        and not r.spec_token_ids
+        and not r.resumable
+        and token_id not in r.stop_ids
+        # schedule()'s in-flight skip reads max_tokens: it must be what stops it.
+        and r.stop_length == r.num_prompt_tokens + r.max_tokens
+    )
+
+
+def async_cohort_of(sched: Scheduler, token_id: int, in_flight: SchedulerOutput) -> AsyncDecodeCohort | None:
+    """An AsyncDecodeCohort of every running request, if ``async_cohort_schedule`` can serve the calls.
+
+    As ``Scheduler.start_cohort`` in sync mode, with async mode's own
+    conditions: ``in_flight`` (the one step in flight) decoded every
+    running request one token, and each is a ``plain_async_decode``.
+    """
+    running = sched.running
+    if (
+        not sched._async
+        or sched.connector is not None
+        or sched._has_drafts
+        or sched._lookahead
+        or sched._trace_enabled
+        or sched._hybrid
+        or sched._debug
+        or sched._enc is not None
+        or sched._prefill_interval > 1
+        or sched._declined
+        or sched.policy.decides_admission
+        or sched.admission_gate is not None
+        or sched._max_loras is not None
+        or sched._mamba_align
+        or len(sched.holding)
+        or len(running) > sched._max_tokens_budget
+        or len(in_flight.scheduled) != len(running)
+        or in_flight.total_num_scheduled_tokens != len(running)
+        or in_flight.preempted
+        or sched.next_step != in_flight.step + 1
+    ):
+        return None
+    for r, s in zip(running, in_flight.scheduled):
+        if r is not s or not plain_async_decode(r, token_id):
+            return None
+    cohort = AsyncDecodeCohort(sched.kv, token_id)
+    for r in running:
+        cohort.join(r)
+    cohort.num_in_flight = len(running)
+    return cohort
+
+
+def async_cohort_schedule(
+    sched: Scheduler, cohort: AsyncDecodeCohort
+) -> tuple[SchedulerOutput, list[Request], int, int] | None:
+    """schedule() for an async call in which the members decode and the rest runs schedule()'s code.
+
+    The members (the head of the running queue) get one token each, but
+    those the call finishes; the requests behind them must each decode one
+    token after their first sample (anything else: None, nothing changed);
+    then the queue is admitted. The output lists every scheduled request,
+    as schedule()'s; the members' new blocks are not listed. Returns it,
+    the members it finishes (``finishing()``), how many members it decodes
+    and their summed computed counts after it.
+    """
+    running = sched.running
+    d = len(running)
+    m = len(cohort)
+    kv = sched.kv
+    if (
+        len(sched.holding)
+        or d > sched._max_tokens_budget
+        # One new block per running request at most: no allocation fails, nobody is preempted.
+        or d > kv.num_free_blocks
+    ):
+        return None
+    tail = running[m:]
+    max_len = sched._max_model_len
+    max_tokens_skip = []
+    for r in tail:
+        if (
+            r.status is not _RUNNING
+            or r.is_prefill_chunk
+            or r.num_output_placeholders != 1
+            or r.num_tokens != r.num_computed_tokens
+            or r.spec_token_ids
+            or r.num_stale_output_tokens
+        ):
+            return None
+        computed = r.num_computed_tokens
+        # schedule()'s in-flight skip (the step in flight brings it to max_tokens), or no position left.
+        max_tokens_skip.append(computed + 1 >= r.num_prompt_tokens + r.max_tokens or computed + 1 >= max_len)
+    finishing = cohort.finishing()
+    if len(finishing) == m and all(max_tokens_skip):
+        return None  # nothing would run: the engine would not hand the step over
+    out = SchedulerOutput(sched._step)
+    sched._step += 1
+    out.finished_req_ids, sched._finished_ids = sched._finished_ids, []
+    context = cohort.schedule(finishing)
+    decodes = m - len(finishing)
+    if finishing:
+        gone = set(finishing)
+        out.scheduled = [r for r in running[:m] if r not in gone]
+    else:
+        out.scheduled = running[:m]
+    out.num_scheduled_tokens = [1] * decodes
+    listed = out.scheduled
+    for r, skip in zip(tail, max_tokens_skip):
+        if skip:
+            continue
+        new_blocks = kv.allocate_slots(r, 1)
+        if new_blocks is None:
+            raise AssertionError(f"{r.request_id}: no block for one token with {d} free")
+        r.num_computed_tokens += 1
+        r.is_prefill_chunk = False
+        listed.append(r)
+        out.num_scheduled_tokens.append(1)
+        if new_blocks:
+            out.new_block_ids[r.request_id] = [b.block_id for b in new_blocks]
+    num_waiting = len(sched.waiting)
+    threshold = sched._threshold if d + num_waiting > 1 else 0
+    budget = sched._max_tokens_budget - len(listed)
+    if num_waiting:
+        budget = sched._admit(out, budget, threshold, False, None)[0]
+    sched._prefill_capacity_bound = sched.num_waiting > len(sched._set_aside)
+    out.total_num_scheduled_tokens = total = sched._max_tokens_budget - budget
+    # What _mark_in_flight does, for the requests behind the members (theirs stay lazily as they are).
+    for req, n in zip(listed[decodes:], out.num_scheduled_tokens[decodes:]):
+        req.num_in_flight_tokens += n
+        if not req.is_prefill_chunk:
+            req.num_output_placeholders += 1
+    if total:
+        sched._num_executed_steps += 1
+    return out, finishing, decodes, context
+
+
+def async_cohort_update(
+    sched: Scheduler,
+    cohort: AsyncDecodeCohort,
+    so: SchedulerOutput,
+    result: ModelRunnerOutput,
+    finishing: list[Request],
+    decodes: int,
+) -> tuple[list[Request], int, list[Request]]:
+    """update_from_output() of the step in flight ``so``, in a call ``async_cohort_schedule`` made.
+
+    Its first ``cohort.num_in_flight`` entries are members, as are those
+    behind them that joined since: their update is lazy but for
+    ``finishing``. The others go through update_from_output()'s code.
+    Requests right behind the members that now decode plainly join them.
+    Returns the requests updated by that code, how many members sampled,
+    and every request the step finished, in update order.
+    """
+    token = cohort.token_id
+    kv = sched.kv
+    scheduled = so.scheduled
+    lazy = cohort.num_in_flight
+    # Behind the members scheduled then: those that joined since (lazy too), and the others.
+    others = [k for k in range(lazy, len(scheduled)) if scheduled[k] not in cohort]
+    lazy = len(scheduled) - len(others)
+    cohort.finish(finishing)
+    finished = finishing
+    for r in finished:
+        r.num_output_placeholders = 0
+        r.num_in_flight_tokens = 0
+        check_stop(r, token)
+        kv.cache_blocks(r, r.num_computed_tokens)
+    sampled = result.sampled_token_ids
+    samplers: list[Request] = []
+    for k in others:
+        req = scheduled[k]
+        status = req.status
+        if status >= _FINISHED:
+            continue
+        req.num_in_flight_tokens -= so.num_scheduled_tokens[k]
+        toks = sampled[k]
+        if not toks or status is not _RUNNING:
+            continue
+        t = toks[0]
+        req.token_ids.append(t)
+        req.num_tokens += 1
+        stopped = (req.num_tokens >= req.stop_length or t in req.stop_ids) and check_stop(req, t)
+        placeholders = req.num_output_placeholders
+        if placeholders:
+            req.num_output_placeholders = placeholders - 1
+            kv.cache_blocks(req, req.num_computed_tokens - req.num_in_flight_tokens)
+        samplers.append(req)
+        if stopped:
+            finished.append(req)
+    if finished:
+        sched._remove_stopped(finished, set())
+    running = sched.running
+    for r in running[len(cohort) :]:
+        # It sampled here (a prompt's first token counts as no decode yet).
+        if not plain_async_decode(r, token) or r.num_tokens <= r.num_prompt_tokens:
+            break
+        cohort.join(r)
+    cohort.num_in_flight = decodes
+    return samplers, lazy, finished
+
+
+def async_cohort_plain_calls(sched: Scheduler, cohort: AsyncDecodeCohort, limit: int) -> int:
+    """How many of the next calls (at most ``limit``) are plain decodes of ``cohort``.
+
+    ``async_plain_decode_steps`` for a cohort, without a pass over it: every
+    running request is a member and nothing waits. The calls run through
+    the one that finishes the next members, unless that would finish every
+    member (its step would schedule nothing). While the free blocks cover
+    k // block_size + 1 new blocks per member, no allocation can fail.
+    """
+    d = len(sched.running)
+    if not d or d != len(cohort) or len(sched.waiting) or len(sched.holding):
+        return 0
+    kv = sched.kv
+    k = min(
+        limit, int(cohort.next_finish()) - cohort.steps + 1, (kv.num_free_blocks // d) * kv.block_size - 1
+    )
+    if k > 0 and len(cohort.finishing(k - 1)) == d:
+        k -= 1
+    return k if k > 0 else 0
+
+
+def advance_async_cohort(
+    sched: Scheduler, cohort: AsyncDecodeCohort, num_calls: int, finishing: list[Request]
+) -> SchedulerOutput:
+    """Apply ``num_calls`` calls proven plain by ``async_cohort_plain_calls``; the last one's step.
+
+    ``finishing``: the members the last call finishes (``cohort.finishing(num_calls - 1)``;
+    none if the run stops before the call that finishes the next ones).
+    They are freed; the step left in flight lists the other members.
+    """
+    m = len(cohort)
+    cohort.run(num_calls, finishing)
+    sched._finished_ids = []
+    sched._step += num_calls
+    sched._num_executed_steps += num_calls
+    # What a schedule() with an empty queue sets.
+    sched._prefill_capacity_bound = False
+    running = sched.running
+    if finishing:
+        token = cohort.token_id
+        kv = sched.kv
+        for r in finishing:
+            r.num_output_placeholders = 0
+            r.num_in_flight_tokens = 0
+            check_stop(r, token)
+            kv.cache_blocks(r, r.num_computed_tokens)
+        sched._remove_stopped(finishing, set())
+        running = sched.running
+        m = len(running)
+    cohort.num_in_flight = m
+    return SchedulerOutput(sched._step - 1, running[:m], [1] * m, m)

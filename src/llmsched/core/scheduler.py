@@ -17,7 +17,16 @@ from dataclasses import dataclass
 
 from llmsched.core.config import SchedulerConfig
 from llmsched.core.connector import KVConnector, KVConnectorOutput
-from llmsched.core.decode_cohort import DecodeCohort, advance_async_decodes
+from llmsched.core.decode_cohort import (
+    AsyncDecodeCohort,
+    DecodeCohort,
+    advance_async_cohort,
+    advance_async_decodes,
+    async_cohort_of,
+    async_cohort_plain_calls,
+    async_cohort_schedule,
+    async_cohort_update,
+)
 from llmsched.core.encoder_inputs import EncoderPlan, EncoderScheduler
 from llmsched.core.errors import RequestRejected
 from llmsched.core.kv.hybrid import HybridKVCacheManager
@@ -562,6 +571,37 @@ class Scheduler:
         return finished
 
     # ---- decode cohorts: plain decodes kept lazily across admitting steps --------
+
+    def start_async_cohort(self, token_id: int, in_flight: SchedulerOutput) -> AsyncDecodeCohort | None:
+        """Async: an AsyncDecodeCohort of every running request (``decode_cohort.async_cohort_of``)."""
+        return async_cohort_of(self, token_id, in_flight)
+
+    def async_cohort_schedule(
+        self, cohort: AsyncDecodeCohort
+    ) -> tuple[SchedulerOutput, list[Request], int, int] | None:
+        """schedule() with ``cohort``'s decodes kept lazy (see ``decode_cohort.async_cohort_schedule``)."""
+        return async_cohort_schedule(self, cohort)
+
+    def async_cohort_plain_calls(self, cohort: AsyncDecodeCohort, limit: int) -> int:
+        """How many coming calls are plain decodes of ``cohort`` (``async_cohort_plain_calls``)."""
+        return async_cohort_plain_calls(self, cohort, limit)
+
+    def advance_async_cohort(
+        self, cohort: AsyncDecodeCohort, num_calls: int, finishing: list[Request]
+    ) -> SchedulerOutput:
+        """Apply plain calls of ``cohort``; the last one's step (``decode_cohort.advance_async_cohort``)."""
+        return advance_async_cohort(self, cohort, num_calls, finishing)
+
+    def async_cohort_update(
+        self,
+        cohort: AsyncDecodeCohort,
+        out: SchedulerOutput,
+        result: ModelRunnerOutput,
+        finishing: list[Request],
+        decodes: int,
+    ) -> tuple[list[Request], int, list[Request]]:
+        """update_from_output() of ``out`` in a cohort call (see ``decode_cohort.async_cohort_update``)."""
+        return async_cohort_update(self, cohort, out, result, finishing, decodes)
 
     def _steps_may_be_plain(self) -> bool:
         """False where a step always does more than schedule what it is asked (see ``plain_decode_steps``)."""

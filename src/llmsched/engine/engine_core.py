@@ -211,6 +211,27 @@ class EngineCore:
             so, result, len(sched.running), sched.num_waiting, sched.kv.usage, 0, time.monotonic()
         )
 
+    def swap_in_flight(
+        self,
+        so: SchedulerOutput,
+        result: ModelRunnerOutput,
+        num_running: int,
+        num_waiting: int,
+        kv_usage: float,
+    ) -> tuple[SchedulerOutput, ModelRunnerOutput, int]:
+        """Put ``so`` (executed: ``result``; the queue sizes and KV usage after its schedule) in flight.
+
+        For a simulator that ran an engine call's schedule() and update itself:
+        returns the sole step that was in flight, its output and its running
+        count, for the caller to apply.
+        """
+        if self.sole_in_flight() is None:
+            raise RuntimeError("swap_in_flight() needs exactly one step in flight")
+        old = self._in_flight[0]
+        self.last_scheduled = so
+        self._in_flight[0] = _InFlight(so, result, num_running, num_waiting, kv_usage, 0, time.monotonic())
+        return old.so, old.result, old.num_running  # type: ignore[return-value]
+
     def drain(self) -> list[EngineStep]:
         """Apply every step still in flight (async mode), scheduling nothing new."""
         steps = []

@@ -21,6 +21,11 @@ schedule one token for every running request and apply the plain decode
 step in flight before them are run together likewise (see
 ``Scheduler.async_plain_decode_steps`` and ``SimExecutor.run_async_decodes``):
 the same calls, clock and figures, the last step they schedule left in flight.
+Plainly decoding requests are moreover kept as an ``AsyncDecodeCohort``
+across the calls that admit others (and the cohort runs its own plain
+calls), so such a call costs its admissions, the first decodes of the
+requests admitted the call before, and block events, not a pass over the
+batch.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import IO
 
 from llmsched.bench.replay import step_record
 from llmsched.core.config import SchedulerConfig
-from llmsched.core.decode_cohort import DecodeCohort
+from llmsched.core.decode_cohort import AsyncDecodeCohort, DecodeCohort
 from llmsched.core.errors import RequestRejected
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput
 from llmsched.core.scheduler import Scheduler
@@ -98,6 +103,9 @@ class OneEngine:
         # a trace or series needs every step's running requests, so not then.
         self.cohort: DecodeCohort | None = None
         self.use_cohort = self.plain and not self.keep
+        # Async: the same across the calls that admit (see _async_cohort_call).
+        self.async_cohort: AsyncDecodeCohort | None = None
+        self.use_async_cohort = self.async_plain and not self.keep
         self.scheduled_at: dict[int, tuple[int, list | None, int, int]] = {}
         self.turns = 0
         self.prev_end = -1.0
@@ -145,6 +153,8 @@ class OneEngine:
     def step(self, now: float, added: list | None) -> None:
         """One EngineCore.step(), or cohort steps, or plain decode steps; record what was applied."""
         if self.use_cohort and self._cohort_steps():
+            return
+        if self.use_async_cohort and self._async_cohort_call():
             return
         self.stop_cohort()
         if self.plain and self._plain_decodes():
@@ -384,10 +394,11 @@ class OneEngine:
 
     def stop_cohort(self) -> None:
         """Catch the cohort's requests up (each sampled at the last step's end) and drop it."""
-        if self.cohort is not None:
-            for r in self.cohort.flush():
+        cohort = self.cohort if self.cohort is not None else self.async_cohort
+        if cohort is not None:
+            for r in cohort.flush():
                 r.last_token_time = self.prev_end
-            self.cohort = None
+            self.cohort = self.async_cohort = None
 
     def _cohort_plain_run(self, cohort: DecodeCohort) -> int:
         """Plain decode steps until an arrival is due or a member finishes, counted as ``_plain_decodes``."""
@@ -447,6 +458,104 @@ class OneEngine:
         if num_running > tally.max_running:
             tally.max_running = num_running
         return 1
+
+    def _async_cohort_call(self) -> int:
+        """Async: one engine call with the running requests kept as an AsyncDecodeCohort; 1 if it ran.
+
+        While requests wait, or the ones admitted last call take their first
+        decodes behind the members, a call costs those requests, the
+        members' block events and finishes, not a pass over the batch (see
+        ``Scheduler.async_cohort_schedule``). 0 when the call may be anything
+        else, or nothing waits and all that runs is the cohort (plain calls
+        come, which ``_async_plain_decodes`` runs): the caller then catches
+        the cohort up.
+        """
+        sched = self.sched
+        cohort = self.async_cohort
+        if cohort is None:
+            if not len(sched.waiting):
+                return 0
+            cohort = self._start_async_cohort()
+            if cohort is None:
+                return 0
+        elif not len(sched.waiting) and len(sched.running) == len(cohort):
+            return self._async_cohort_plain_run(cohort)
+        if self.max_steps is not None and self.turns >= self.max_steps:
+            return 0
+        got = sched.async_cohort_schedule(cohort)
+        if got is None:
+            return 0
+        out, finishing, decodes, context = got
+        ex, engine, tally = self.ex, self.engine, self.tally
+        counts = (len(sched.running), sched.num_waiting, sched.kv.usage)
+        result = ex.execute_after_decodes(out, decodes, context)
+        so, prev_result, num_running = engine.swap_in_flight(out, result, *counts)
+        samplers, members, finished = sched.async_cohort_update(cohort, so, prev_result, finishing, decodes)
+        # As step() counts the step applied.
+        timing = ex.timing(so.step)
+        if timing is not None:
+            end = timing.end
+            ex.advance_to(end)
+            if timing.batch.num_tokens:
+                self.costs.add(timing)
+        else:
+            end = ex.now
+        self._count_tokens(samplers, end, members=members)
+        for r in finished:
+            r.last_token_time = end
+            tally.finished(r, end)
+        self.turns += 1
+        tally.num_steps += 1
+        if so.total_num_scheduled_tokens:
+            tally.num_busy += 1
+        if num_running > tally.max_running:
+            tally.max_running = num_running
+        return 1
+
+    def _async_cohort_plain_run(self, cohort: AsyncDecodeCohort) -> int:
+        """Plain decode calls of the cohort until an arrival is due, counted as ``_async_plain_decodes``."""
+        sched, ex, tally = self.sched, self.ex, self.tally
+        limit = self.max_steps - self.turns if self.max_steps is not None else _PLAIN_RUN
+        k = sched.async_cohort_plain_calls(cohort, limit)
+        if not k:
+            return 0
+        d = len(cohort)
+        steps = cohort.steps
+        context = cohort.sum_offset + d * steps
+        finishing = cohort.finishing(k - 1)
+        last_shape = None
+        if finishing:
+            d_last = d - len(finishing)
+            stays = cohort.sum_offset - sum(cohort.offset_of(r) for r in finishing)
+            last_shape = (d_last, stays + d_last * (steps + k))
+        run = ex.run_async_decodes(sched.next_step, d, context, k, self.arrivals.next_due_time(), last_shape)
+        n = len(run)
+        if not n:
+            return 0
+        last = sched.advance_async_cohort(cohort, n, finishing if n == k else [])
+        d_now = len(last.scheduled)
+        self.engine.replace_in_flight(
+            last, ModelRunnerOutput(sampled_token_ids=[(ex.sample_token_id,)] * d_now)
+        )
+        self.prev_end = end = tally.metrics.add_steps(run.ends, self.prev_end, d)
+        self.costs.add_pipelined(run.hosts, run.models, run.totals)
+        self._count_plain_run(n, d, finishing if n == k else (), end)
+        return n
+
+    def _start_async_cohort(self) -> AsyncDecodeCohort | None:
+        """A cohort of the running requests, if the step in flight decodes them all and all sampled last."""
+        ex = self.ex
+        if ex.spec is not None or ex.prices_lora or ex.vision is not None:
+            return None
+        so = self.engine.sole_in_flight()
+        if so is None:
+            return None
+        prev_end = self.prev_end
+        for r in self.sched.running:
+            if r.last_token_time != prev_end:
+                return None
+        self.async_cohort = self.sched.start_async_cohort(ex.sample_token_id, so)
+        return self.async_cohort
 
     def result_fields(self) -> dict:
         """SimResult's fields that come from the engine."""

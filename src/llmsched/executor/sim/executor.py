@@ -34,6 +34,7 @@ import math
 from array import array
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import islice
 from typing import Any
 
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput
@@ -168,8 +169,34 @@ class SimExecutor:
         self.last_sampled = []
         return self._price(scheduler_output, batch)
 
-    def _shape(self, so: SchedulerOutput) -> tuple[BatchShape, list[tuple[int, ...]], list[Request]]:
-        """The batch's shape, each listed request's sampled tokens, and the requests that sample."""
+    def execute_after_decodes(
+        self, scheduler_output: SchedulerOutput, num_decodes: int, decode_context: int
+    ) -> ModelRunnerOutput:
+        """``execute()`` of a batch whose first ``num_decodes`` requests are one-token decodes not read.
+
+        Async scheduling, without speculative decoding or LoRA pricing. For
+        the simulator's cohort calls: ``decode_context`` is those decodes'
+        summed computed counts after scheduling, as ``execute()`` sums them;
+        each samples a token. ``last_sampled`` is left empty.
+        """
+        if not self.async_scheduling or self.spec is not None or self.prices_lora:
+            raise ValueError("execute_after_decodes() clocks async steps without drafts or LoRA pricing only")
+        batch, sampled, _ = self._shape(scheduler_output, num_decodes)
+        batch.num_tokens += num_decodes
+        batch.num_sampled += num_decodes
+        batch.num_decodes += num_decodes
+        batch.decode_context += decode_context
+        self.last_sampled = []
+        self._price(scheduler_output, batch)
+        return ModelRunnerOutput(sampled_token_ids=[self._token] * num_decodes + sampled)
+
+    def _shape(
+        self, so: SchedulerOutput, skip: int = 0
+    ) -> tuple[BatchShape, list[tuple[int, ...]], list[Request]]:
+        """The batch's shape, each listed request's sampled tokens, and the requests that sample.
+
+        ``skip``: leave out the first so many listed requests.
+        """
         token = self._token
         sampled: list[tuple[int, ...]] = []
         samplers: list[Request] = []
@@ -179,7 +206,10 @@ class SimExecutor:
         # would run, and vLLM never recomputes a withdrawn chunk's blocks (it
         # reads them as cached). The extra tokens are this project's torch
         # executor's repair, and rare.
-        for req, n in zip(so.scheduled, so.num_scheduled_tokens):
+        listed = zip(so.scheduled, so.num_scheduled_tokens)
+        if skip:
+            listed = islice(listed, skip, None)
+        for req, n in listed:
             end = req.num_computed_tokens
             num_tokens += n
             if n == 1:
@@ -287,36 +317,36 @@ class SimExecutor:
         prev = self._last
         if prev.step != first_step - 1:
             raise ValueError(f"run_async_decodes() follows step {prev.step}, not {first_step - 1}")
-        run = DecodeRun()
-        ends, hosts, models, gaps = run.ends, run.hosts, run.models, run.totals
         overlaps = self.host_overlaps_model
         now = self.now
         prev_end = self.device_free_at
         applied_end = prev.end
-        ph, pm, pg = prev.host, prev.model, prev.host_gap
-        # Start and duration of the last two steps scheduled (their other parts are kept below).
-        ls = ld = bs = bd = 0.0
+        # Each scheduled step's parts, end and host gap; the applied steps are these shifted by one.
+        s_hosts, s_models = _doubles(), _doubles()
+        s_ends, s_gaps = _doubles(), _doubles()
+        end_at, gap_at = s_ends.append, s_gaps.append
+        # Start and idle-from time of the last two steps scheduled (for their durations).
+        ls = li = bs = bi = 0.0
         # Steps are priced in growing chunks: an arrival usually ends the run early.
-        prices = DecodeRun()
+        scratch = DecodeRun()
         ctx = decode_context
         n = 0
         chunk = 8
         same = num_steps if last_shape is None else num_steps - 1
         while n < num_steps and now < until:
+            priced = len(s_hosts)
             if n == same:
                 # The last call's smaller batch, priced as execute() would.
                 dl, cl = last_shape  # type: ignore[misc]
                 _, host, model = self._parts(BatchShape(dl, dl, 0, 0, 0, dl, cl, 0))
-                batch_hosts: Any = (host,)
-                batch_models: Any = (model,)
+                s_hosts.append(host)
+                s_models.append(model)
             else:
                 m = min(chunk, same - n)
                 chunk *= 2
-                batch_hosts, batch_models = prices.hosts, prices.models
-                for col in (prices.ends, prices.totals, batch_hosts, batch_models):
-                    del col[:]
-                ctx = clock(ctx, 0.0, math.inf, m, prices.ends, prices.totals, batch_hosts, batch_models)[3]
-            for host, model in zip(batch_hosts, batch_models):
+                del scratch.ends[:], scratch.totals[:]
+                ctx = clock(ctx, 0.0, math.inf, m, scratch.ends, scratch.totals, s_hosts, s_models)[3]
+            for host, model in zip(islice(s_hosts, priced, None), islice(s_models, priced, None)):
                 if now >= until:
                     break
                 # _pipeline, term for term.
@@ -326,28 +356,31 @@ class SimExecutor:
                 host_end = start + host
                 idle_from = prev_end if prev_end > start else start
                 begin = host_end if host_end > prev_end else prev_end
-                end = begin + model
-                gap = host_end - idle_from if host_end > idle_from else 0.0
-                bs, bd = ls, ld
-                ls, ld = start, end - idle_from
-                prev_end = end
-                now = host_end
+                prev_end = end = begin + model
+                gap_at(host_end - idle_from if host_end > idle_from else 0.0)
+                end_at(end)
+                bs, bi, ls, li = ls, li, start, idle_from
                 # The step before is applied: the engine waits for its output.
-                if applied_end > now:
-                    now = applied_end
-                ends.append(applied_end)
-                hosts.append(ph)
-                models.append(pm)
-                gaps.append(pg)
-                applied_end, ph, pm, pg = end, host, model, gap
-                n += 1
+                now = applied_end if applied_end > host_end else host_end
+                applied_end = end
+            n = len(s_ends)
+        run = DecodeRun()
         if n:
+            # The applied steps: the one in flight before the run, then all but the last scheduled.
+            run.ends.append(prev.end)
+            run.hosts.append(prev.host)
+            run.models.append(prev.model)
+            run.totals.append(prev.host_gap)
+            run.ends.extend(s_ends[: n - 1])
+            run.hosts.extend(s_hosts[: n - 1])
+            run.models.extend(s_models[: n - 1])
+            run.totals.extend(s_gaps[: n - 1])
             self.now = now
-            kept = [(n - 1, ls, applied_end, ph, pm, pg, ld)]
+            kept = [(n - 1, ls, s_ends[n - 1], s_hosts[n - 1], s_models[n - 1], s_gaps[n - 1], li)]
             if n > 1:
                 # The last step applied is the one before the last scheduled.
-                kept.insert(0, (n - 2, bs, ends[-1], hosts[-1], models[-1], gaps[-1], bd))
-            for j, start, end, host, model, gap, duration in kept:
+                kept.insert(0, (n - 2, bs, s_ends[n - 2], s_hosts[n - 2], s_models[n - 2], s_gaps[n - 2], bi))
+            for j, start, end, host, model, gap, idle_from in kept:
                 t = self._prev
                 self._prev = self._last
                 self._last = t
@@ -357,6 +390,7 @@ class SimExecutor:
                     t.batch = BatchShape(dl, dl, 0, 0, 0, dl, cl, 0)
                 else:
                     t.batch = BatchShape(d, d, 0, 0, 0, d, decode_context + d * (j + 1), 0)
+                duration = end - idle_from
                 t.start, t.end, t.host, t.model, t.host_gap, t.duration = (
                     start,
                     end,
