@@ -152,7 +152,9 @@ def fit_attention(rows: Sequence[AttnRow], hw: HardwareProfile) -> dict:
             return float(np.mean(_log_err(np, x[nk] + np.maximum(w[:, 0] / (peak * e), w[:, 1] / bw), y)))
 
         x = minimize(lp, [0.3] * nk + [5e-6], [0.02] * nk + [1e-7], [1.0] * nk + [1e-4])
-        out.update(attn_prefill_knots=PREFILL_KNOTS, attn_prefill_eff=tuple(x[:nk]), attn_prefill_floor_s=x[nk])
+        out.update(
+            attn_prefill_knots=PREFILL_KNOTS, attn_prefill_eff=tuple(x[:nk]), attn_prefill_floor_s=x[nk]
+        )
     if dec:
         nb = np.array([attention_work(r)[1] for r in dec])
         b = np.array([r.batch for r in dec], float)
@@ -183,6 +185,14 @@ def fit_all_reduce(rows: Sequence[CollRow], hw: HardwareProfile) -> dict:
     return {"all_reduce_latency_s": lat, "all_reduce_eff": eff}
 
 
+# The plain roofline's terms, where a GPU has no GEMM measurements.
+DEFAULT_GEMM = {
+    "gemm_knots": (20.0,),
+    "gemm_eff": (0.7,),
+    "gemm_mem_eff": 0.8,
+    "gemm_blend": 30.0,
+    "gemm_floor_s": 0.0,
+}
 # Used where a GPU has no measurement of a kind (H100 attention): A100's fit.
 DEFAULT_ATTENTION = {
     "attn_prefill_knots": (30.0,),
@@ -202,9 +212,11 @@ def fit_kernels(
     attention_fallback: dict | None = None,
     source: str = "",
 ) -> KernelFit:
-    """A ``KernelFit`` for ``hw`` from its measured rows (attention from ``attention_fallback`` when absent)."""
-    d: dict = {}
-    d.update(fit_gemm([r for r in ops if r.op in GEMM_OPS], hw))
+    """A ``KernelFit`` for ``hw`` from its rows (attention from ``attention_fallback`` if none)."""
+    gemms = [r for r in ops if r.op in GEMM_OPS]
+    d: dict = dict(DEFAULT_GEMM)
+    if gemms:
+        d.update(fit_gemm(gemms, hw))
     d.update(fit_elementwise([r for r in ops if r.op not in GEMM_OPS], hw))
     d.update(attention_fallback or DEFAULT_ATTENTION)
     d.update(fit_attention(attention, hw))
@@ -223,3 +235,31 @@ def rows_for(data: VidurData, gpu: str) -> tuple[list[OpRow], list[AttnRow], lis
     if any(r.version == version for r in coll):
         coll = [r for r in coll if r.version == version and r.topology in ("dgx", "node")]
     return ops, attn, coll
+
+
+def leave_one_shape_out(ops: Sequence[OpRow], hw: HardwareProfile) -> list[tuple[OpRow, float]]:
+    """Each model shape's rows priced by a fit of every other shape's rows: (row, predicted seconds)."""
+    from llmsched.sim.vidur_pricing import fitted_seconds
+
+    out: list[tuple[OpRow, float]] = []
+    for shape in sorted({r.shape for r in ops}):
+        train = [r for r in ops if r.shape != shape]
+        fit = fit_kernels(train, [], [], hw)
+        out += [(r, fitted_seconds(r, hw, fit)) for r in ops if r.shape == shape]
+    return out
+
+
+def leave_one_band_out(
+    attention: Sequence[AttnRow], hw: HardwareProfile, bands: int = 5
+) -> list[tuple[AttnRow, float]]:
+    """Attention rows priced by a fit without their context band (the data hold one head shape)."""
+    from llmsched.sim.vidur_pricing import fitted_seconds
+
+    sizes = sorted({r.kv_cache for r in attention})
+    band = {k: i * bands // len(sizes) for i, k in enumerate(sizes)}
+    out: list[tuple[AttnRow, float]] = []
+    for b in range(bands):
+        train = [r for r in attention if band[r.kv_cache] != b]
+        fit = fit_kernels([], train, [], hw) if train else None
+        out += [(r, fitted_seconds(r, hw, fit)) for r in attention if band[r.kv_cache] == b and fit]
+    return out

@@ -68,7 +68,9 @@ class OpRow:
     def shape(self) -> str:
         """The model shape this row belongs to (leave-one-out groups by it)."""
         g = "g" if self.gated else "u"
-        return f"h{self.n_embd}-i{self.n_expanded_embd}-q{self.n_head}-kv{self.n_kv_head}-v{self.vocab_size}-{g}"
+        return (
+            f"h{self.n_embd}-i{self.n_expanded_embd}-q{self.n_head}-kv{self.n_kv_head}-v{self.vocab_size}-{g}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,8 +271,12 @@ def _typed(cls: type, row: dict, path: Path) -> object:
         if f.name not in row:
             raise ConfigError(f"{path}: missing column {f.name!r}")
         v = row[f.name]
-        kw[f.name] = _bool(v) if f.type == "bool" else int(v) if f.type == "int" else (
-            float(v) if f.type == "float" else v
+        kw[f.name] = (
+            _bool(v)
+            if f.type == "bool"
+            else int(v)
+            if f.type == "int"
+            else (float(v) if f.type == "float" else v)
         )
     return cls(**kw)
 

@@ -120,8 +120,6 @@ class KernelFit:
         """Prefill attention's fraction of peak for a kernel of ``flops``, interpolated."""
         return _interp(flops, self.attn_prefill_knots, self.attn_prefill_eff)
 
-
-
     def gemm_seconds(
         self, tokens: float, k: float, n: float, peak: float, bandwidth: float, wbytes: float, abytes: float
     ) -> float:
