@@ -19,14 +19,13 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hostcpu import record_cpu  # noqa: E402
-
-from llmsched.executor.sim.cost_model import Efficiency  # noqa: E402
-from llmsched.executor.sim.hardware import BUILTIN_HARDWARE  # noqa: E402
-from llmsched.executor.sim.kernel_fit import KernelFit  # noqa: E402
-from llmsched.sim.calibrate_vidur import leave_one_band_out, leave_one_shape_out, rows_for  # noqa: E402
-from llmsched.sim.vidur_data import GEMM_OPS, AttnRow, read_compact, read_vidur_dir  # noqa: E402
-from llmsched.sim.vidur_pricing import fitted_seconds, roofline_seconds  # noqa: E402
+from hostcpu import record_cpu
+from llmsched.executor.sim.cost_model import Efficiency
+from llmsched.executor.sim.hardware import BUILTIN_HARDWARE
+from llmsched.executor.sim.kernel_fit import KernelFit
+from llmsched.sim.calibrate_vidur import leave_one_band_out, leave_one_shape_out, rows_for
+from llmsched.sim.vidur_data import GEMM_OPS, AttnRow, read_compact, read_vidur_dir
+from llmsched.sim.vidur_pricing import fitted_seconds, roofline_seconds
 
 DATA = Path(__file__).resolve().parent / "data" / "vidur"
 
@@ -36,6 +35,22 @@ def _stats(errs: list[float]) -> dict:
         return {"n": 0}
     s = sorted(errs)
     return {"n": len(s), "median": statistics.median(s), "p90": s[min(len(s) - 1, int(0.9 * len(s)))]}
+
+
+def _group(gpu: str, kind: str, tp, sel: list, hw, fit: KernelFit, loo: dict) -> dict:
+    """Before / fitted / left-out error statistics of one group of rows."""
+
+    def errs(price) -> list[float]:
+        return [abs(price(r) / (r.median_ms * 1e-3) - 1) for r in sel]
+
+    return {
+        "gpu": gpu,
+        "kind": kind,
+        "tp": tp,
+        "before": _stats(errs(lambda r: roofline_seconds(r, hw, Efficiency()))),
+        "fitted": _stats(errs(lambda r: fitted_seconds(r, hw, fit))),
+        "left_out": _stats(errs(lambda r: loo[r])),
+    }
 
 
 def kind_of(r) -> str:
@@ -56,24 +71,12 @@ def report(data) -> dict:
         loo.update(leave_one_band_out(attn, hw) if attn else [])
         for kind in ("gemm", "elementwise", "mlp_side", "attn_prefill", "attn_decode"):
             rows = ops if kind == "mlp_side" else [r for r in ops + attn if kind_of(r) == kind]
-            for tp in sorted({getattr(r, "tp", 0) for r in rows}) + ["all"]:
+            for tp in [*sorted({getattr(r, "tp", 0) for r in rows}), "all"]:
                 sel = [r for r in rows if tp == "all" or r.tp == tp]
                 if not sel:
                     continue
 
-                def errs(price, sel=sel):
-                    return [abs(price(r) / (r.median_ms * 1e-3) - 1) for r in sel]
-
-                out["groups"].append(
-                    {
-                        "gpu": gpu,
-                        "kind": kind,
-                        "tp": tp,
-                        "before": _stats(errs(lambda r: roofline_seconds(r, hw, Efficiency()))),
-                        "fitted": _stats(errs(lambda r: fitted_seconds(r, hw, fit))),
-                        "left_out": _stats(errs(lambda r: loo[r])),
-                    }
-                )
+                out["groups"].append(_group(gpu, kind, tp, sel, hw, fit, loo))
     # The two H100 profiles of the same shapes, and what each says against the other.
     h = {}
     for r in data.ops:
@@ -92,11 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     data = read_vidur_dir(args.vidur_dir) if args.vidur_dir else read_compact(DATA)
     res = report(data)
-    print(f"{'gpu':5} {'kind':13} {'tp':>3} | {'before med/p90':>15} | {'fitted med/p90':>15} | {'left-out med/p90':>17} | n")
+    head = ("before med/p90", "fitted med/p90", "left-out med/p90")
+    print(f"{'gpu':5} {'kind':13} {'tp':>3} | {head[0]:>15} | {head[1]:>15} | {head[2]:>17} | n")
     for g in res["groups"]:
         cells = [f"{g[k]['median']:6.1%} /{g[k]['p90']:6.1%}" for k in ("before", "fitted", "left_out")]
-        print(f"{g['gpu']:5} {g['kind']:13} {g['tp']!s:>3} | {cells[0]:>15} | {cells[1]:>15} | {cells[2]:>17} | {g['fitted']['n']}")
-    print(f"H100 GEMMs, Vidur acb95f6 / 7d47513 median time ratio: {res['h100_acb95f6_over_7d47513_gemm_median']:.2f}")
+        row = f"{g['gpu']:5} {g['kind']:13} {g['tp']!s:>3} | {cells[0]:>15} | {cells[1]:>15}"
+        print(f"{row} | {cells[2]:>17} | {g['fitted']['n']}")
+    ratio = res["h100_acb95f6_over_7d47513_gemm_median"]
+    print(f"H100 GEMMs, Vidur acb95f6 / 7d47513 median time ratio: {ratio:.2f}")
     record_cpu(res)
     Path(args.out).write_text(json.dumps(res, indent=1))
     print(f"wrote {args.out}")
