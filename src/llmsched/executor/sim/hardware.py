@@ -163,6 +163,16 @@ BUILTIN_HARDWARE: dict[str, HardwareProfile] = {
     ),
 }
 
+# The spec-sheet roofline without the measured-kernel fit: what the a100 and
+# h100 profiles priced before it (comparisons, and tests that pin those figures).
+for _name in ("a100", "h100"):
+    BUILTIN_HARDWARE[f"{_name}-roofline"] = replace(
+        BUILTIN_HARDWARE[_name],
+        name=f"{_name}-roofline",
+        description=BUILTIN_HARDWARE[_name].description + ", plain roofline",
+        kernel_fit=None,
+    )
+
 ALIASES = {
     "h100-sxm": "h100",
     "h100-80gb": "h100",
