@@ -225,7 +225,7 @@ def test_closed_loop_frees_a_client_slot_when_its_last_token_exists():
     ("spec", "workload", "expected"),
     [
         (
-            DeploymentSpec(model="qwen3-0.6b", max_num_seqs=64),
+            DeploymentSpec(model="qwen3-0.6b", max_num_seqs=64, hardware="h100-roofline"),
             {
                 "n": 500,
                 "input_len": 300,
@@ -244,7 +244,9 @@ def test_closed_loop_frees_a_client_slot_when_its_last_token_exists():
             },
         ),
         (
-            DeploymentSpec(model="qwen3-0.6b", max_num_seqs=32, cuda_graph_max_tokens=0),
+            DeploymentSpec(
+                model="qwen3-0.6b", max_num_seqs=32, cuda_graph_max_tokens=0, hardware="h100-roofline"
+            ),
             {"n": 200, "input_len": 100, "output_len": 30, "request_rate": math.inf, "seed": 2},
             {
                 "duration": 0.5687839817499527,
@@ -258,7 +260,7 @@ def test_closed_loop_frees_a_client_slot_when_its_last_token_exists():
     ],
 )
 def test_sync_figures_are_unchanged_bit_for_bit(spec, workload, expected):
-    """Figures recorded before the host/model split existed, compared exactly."""
+    """Figures recorded before the host/model split existed (on the roofline h100), compared exactly."""
     dep = build_deployment(spec)
     assert not dep.scheduler_config.async_scheduling
     kw = dict(workload)
@@ -284,7 +286,8 @@ def test_step_parts_sum_to_the_sync_price_of_every_step():
 @pytest.fixture(scope="module")
 def small_model_runs():
     """qwen3-0.6b on an H100, decode-heavy: its host path (0.5 ms a step) rivals its forwards."""
-    spec = DeploymentSpec(model="qwen3-0.6b", max_num_seqs=64)
+    # The plain roofline, whose forwards are short enough for the host path to rival them.
+    spec = DeploymentSpec(model="qwen3-0.6b", max_num_seqs=64, hardware="h100-roofline")
     wl = synthetic_workload(300, 256, 64, request_rate=math.inf, seed=4)
     return {
         a: simulate(build_deployment(replace(spec, async_scheduling=a)), wl, record_series=True)

@@ -76,6 +76,7 @@ from typing import Protocol
 
 from llmsched.core.errors import ConfigError
 from llmsched.executor.sim.hardware import HardwareProfile
+from llmsched.executor.sim.kernel_fit import KernelFit
 from llmsched.executor.sim.model_shapes import ModelShape
 
 # Logits are produced in fp32 and read a few times by the sampler
@@ -505,6 +506,11 @@ class CostModel:
         self.attn_rate = hw.peak_flops_bf16 * eff.attention
         self.mem_rate = hw.mem_bandwidth * eff.memory
         self.kv_read_rate = hw.decode_kv_bandwidth or self.mem_rate
+        # Measured-kernel fit (kernel_fit.py): per-GEMM efficiency curves,
+        # elementwise and attention floors; None prices the plain roofline.
+        self.kfit = KernelFit.from_dict(hw.kernel_fit) if hw.kernel_fit else None
+        if self.kfit is not None:
+            self.kv_read_rate = self.kfit.decode_kv_bandwidth(hw.mem_bandwidth)
         self.layer_overhead_s = model.num_layers * hw.layer_overhead_s
         self.layer_overhead_covers_tokens = hw.layer_overhead_covers_tokens
         self.host_overlaps_model = hw.host_overlaps_model
@@ -535,6 +541,13 @@ class CostModel:
                 attn_w += fin * fout
                 attn_io += fin + fout
         self.attn_linear_params = L * attn_w
+        # Per layer (K, N) of each attention GEMM on one GPU, for the kernel fit.
+        self.attn_gemm_dims = [
+            (fin, m.q_dim / tp + 2 * m.kv_heads_per_gpu(tp) * m.head_dim)
+            if name == "qkv_proj"
+            else (fin, fout / tp if sharded else fout)
+            for name, fin, fout, sharded in m.attention_linears()
+        ]
         self.attn_linear_io = L * attn_io * a
         # Dense MLP layers.
         ld = m.num_mlp_dense_layers
@@ -553,6 +566,13 @@ class CostModel:
             self.context_upproj_flops = 0.0
         self.kv_token_bytes = L * m.kv_elements_per_token_layer(tp) * self.kv_bytes
         self.qo_token_bytes = L * 2 * (m.q_dim / tp) * a
+        # The fit's decode-kernel floor per layer, as bytes at the KV rate
+        # (so the decode clocks' one formula prices it).
+        self.decode_floor_bytes = 0.0
+        self.decode_qo_token_bytes = self.qo_token_bytes
+        if self.kfit is not None:
+            self.decode_qo_token_bytes += L * self.kfit.decode_request_s * self.kv_read_rate
+            self.decode_floor_bytes = L * self.kfit.decode_floor_s * self.kv_read_rate
         # Elementwise work per token.
         if m.is_moe:
             k = m.num_experts_per_tok
@@ -563,6 +583,7 @@ class CostModel:
             rope_width = m.num_heads / tp * m.qk_rope_head_dim + m.qk_rope_head_dim
         else:
             rope_width = m.q_dim / tp + m.kv_heads_per_gpu(tp) * m.head_dim
+        self.rope_width, self.moe_act_width = rope_width, moe_width
         self.elementwise_token_bytes = a * (
             m.num_layers * _ELEMENTWISE_HIDDEN_PASSES * m.hidden_size
             + L * _ROPE_PASSES * rope_width
@@ -669,11 +690,28 @@ class CostModel:
         if T == 0:
             return ops
         h = m.hidden_size
-        roof("embedding", 0.0, 2 * T * h * a, mem)
+        kf = self.kfit
+
+        def fitted(name: str, flops: float, nbytes: float, seconds: float, rate: float) -> None:
+            # The fit's price; the bound named as the plain roofline would.
+            ops.append(
+                (name, flops, nbytes, 0.0, seconds, "compute" if flops / rate > nbytes / mem else "memory")
+            )
+
+        if kf is None:
+            roof("embedding", 0.0, 2 * T * h * a, mem)
+        else:
+            nb = 2 * T * h * a
+            fitted("embedding", 0.0, nb, kf.elementwise_seconds("emb", nb, self.hardware.mem_bandwidth), mem)
         p = self.attn_linear_params
-        roof("attention_linears", 2 * T * p, p * wb + T * self.attn_linear_io, gemm)
+        if kf is None:
+            roof("attention_linears", 2 * T * p, p * wb + T * self.attn_linear_io, gemm)
+        else:
+            s = m.num_attention_layers * self._fitted_gemms(T, self.attn_gemm_dims, wb)
+            fitted("attention_linears", 2 * T * p, p * wb + T * self.attn_linear_io, s, gemm)
         if b.prefill_tokens:
-            roof("attention_prefill", *self._prefill_attention(b), attn)
+            flops, nbytes = self._prefill_attention(b)
+            fitted("attention_prefill", flops, nbytes, self._prefill_seconds(flops, nbytes), attn)
         if b.num_decodes:
             roof("attention_decode", *self._decode_attention(b), attn, self.kv_read_rate)
         if self.mamba_linear_params:
@@ -682,18 +720,28 @@ class CostModel:
             roof("mamba_linears", 2 * T * p, p * wb + T * self.mamba_linear_io, gemm)
         if self.mlp_params:
             p = self.mlp_params
-            roof("mlp", 2 * T * p, p * wb + T * self.mlp_io, gemm)
+            if kf is None:
+                roof("mlp", 2 * T * p, p * wb + T * self.mlp_io, gemm)
+            else:
+                inter = m.intermediate_size / self.tp
+                dims = [(h, 2 * inter), (inter, h)]
+                s = m.num_mlp_dense_layers * self._fitted_gemms(T, dims, wb)
+                fitted("mlp", 2 * T * p, p * wb + T * self.mlp_io, s, gemm)
         if m.is_moe:
             self._moe_ops(T, T if group_tokens is None else group_tokens, roof, comm)
-        roof(
-            "norms_activations",
-            2 * T * self.elementwise_token_bytes / a,
-            T * self.elementwise_token_bytes,
-            mem,
-        )
+        ew_flops, ew_bytes = 2 * T * self.elementwise_token_bytes / a, T * self.elementwise_token_bytes
+        if kf is None:
+            roof("norms_activations", ew_flops, ew_bytes, mem)
+        else:
+            fitted("norms_activations", ew_flops, ew_bytes, self._fitted_elementwise(T), mem)
         if S:
             p = self.lm_head_params
-            roof("lm_head", 2 * S * p, p * m.dtype_bytes + S * self.vocab_per_gpu * _LOGIT_BYTES, gemm)
+            nb = p * m.dtype_bytes + S * self.vocab_per_gpu * _LOGIT_BYTES
+            if kf is None:
+                roof("lm_head", 2 * S * p, nb, gemm)
+            else:
+                s = self._fitted_gemms(S, [(h, self.vocab_per_gpu)], m.dtype_bytes)
+                fitted("lm_head", 2 * S * p, nb, s, gemm)
             roof(
                 "sampler",
                 10.0 * S * m.vocab_size,
@@ -729,6 +777,39 @@ class CostModel:
         if b.lora_tokens and self.lora_rank:
             roof("lora", *self._lora_products(b), gemm)
         return ops
+
+    def _fitted_gemms(self, tokens: int, dims: list[tuple[float, float]], wbytes: float) -> float:
+        """One layer's GEMMs of ``dims`` (K, N) at ``tokens`` rows, priced by the kernel fit."""
+        hw, kf = self.hardware, self.kfit
+        peak = hw.gemm_peak(self.model.fp8_weights)
+        return sum(
+            kf.gemm_seconds(tokens, k, n, peak, hw.mem_bandwidth, wbytes, self.act_bytes) for k, n in dims
+        )
+
+    def _fitted_elementwise(self, tokens: int) -> float:
+        """The step's norms, rotary embeddings and activations, kernel by kernel with the fit's floors."""
+        m, kf, a, bw = self.model, self.kfit, self.act_bytes, self.hardware.mem_bandwidth
+        # vLLM's fused residual-add + RMSNorm reads input and residual and writes both.
+        t = 2 * m.num_layers * kf.elementwise_seconds("norm", 4 * tokens * m.hidden_size * a, bw)
+        t += m.num_attention_layers * kf.elementwise_seconds(
+            "rope", _ROPE_PASSES * tokens * self.rope_width * a, bw
+        )
+        if m.num_mlp_dense_layers:
+            nb = _ACTIVATION_PASSES * tokens * m.intermediate_size / self.tp * a
+            t += m.num_mlp_dense_layers * kf.elementwise_seconds("act", nb, bw)
+        if m.num_moe_layers:
+            nb = _ACTIVATION_PASSES * tokens * self.moe_act_width * a
+            t += m.num_moe_layers * kf.elementwise_seconds("act", nb, bw)
+        return t
+
+    def _prefill_seconds(self, flops: float, nbytes: float) -> float:
+        """The prefill attention core's time: per layer by the kernel fit, or on the roofline."""
+        if self.kfit is None:
+            return _roof_seconds(flops, nbytes, self.attn_rate, self.mem_rate)
+        hw, L = self.hardware, self.model.num_attention_layers
+        return L * self.kfit.prefill_attention_seconds(
+            flops / L, nbytes / L, hw.peak_flops_bf16, hw.mem_bandwidth
+        )
 
     def _layer_overhead(self, num_tokens: int, ops: list[_OpRow]) -> float:
         """The layers' host time left on the critical path once the weight GEMMs have run inside it.
@@ -794,8 +875,15 @@ class CostModel:
         """(FLOPs, bytes) of the step's decode attention core."""
         return (
             b.decode_context * self.decode_pair_flops,
-            (b.decode_context + b.num_decodes) * self.kv_token_bytes + b.num_decodes * self.qo_token_bytes,
+            (b.decode_context + b.num_decodes) * self.kv_token_bytes
+            + b.num_decodes * self._decode_qo_bytes(b.num_decodes),
         )
+
+    def _decode_qo_bytes(self, num_decodes: int) -> float:
+        """Per decode: its q and output bytes, with its share of the kernel floor (bytes-equivalent)."""
+        if not self.decode_floor_bytes:
+            return self.decode_qo_token_bytes
+        return self.decode_qo_token_bytes + self.decode_floor_bytes / num_decodes
 
     def _moe_ops(self, T: int, G: int, roof: _Roof, comm: _Comm) -> None:
         # T: this engine's tokens (router, shared experts); G: the expert-
@@ -895,7 +983,7 @@ class CostModel:
             model += s
         if batch.prefill_tokens:
             flops, nbytes = self._prefill_attention(batch)
-            s = _roof_seconds(flops, nbytes, self.attn_rate, self.mem_rate)
+            s = self._prefill_seconds(flops, nbytes)
             t += s
             model += s
         if batch.num_decodes:
@@ -1041,7 +1129,7 @@ class CostModel:
             mixer,
             self.decode_pair_flops,
             self.kv_token_bytes,
-            self.qo_token_bytes,
+            self._decode_qo_bytes(d),
             self.attn_rate,
             self.kv_read_rate,
         )

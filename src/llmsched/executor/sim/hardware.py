@@ -15,6 +15,7 @@ from pathlib import Path
 
 from llmsched.core.errors import ConfigError
 from llmsched.executor.platform import Platform
+from llmsched.executor.sim.fitted_kernels import KERNEL_FITS
 
 # What a profile file ``llmsched calibrate`` wrote says it is (see ``llmsched.sim.profile_file``).
 PROFILE_FORMAT = "llmsched-hardware-profile/1"
@@ -90,6 +91,9 @@ class HardwareProfile:
     # Default efficiencies measured for this device (Efficiency field
     # names); keys not given keep Efficiency's defaults.
     efficiency: dict | None = None
+    # Kernel efficiencies and floors fitted to measured operator timings
+    # (KernelFit fields, see kernel_fit.py); None: the plain roofline.
+    kernel_fit: dict | None = None
 
     def gemm_peak(self, fp8: bool) -> float:
         """Matmul peak for bf16, or fp8 when the weights are fp8 and the device has fp8 units."""
@@ -121,6 +125,7 @@ BUILTIN_HARDWARE: dict[str, HardwareProfile] = {
         link_bandwidth=450e9,
         collective_latency_s=8e-6,
         kernel_launch_s=5e-6,
+        kernel_fit=KERNEL_FITS["h100"],
     ),
     "h200": HardwareProfile(
         name="h200",
@@ -143,6 +148,7 @@ BUILTIN_HARDWARE: dict[str, HardwareProfile] = {
         link_bandwidth=300e9,
         collective_latency_s=10e-6,
         kernel_launch_s=5e-6,
+        kernel_fit=KERNEL_FITS["a100"],
     ),
     "b200": HardwareProfile(
         name="b200",
@@ -156,6 +162,16 @@ BUILTIN_HARDWARE: dict[str, HardwareProfile] = {
         kernel_launch_s=5e-6,
     ),
 }
+
+# The spec-sheet roofline without the measured-kernel fit: what the a100 and
+# h100 profiles priced before it (comparisons, and tests that pin those figures).
+for _name in ("a100", "h100"):
+    BUILTIN_HARDWARE[f"{_name}-roofline"] = replace(
+        BUILTIN_HARDWARE[_name],
+        name=f"{_name}-roofline",
+        description=BUILTIN_HARDWARE[_name].description + ", plain roofline",
+        kernel_fit=None,
+    )
 
 ALIASES = {
     "h100-sxm": "h100",
@@ -206,6 +222,13 @@ def hardware_from_dict(data: dict, source: str = "profile") -> HardwareProfile:
     covers = data.get("layer_overhead_covers_tokens", 0)
     if isinstance(covers, bool) or not isinstance(covers, int) or covers < 0:
         raise ConfigError(f"{source}: layer_overhead_covers_tokens={covers!r} must be an integer >= 0")
+    kfit = data.get("kernel_fit")
+    if kfit is not None:
+        if not isinstance(kfit, dict):
+            raise ConfigError(f"{source}: kernel_fit must be an object of KernelFit fields")
+        from llmsched.executor.sim.kernel_fit import KernelFit
+
+        KernelFit.from_dict(kfit)  # names what is wrong
     eff = data.get("efficiency")
     if eff is not None and not isinstance(eff, dict):
         raise ConfigError(f"{source}: efficiency must be an object of Efficiency fields")

@@ -1,0 +1,165 @@
+"""Kernel times fitted to measured operator timings: what the plain roofline lacks.
+
+A bare roofline prices a kernel at ``max(flops / peak, bytes / bandwidth)``
+scaled by one efficiency per kind. Measured GPU kernels (Vidur's operator
+profiles, see ``llmsched.sim.vidur_data``) depart from that in a few
+regular ways, each a term here:
+
+- GEMMs reach a compute efficiency that grows with the number of output
+  elements (tokens x output width): small or narrow GEMMs leave streaming
+  multiprocessors idle, which tensor parallelism's narrower shards make
+  worse. It is piecewise linear in log2(output elements) between knots.
+  Near the roofline ridge compute and weight streaming do not fully
+  overlap, so the two terms are blended (a p-norm, ``gemm_blend``) rather
+  than maxed, and every GEMM costs at least a launch floor.
+- Elementwise kernels (RMSNorm, rotary embedding, activation, residual add,
+  embedding lookup) stream their bytes at a fitted fraction of HBM
+  bandwidth, plus a floor per kernel.
+- Prefill attention reaches a fitted fraction of the bf16 peak plus a
+  floor; decode attention streams the KV at a fitted bandwidth, plus a
+  floor per kernel and a cost per request (its block-table walk).
+- An all-reduce costs a latency plus its ring bytes over the link.
+
+The constants are produced by ``tools/fit_vidur_profiles.py`` and live in
+``fitted_kernels.py``; every price here is per kernel (one layer's op).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from llmsched.core.errors import ConfigError
+
+# Elementwise kernel kinds, as Vidur's profiles name their ops.
+ELEMENTWISE_KINDS = ("norm", "rope", "act", "add", "emb")
+
+
+def _interp(value: float, knots: tuple[float, ...], effs: tuple[float, ...]) -> float:
+    """``effs`` interpolated linearly in log2(value) between ``knots``, held flat beyond them."""
+    x = math.log2(value) if value > 1 else 0.0
+    if x <= knots[0]:
+        return effs[0]
+    for i in range(1, len(knots)):
+        if x <= knots[i]:
+            f = (x - knots[i - 1]) / (knots[i] - knots[i - 1])
+            return effs[i - 1] + f * (effs[i] - effs[i - 1])
+    return effs[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class KernelFit:
+    """Fitted efficiencies and floors of one GPU's kernels (all seconds per kernel)."""
+
+    # GEMM compute efficiency at log2(output elements) = gemm_knots[i].
+    gemm_knots: tuple[float, ...]
+    gemm_eff: tuple[float, ...]
+    gemm_mem_eff: float
+    gemm_blend: float
+    gemm_floor_s: float
+    # Per elementwise kind: (fraction of HBM bandwidth, floor seconds).
+    elementwise: dict
+    # Prefill attention's fraction of the bf16 peak at log2(kernel FLOPs) = attn_prefill_knots[i].
+    attn_prefill_knots: tuple[float, ...]
+    attn_prefill_eff: tuple[float, ...]
+    attn_prefill_floor_s: float
+    decode_kv_eff: float
+    decode_floor_s: float
+    decode_request_s: float
+    all_reduce_latency_s: float
+    all_reduce_eff: float
+    # Where the constants came from (data set, method), for reports.
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.gemm_knots) != len(self.gemm_eff) or not self.gemm_knots:
+            raise ConfigError("kernel fit: gemm_knots and gemm_eff need the same, non-zero length")
+        if len(self.attn_prefill_knots) != len(self.attn_prefill_eff) or not self.attn_prefill_knots:
+            raise ConfigError("kernel fit: attn_prefill_knots and attn_prefill_eff need the same length")
+        for knots in (self.gemm_knots, self.attn_prefill_knots):
+            if list(knots) != sorted(knots):
+                raise ConfigError(f"kernel fit: knots {knots} must be increasing")
+        missing = set(ELEMENTWISE_KINDS) - set(self.elementwise)
+        if missing:
+            raise ConfigError(f"kernel fit: elementwise kinds missing: {sorted(missing)}")
+        effs = [*self.gemm_eff, self.gemm_mem_eff, *self.attn_prefill_eff, self.decode_kv_eff]
+        effs += [self.all_reduce_eff, *(e for e, _ in self.elementwise.values())]
+        if any(not 0.0 < e <= 1.5 for e in effs):
+            raise ConfigError(f"kernel fit: efficiencies must be in (0, 1.5]: {effs}")
+        if self.gemm_blend < 1.0:
+            raise ConfigError(f"kernel fit: gemm_blend={self.gemm_blend} must be >= 1")
+
+    @classmethod
+    def from_dict(cls, data: dict) -> KernelFit:
+        """From ``to_dict``'s form (JSON lists become tuples); names unknown keys."""
+        names = set(cls.__dataclass_fields__)
+        unknown = set(data) - names
+        if unknown:
+            raise ConfigError(f"kernel fit: unknown fields {sorted(unknown)}")
+        d = dict(data)
+        for key in ("gemm_knots", "gemm_eff", "attn_prefill_knots", "attn_prefill_eff"):
+            d[key] = tuple(d[key])
+        d["elementwise"] = {k: tuple(v) for k, v in d["elementwise"].items()}
+        return cls(**d)
+
+    def to_dict(self) -> dict:
+        """Plain-dict form (JSON profiles, the generated constants)."""
+        d = asdict(self)
+        for key in ("gemm_knots", "gemm_eff", "attn_prefill_knots", "attn_prefill_eff"):
+            d[key] = list(d[key])
+        d["elementwise"] = {k: list(v) for k, v in self.elementwise.items()}
+        return d
+
+    # ---- prices ----------------------------------------------------------------
+
+    def gemm_efficiency(self, out_elements: float) -> float:
+        """Compute efficiency of a GEMM writing ``out_elements`` (tokens x width), interpolated."""
+        return _interp(out_elements, self.gemm_knots, self.gemm_eff)
+
+    def prefill_efficiency(self, flops: float) -> float:
+        """Prefill attention's fraction of peak for a kernel of ``flops``, interpolated."""
+        return _interp(flops, self.attn_prefill_knots, self.attn_prefill_eff)
+
+    def gemm_seconds(
+        self, tokens: float, k: float, n: float, peak: float, bandwidth: float, wbytes: float, abytes: float
+    ) -> float:
+        """One (tokens x k) @ (k x n) GEMM: blended compute and streaming time, plus the floor."""
+        if tokens <= 0:
+            return 0.0
+        tc = 2.0 * tokens * k * n / (peak * self.gemm_efficiency(tokens * n))
+        tm = (k * n * wbytes + tokens * (k + n) * abytes) / (bandwidth * self.gemm_mem_eff)
+        p = self.gemm_blend
+        hi = tc if tc > tm else tm
+        lo = tc if tc <= tm else tm
+        # (tc^p + tm^p)^(1/p), written to stay finite for large p.
+        return self.gemm_floor_s + hi * (1.0 + (lo / hi) ** p) ** (1.0 / p)
+
+    def elementwise_seconds(self, kind: str, nbytes: float, bandwidth: float) -> float:
+        """One elementwise kernel of ``kind`` moving ``nbytes``."""
+        eff, floor = self.elementwise[kind]
+        return floor + nbytes / (bandwidth * eff)
+
+    def prefill_attention_seconds(self, flops: float, nbytes: float, peak: float, bandwidth: float) -> float:
+        """One layer's prefill attention kernel."""
+        tc = flops / (peak * self.prefill_efficiency(flops))
+        tm = nbytes / bandwidth
+        return self.attn_prefill_floor_s + (tc if tc > tm else tm)
+
+    def decode_kv_bandwidth(self, bandwidth: float) -> float:
+        """Bytes/s at which decode attention streams the KV cache."""
+        return bandwidth * self.decode_kv_eff
+
+    def decode_attention_seconds(self, num_decodes: int, kv_bytes: float, bandwidth: float) -> float:
+        """One layer's decode attention kernel over ``kv_bytes`` of cached KV."""
+        return (
+            self.decode_floor_s
+            + num_decodes * self.decode_request_s
+            + kv_bytes / self.decode_kv_bandwidth(bandwidth)
+        )
+
+    def all_reduce_seconds(self, nbytes: float, world: int, link_bandwidth: float) -> float:
+        """One ring all-reduce of ``nbytes`` per rank over ``world`` GPUs."""
+        if world <= 1:
+            return 0.0
+        ring = 2.0 * (world - 1) / world
+        return self.all_reduce_latency_s + ring * nbytes / (link_bandwidth * self.all_reduce_eff)
