@@ -914,12 +914,10 @@ class Scheduler:
             held = ""
             if not load_async:
                 # With drafts, vLLM pads a one-token admission to a full draft
-                # step (keeps the batch uniform) unless prefill runs in it.
-                # Not yet with a KV connector: its block accounting does not
-                # expect padded slots (vLLM pads there too: a known gap).
+                # step (keeps the batch uniform) unless prefill runs in it;
+                # after a sync KV load too (computed includes the loaded part).
                 pad = (
                     self._has_drafts
-                    and remote is None
                     and not prefill_running
                     and (computed > 0 or len(out.scheduled) > len(out.admitted))
                 )
@@ -1286,6 +1284,10 @@ class Scheduler:
                     if self._drop_stale_output or req.drop_stale_output:
                         continue
             if failed and req.request_id in failed:
+                if drafts is not None and not req.is_prefill_chunk:
+                    # Its output is void, but the proposer's drafts still
+                    # reach it (vLLM sets them after the update).
+                    req.spec_token_ids = list(drafts[k])
                 continue
             mm = enc is not None and req.mm_items
             if mm and not (spec_sched and toks):
