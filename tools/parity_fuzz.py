@@ -593,7 +593,13 @@ def is_valid(workload: dict) -> bool:
         return False
     if not cfg.get("enable_chunked_prefill", True) and mnbt < mml:
         return False
-    return cfg.get("long_prefill_token_threshold", 0) <= mml
+    # A padded draft step (1 + K tokens) the budget or the threshold can
+    # never hold: vLLM waits forever, llmsched does not pad (documented).
+    step = 1 + int(cfg.get("num_speculative_tokens") or 0)
+    thr = cfg.get("long_prefill_token_threshold", 0)
+    if step > 1 and (mnbt < step or 0 < thr < step):
+        return False
+    return thr <= mml
 
 
 class Gen:
