@@ -1749,8 +1749,12 @@ def cmd_rerecord(args: argparse.Namespace) -> int:
                     kept.append(case)
                     continue
                 if diffs:
+                    # Kept as it was: a new trace llmsched disagrees with is for
+                    # a person to look at, not for the corpus.
                     bad += 1
-                    print(f"{path.name} {case['name']}: MISMATCH {diffs[0]}", flush=True)
+                    print(f"{path.name} {case['name']}: MISMATCH {diffs[0]}; kept as it was", flush=True)
+                    kept.append(case)
+                    continue
                 kept.append({**case, "steps": compact_steps(ref[1]), "preempt_order": True})
             if results and results[0][0] is not None:
                 head["header"]["vllm_version"] = results[0][0][0].get("vllm_version")
