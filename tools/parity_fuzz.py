@@ -32,6 +32,9 @@ Run from the repository root with the project's virtualenv::
     # re-check saved or hand-written workloads
     .venv/bin/python tools/parity_fuzz.py check /tmp/parity_fuzz/fail-*/shrunk/workload.json
 
+    # record the vLLM traces of corpus files again, in place (new driver fields)
+    .venv/bin/python tools/parity_fuzz.py rerecord tests/data/parity_fuzz/corpus-hybrid.jsonl.gz
+
     # rebuild the regression corpus (exact commands: tests/data/parity_fuzz/README.md)
     .venv/bin/python tools/parity_fuzz.py corpus --seed 2024 --profile small --count 2000 \
         --size 300 --out tests/data/parity_fuzz/corpus-small.jsonl.gz
@@ -590,7 +593,13 @@ def is_valid(workload: dict) -> bool:
         return False
     if not cfg.get("enable_chunked_prefill", True) and mnbt < mml:
         return False
-    return cfg.get("long_prefill_token_threshold", 0) <= mml
+    # A padded draft step (1 + K tokens) the budget or the threshold can
+    # never hold: vLLM waits forever, llmsched does not pad (documented).
+    step = 1 + int(cfg.get("num_speculative_tokens") or 0)
+    thr = cfg.get("long_prefill_token_threshold", 0)
+    if step > 1 and (mnbt < step or 0 < thr < step):
+        return False
+    return thr <= mml
 
 
 class Gen:
@@ -693,8 +702,8 @@ class Gen:
         cfg = wl["config"]
         reqs = wl["requests"]
         sessions = any(r.get("segments") for r in reqs)
-        # Drafts with a hybrid model, encoder inputs, sessions or a connector are left to later work.
-        other = cfg.get("mamba") or cfg.get("kv_connector") or sessions or any(r.get("mm") for r in reqs)
+        # Drafts with a hybrid model, encoder inputs or sessions are left to later work.
+        other = cfg.get("mamba") or sessions or any(r.get("mm") for r in reqs)
         if rng.random() < 0.6 and not other:
             k = rng.randint(1, 5)
             cfg["num_speculative_tokens"] = k
@@ -1718,7 +1727,48 @@ def cmd_corpus(args: argparse.Namespace) -> int:
     return 1 if mism or inc_mism else 0
 
 
-COMMANDS = ("fuzz", "check", "corpus")
+def cmd_rerecord(args: argparse.Namespace) -> int:
+    """Record vLLM's trace of every case of corpus files again, in place, with the driver's current fields."""
+    bad = 0
+    pool = RefPool(args.jobs, args.ref_python, args.driver)
+    try:
+        for path in map(Path, args.corpora):
+            t0 = time.time()
+            with gzip.open(path, "rt") as f:
+                lines = [json.loads(line) for line in f if line.strip()]
+            head, cases = lines[0], lines[1:]
+            with ThreadPoolExecutor(args.jobs) as ex:
+                results = list(ex.map(lambda c: _run_one(pool, c["workload"]), cases))
+            kept = []
+            for case, (ref, err, diffs, _) in zip(cases, results):
+                if ref is None:
+                    bad += 1
+                    print(
+                        f"{path.name} {case['name']}: vLLM refused it now ({err}); kept as it was", flush=True
+                    )
+                    kept.append(case)
+                    continue
+                if diffs:
+                    # Kept as it was: a new trace llmsched disagrees with is for
+                    # a person to look at, not for the corpus.
+                    bad += 1
+                    print(f"{path.name} {case['name']}: MISMATCH {diffs[0]}; kept as it was", flush=True)
+                    kept.append(case)
+                    continue
+                kept.append({**case, "steps": compact_steps(ref[1]), "preempt_order": True})
+            if results and results[0][0] is not None:
+                head["header"]["vllm_version"] = results[0][0][0].get("vllm_version")
+            with gzip.open(path, "wt", compresslevel=9) as f:
+                f.write(json.dumps(head) + "\n")
+                for rec in kept:
+                    f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            print(f"{path}: {len(kept)} cases recorded again in {time.time() - t0:.0f} s", flush=True)
+    finally:
+        pool.close()
+    return 1 if bad else 0
+
+
+COMMANDS = ("fuzz", "check", "corpus", "rerecord")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1769,8 +1819,13 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--include", nargs="*", help="workload files or folders to include whatever they do")
     k.add_argument("--witnesses", action="store_true", help="add a shrunk minimal case per decision path")
     k.add_argument("--out", default=str(REPO / "tests" / "data" / "parity_fuzz" / "corpus-small.jsonl.gz"))
+    r = sub.add_parser("rerecord", parents=[ref], help="record the vLLM traces of corpus files again")
+    r.add_argument("corpora", nargs="+", help="corpus files (.jsonl.gz), rewritten in place")
+    r.add_argument("--jobs", type=int, default=2, help="vLLM worker processes")
     args = ap.parse_args(argv)
-    return {"fuzz": cmd_fuzz, "check": cmd_check, "corpus": cmd_corpus}[args.cmd](args)
+    return {"fuzz": cmd_fuzz, "check": cmd_check, "corpus": cmd_corpus, "rerecord": cmd_rerecord}[args.cmd](
+        args
+    )
 
 
 if __name__ == "__main__":

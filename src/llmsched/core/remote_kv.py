@@ -61,6 +61,8 @@ class RemoteKV:
         # load can never take what a prefill in progress relies on.
         self.inflight_prefills: set[Request] = set()
         self._finish_extra = 1 + spec_tokens + lookahead if spec_tokens else 0
+        # An async load also leaves room for one draft step of its own.
+        self._draft_step_blocks = -(-self._finish_extra // kv.block_size)
         # Finished requests whose blocks the connector keeps until it has sent them.
         self.sending: dict[str, Request] = {}
         # Failed loads being recomputed since the last step, for the decision trace.
@@ -122,7 +124,9 @@ class RemoteKV:
             return kv.allocate_new(req, ext + n, hit_blocks, lookahead, reserve_full, watermark)
         # An async load holds its blocks for the whole transfer and cannot
         # be preempted meanwhile; its lookahead slots come at admission.
-        held_for_others = sum(kv.num_blocks_to_finish(r, self._finish_extra) for r in self.inflight_prefills)
+        held_for_others = self._draft_step_blocks + sum(
+            kv.num_blocks_to_finish(r, self._finish_extra) for r in self.inflight_prefills
+        )
         return kv.allocate_new(
             req,
             ext,

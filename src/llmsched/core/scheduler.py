@@ -1087,12 +1087,10 @@ class Scheduler:
         out = a.out
         # With drafts, vLLM pads a one-token admission to a full draft
         # step (keeps the batch uniform) unless prefill runs in it.
-        # Not yet with a KV connector: its block accounting does not
-        # expect padded slots (vLLM pads there too: a known gap).
+        # After a sync KV load too (computed includes the loaded part).
         pad = (
             self._has_drafts
             and self.config.pad_draft_admissions
-            and self._remote is None
             and not a.prefill_running
             and (computed > 0 or len(out.scheduled) > len(out.admitted))
         )
@@ -1472,6 +1470,10 @@ class Scheduler:
                     if self._drop_stale_output or req.drop_stale_output:
                         continue
             if failed and req.request_id in failed:
+                if drafts is not None and not req.is_prefill_chunk:
+                    # Its output is void, but the proposer's drafts still
+                    # reach it (vLLM sets them after the update).
+                    req.spec_token_ids = list(drafts[k])
                 continue
             mm = enc is not None and req.mm_items
             if mm and not (spec_sched and toks):

@@ -256,6 +256,19 @@ def test_draft_tokens_allocate_slots_but_are_not_cached() -> None:
     assert mgr.pool.num_cached_blocks() == 2
 
 
+def test_cache_blocks_past_the_known_tokens_registers_only_known_full_blocks() -> None:
+    """Computed can run past the known tokens (a failed KV load); only known full blocks get a hash."""
+    mgr = make_manager()
+    a = make_request("a", toks(7))
+    admit(mgr, a)
+    a.append_output_token(7)  # 8 known tokens
+    assert mgr.allocate_slots(a, 1 + 8) is not None  # slots up to 16
+    mgr.cache_blocks(a, 16)
+    table = [mgr.pool.blocks[i] for i in mgr.get_block_ids("a")]
+    assert [b.block_hash is not None for b in table] == [True, True, False, False]
+    assert mgr.pool.num_cached_blocks() == 2
+
+
 def test_allocate_slots_returns_only_new_blocks() -> None:
     mgr = make_manager()
     a = make_request("a", toks(6))

@@ -313,6 +313,11 @@ class KVCacheManager:
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Register the full blocks among the request's first ``num_tokens`` tokens in the prefix cache."""
         table = self._tables.get(request.request_id)
+        # Computed may run past the known tokens: a sync KV load that failed
+        # with a step in flight (async) resets computed but not the in-flight
+        # step's placeholders, padded drafts included. Only blocks whose
+        # tokens are all known have a hash; vLLM caps the count the same way.
+        num_tokens = min(num_tokens, request.num_tokens)
         # Called for every request in every async step: most calls complete no block.
         if self.enable_caching and table is not None and num_tokens // self.block_size > table.num_cached:
             self._cache_full_blocks(request, table, num_tokens)
