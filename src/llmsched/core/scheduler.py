@@ -12,7 +12,7 @@ preempt. In its default configuration every decision equals vLLM V1's.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from llmsched.core.config import SchedulerConfig
@@ -1446,6 +1446,16 @@ class Scheduler:
         self._close_update(res, stopped_waiting, failed, kv_out)
         return res
 
+    @staticmethod
+    def _voided(req: Request, failed: set[str], drafts: Sequence[Sequence[int]] | None, k: int) -> bool:
+        """Whether a failed KV load voided ``req``'s output; its drafts still reach it."""
+        if req.request_id not in failed:
+            return False
+        if drafts is not None and not req.is_prefill_chunk:
+            # vLLM hands the proposer's drafts over after the update, void output or not.
+            req.spec_token_ids = list(drafts[k])
+        return True
+
     def _apply_sampled(
         self, out: SchedulerOutput, result: ModelRunnerOutput, failed: set[str] | None, res: StepOutputs
     ) -> set[Request]:
@@ -1469,11 +1479,7 @@ class Scheduler:
                     req.num_stale_output_tokens -= n
                     if self._drop_stale_output or req.drop_stale_output:
                         continue
-            if failed and req.request_id in failed:
-                if drafts is not None and not req.is_prefill_chunk:
-                    # Its output is void, but the proposer's drafts still
-                    # reach it (vLLM sets them after the update).
-                    req.spec_token_ids = list(drafts[k])
+            if failed and self._voided(req, failed, drafts, k):
                 continue
             mm = enc is not None and req.mm_items
             if mm and not (spec_sched and toks):
