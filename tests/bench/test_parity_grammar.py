@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-import io
-import json
-from pathlib import Path
-
 import pytest
 
-from llmsched.bench.parity import compare, decisions, load_trace, records_blocks
-from llmsched.bench.replay import replay
+from llmsched.bench.parity import compare, decisions, load_trace
 from llmsched.bench.workload import parse_workload
 from llmsched.core.errors import ConfigError
+from support.scripted_parity import ScriptedSet, assert_matches_vllm, replay_records
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "parity_grammar"
-NAMES = sorted(p.name.removesuffix(".workload.json") for p in DATA.glob("*.workload.json"))
-
-
-def workload(name: str) -> dict:
-    return json.loads((DATA / f"{name}.workload.json").read_text())
-
-
-def run(w: dict, **overrides) -> list[dict]:
-    buf = io.StringIO()
-    replay(parse_workload(w), buf, **overrides)
-    return [json.loads(line) for line in buf.getvalue().splitlines()[1:]]
+SET = ScriptedSet("parity_grammar")
+DATA = SET.data
+NAMES = SET.names
+workload = SET.workload
+run = replay_records
 
 
 def test_both_workloads_present_in_both_modes():
@@ -36,15 +25,7 @@ def test_both_workloads_present_in_both_modes():
 @pytest.mark.parametrize("name", NAMES)
 def test_decisions_and_bookkeeping_match_vllm(name):
     """Batches, admissions, preemptions, finishes, block ids and counts, every step (empty ones too)."""
-    ours = run(workload(name), debug=True)
-    ref = load_trace(DATA / f"{name}.vllm.jsonl")
-    assert records_blocks(ref) and records_blocks(ours)
-    assert compare(ours, ref) == []
-    assert len(decisions(ours)) == len(decisions(ref)) > 0
-    assert len(ours) == len(ref)
-    for a, b in zip(ours, ref):
-        for key in ("step", "total_tokens", "num_running", "num_waiting", "kv_usage"):
-            assert a[key] == b[key], (name, a["step"], key)
+    assert_matches_vllm(run(workload(name), debug=True), SET.reference(name), name)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -2,34 +2,18 @@
 
 from __future__ import annotations
 
-import gzip
-import io
-import json
-from pathlib import Path
-
 import pytest
 
-from llmsched.bench.parity import compare, decisions, records_blocks
-from llmsched.bench.replay import replay
-from llmsched.bench.workload import parse_workload
+from support.scripted_parity import ScriptedSet, assert_matches_vllm, replay_records
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "parity_spec_connector"
-NAMES = sorted(p.name.removesuffix(".workload.json") for p in DATA.glob("*.workload.json"))
-
-
-def workload(name: str) -> dict:
-    return json.loads((DATA / f"{name}.workload.json").read_text())
-
-
-def ref_trace(name: str) -> list[dict]:
-    with gzip.open(DATA / f"{name}.vllm.jsonl.gz", "rt") as f:
-        return [r for r in map(json.loads, f) if "header" not in r]
+SET = ScriptedSet("parity_spec_connector")
+DATA = SET.data
+NAMES = SET.names
+workload = SET.workload
 
 
 def run(w: dict) -> list[dict]:
-    buf = io.StringIO()
-    replay(parse_workload(w), buf, debug=True)
-    return [json.loads(line) for line in buf.getvalue().splitlines()[1:]]
+    return replay_records(w, debug=True)
 
 
 def padded_after_sync_load(steps: list[dict], k: int) -> list[tuple[int, str]]:
@@ -60,21 +44,13 @@ def test_workloads_present_in_both_modes():
 @pytest.mark.parametrize("name", NAMES)
 def test_decisions_and_bookkeeping_match_vllm(name):
     """Batches with their drafts, admissions, loads, finishes, block ids, counts: every step."""
-    ours = run(workload(name))
-    ref = ref_trace(name)
-    assert records_blocks(ref) and records_blocks(ours)
-    assert compare(ours, ref) == []
-    assert len(decisions(ours)) == len(decisions(ref)) > 0
-    assert len(ours) == len(ref)
-    for a, b in zip(ours, ref):
-        for key in ("step", "total_tokens", "num_running", "num_waiting", "kv_usage", "drafts"):
-            assert a[key] == b[key], (name, a["step"], key)
+    assert_matches_vllm(run(workload(name)), SET.reference(name), name, extra_keys=("drafts",))
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if "_s1_" in f"_{n}" or "_s2_" in f"_{n}"])
 def test_a_padded_admission_after_a_sync_load_whose_blocks_fail(name):
     """vLLM pads the one token a sync load leaves to a full draft step, and that load fails."""
-    ref = ref_trace(name)
+    ref = SET.reference(name)
     padded = padded_after_sync_load(ref, workload(name)["config"]["num_speculative_tokens"])
     assert padded
     step = {s["step"]: s for s in ref}
@@ -89,6 +65,6 @@ def test_a_padded_admission_after_a_sync_load_whose_blocks_fail(name):
 @pytest.mark.parametrize("name", ["s3_async_load_draft_room", "a_s3_async_load_draft_room"])
 def test_async_loads_start_while_drafts_run(name):
     """Async loads start in a tight cache beside requests verifying drafts (room is kept for a draft step)."""
-    ref = ref_trace(name)
+    ref = SET.reference(name)
     assert any(is_async for s in ref for _, _, is_async in s.get("kv_loads") or ())
     assert sum(len(s["drafts"]) for s in ref) > 10
