@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from hostcpu import record_cpu
+
 ROOT = Path(__file__).resolve().parents[1]
 _CHILD_FLAGS = ("model", "dtype", "num_threads", "max_model_len", "prompt_len", "max_tokens", "calls")
 
@@ -127,7 +129,7 @@ def main() -> int:
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {"cpu": cpu, "args": {k: v for k, v in vars(args).items() if k != "json"}, "runs": runs}
-        args.json.write_text(json.dumps({**payload, "summary": summary}, indent=2, default=str))
+        args.json.write_text(json.dumps(record_cpu({**payload, "summary": summary}), indent=2, default=str))
     return 0
 
 

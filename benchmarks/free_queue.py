@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from hostcpu import record_cpu  # noqa: E402
 from llmsched.core.kv.block import KVBlock  # noqa: E402
 from llmsched.core.kv.free_queue import FreeBlockQueue  # noqa: E402
 
@@ -52,7 +53,7 @@ def main() -> int:
         rows.append({"blocks": n, "removals": 3 * n // 4 - n // 4, "ns_per_removal": best})
         print(f"{n:>9} blocks: {best:7.1f} ns per removal (best of {args.repeats})")
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"repeats": args.repeats, "rows": rows}, indent=2))
+    args.json.write_text(json.dumps(record_cpu({"repeats": args.repeats, "rows": rows}), indent=2))
     print(f"wrote {args.json}")
     return 0
 

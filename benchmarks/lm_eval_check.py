@@ -31,6 +31,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from hostcpu import record_cpu
+
 ROOT = Path(__file__).resolve().parent.parent
 TASK_DIR = ROOT / "examples" / "lm_eval"
 TASKS = ["llmsched_mc_tiny", "llmsched_gen_tiny"]
@@ -211,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": {"llmsched_serve": round(t_served, 1), "hf": round(t_hf, 1)},
         **compare(served, hf, args.tolerance),
     }
-    args.out.write_text(json.dumps(report, indent=2))
+    args.out.write_text(json.dumps(record_cpu(report), indent=2))
     for name in ("llmsched_serve", "hf"):
         print(f"{name:>15}: {json.dumps(report['metrics'][name])}")
     print(
