@@ -31,26 +31,31 @@ _RUNNING = RequestStatus.RUNNING
 _FINISHED = RequestStatus.FINISHED_STOPPED  # this and every later status are terminal
 
 
-def catch_up(r: Request, computed: int, token_id: int) -> None:
-    """Bring a plainly decoding request to ``computed`` computed tokens, one sampled token ahead."""
+def catch_up(r: Request, computed: int, token_id: int, ahead: int = 1) -> None:
+    """Bring a plainly decoding request to ``computed`` computed tokens, ``ahead`` known tokens past them.
+
+    One in sync mode (the sampled token to compute next); none in async mode,
+    where that token is a placeholder of the step in flight.
+    """
     more = computed - r.num_computed_tokens
     if more > 0:
         r.num_computed_tokens = computed
         r.token_ids.extend([token_id] * more)
-        r.num_tokens = computed + 1
+        r.num_tokens = computed + ahead
 
 
-class DecodeCohort:
-    """Plain decodes whose counters are caught up only where something depends on them.
+class _Cohort:
+    """The bookkeeping both cohorts share: members' offsets, and their events and finishes by step.
 
-    ``steps`` counts the steps applied since the cohort began. Member ``r``
-    has ``offset[r] + steps`` computed tokens (before the next step), so its
-    next allocation event and its finish are each one step number: the
-    step in whose schedule phase ``allocate_slots(r, 1)`` acts, and the step
-    whose output brings ``r`` to its stop length.
+    ``steps`` counts the steps (engine calls, in async mode) since the
+    cohort began; member ``r`` has ``offset[r] + steps`` computed tokens
+    before the next one. A subclass says when a member's next allocation
+    event and its finish come (``_keys``) and how many known tokens a
+    caught-up member has past its computed ones (``_AHEAD``).
     """
 
     __slots__ = ("_events", "_finishes", "_kv", "_offset", "_seq", "steps", "sum_offset", "token_id")
+    _AHEAD = 1
 
     def __init__(self, kv: KVCacheManager, token_id: int) -> None:
         self._kv = kv
@@ -66,24 +71,58 @@ class DecodeCohort:
     def __len__(self) -> int:
         return len(self._offset)
 
+    def _keys(self, r: Request, off: int) -> tuple[int, int]:
+        """The step of member ``r``'s next allocation event and of its finish."""
+        raise NotImplementedError
+
     def join(self, r: Request) -> None:
-        """Add a plain decode (caught up: ``num_tokens == num_computed_tokens + 1``) after the others."""
+        """Add a caught-up plain decode after the others."""
         off = r.num_computed_tokens - self.steps
         self._offset[r] = off
         self.sum_offset += off
         seq = self._seq
         self._seq = seq + 1
-        heapq.heappush(self._events, (self._kv.next_decode_event(r) - 1 - off, seq, r))
-        # After step s it holds off + s + 2 tokens.
-        heapq.heappush(self._finishes, (r.stop_length - 2 - off, seq, r))
-
-    def context(self) -> int:
-        """The members' summed computed counts before the next step."""
-        return self.sum_offset + len(self._offset) * self.steps
+        event, finish = self._keys(r, off)
+        heapq.heappush(self._events, (event, seq, r))
+        heapq.heappush(self._finishes, (finish, seq, r))
 
     def next_finish(self) -> float:
         """The step at whose output the next member finishes (inf: none is a member)."""
         return self._finishes[0][0] if self._finishes else math.inf
+
+    def flush(self) -> list[Request]:
+        """Catch every member up and empty the cohort; the members, in running order."""
+        steps = self.steps
+        token = self.token_id
+        ahead = self._AHEAD
+        members = list(self._offset)
+        for r, off in self._offset.items():
+            catch_up(r, off + steps, token, ahead)
+        self._offset.clear()
+        self._events.clear()
+        self._finishes.clear()
+        self.sum_offset = 0
+        return members
+
+
+class DecodeCohort(_Cohort):
+    """Plain decodes whose counters are caught up only where something depends on them.
+
+    Member ``r``'s next allocation event and its finish are each one step
+    number: the step in whose schedule phase ``allocate_slots(r, 1)`` acts,
+    and the step whose output brings ``r`` to its stop length. A member
+    joins caught up: ``num_tokens == num_computed_tokens + 1``.
+    """
+
+    __slots__ = ()
+
+    def _keys(self, r: Request, off: int) -> tuple[int, int]:
+        # After step s it holds off + s + 2 tokens.
+        return self._kv.next_decode_event(r) - 1 - off, r.stop_length - 2 - off
+
+    def context(self) -> int:
+        """The members' summed computed counts before the next step."""
+        return self.sum_offset + len(self._offset) * self.steps
 
     def advance(self, num_steps: int) -> list[Request]:
         """Apply ``num_steps`` steps proven plain; the members the last one finishes.
@@ -117,19 +156,6 @@ class DecodeCohort:
             catch_up(r, off + end, token)
             finished.append(r)
         return finished
-
-    def flush(self) -> list[Request]:
-        """Catch every member up and empty the cohort; the members, in running order."""
-        steps = self.steps
-        token = self.token_id
-        members = list(self._offset)
-        for r, off in self._offset.items():
-            catch_up(r, off + steps, token)
-        self._offset.clear()
-        self._events.clear()
-        self._finishes.clear()
-        self.sum_offset = 0
-        return members
 
 
 def advance_async_decodes(
@@ -171,7 +197,7 @@ def advance_async_decodes(
         if s == last and r in finishing:
             continue  # not scheduled in the call that finishes it
         off = offsets[seq]
-        _catch_up_known(r, off + s, token_id)
+        catch_up(r, off + s, token_id, 0)
         kv.allocate_slots(r, 1)
         s = max(kv.next_decode_event(r, 1) - 1 - off, s + 1)
         if s < num_steps:
@@ -179,25 +205,16 @@ def advance_async_decodes(
     finished: list[Request] = []
     for r, off in zip(running, offsets):
         if r in finishing:
-            _catch_up_known(r, off + last, token_id)
+            catch_up(r, off + last, token_id, 0)
             r.token_ids.append(token_id)
             r.num_tokens += 1
             finished.append(r)
         else:
-            _catch_up_known(r, off + num_steps, token_id)
+            catch_up(r, off + num_steps, token_id, 0)
     return finished
 
 
-def _catch_up_known(r: Request, computed: int, token_id: int) -> None:
-    """Bring an async plain decode to ``computed`` computed and known tokens (one placeholder in flight)."""
-    more = computed - r.num_computed_tokens
-    if more > 0:
-        r.num_computed_tokens = computed
-        r.token_ids.extend([token_id] * more)
-        r.num_tokens = computed
-
-
-class AsyncDecodeCohort:
+class AsyncDecodeCohort(_Cohort):
     """Async scheduling's plain decodes, kept lazily across the engine calls that admit others.
 
     Between two engine calls a member has ``num_tokens == num_computed_tokens``
@@ -213,54 +230,26 @@ class AsyncDecodeCohort:
     are members (their update is lazy too).
     """
 
-    __slots__ = (
-        "_events",
-        "_finishes",
-        "_kv",
-        "_offset",
-        "_seq",
-        "num_in_flight",
-        "steps",
-        "sum_offset",
-        "token_id",
-    )
+    __slots__ = ("num_in_flight",)
+    _AHEAD = 0
 
     def __init__(self, kv: KVCacheManager, token_id: int) -> None:
-        self._kv = kv
-        self.token_id = token_id
-        self.steps = 0
-        self._offset: dict[Request, int] = {}
-        self.sum_offset = 0
-        self._events: list[tuple[int, int, Request]] = []
-        self._finishes: list[tuple[int, int, Request]] = []
-        self._seq = 0
+        super().__init__(kv, token_id)
         self.num_in_flight = 0
-
-    def __len__(self) -> int:
-        return len(self._offset)
 
     def __contains__(self, r: Request) -> bool:
         return r in self._offset
 
-    def join(self, r: Request) -> None:
-        """Add a plain async decode (between calls, one placeholder in flight) after the others."""
-        off = r.num_computed_tokens - self.steps
-        self._offset[r] = off
-        self.sum_offset += off
-        seq = self._seq
-        self._seq = seq + 1
-        # The call whose schedule reaches its next event (this coming one if it is overdue).
-        heapq.heappush(self._events, (max(self._kv.next_decode_event(r, 1) - 1 - off, self.steps), seq, r))
-        # The call that skips it (schedule()'s max-tokens-in-flight rule) and whose update finishes it.
-        heapq.heappush(self._finishes, (r.stop_length - 1 - off, seq, r))
+    def _keys(self, r: Request, off: int) -> tuple[int, int]:
+        # A member joins between calls, one placeholder in flight. Its event:
+        # the call whose schedule reaches it (this coming one if it is
+        # overdue). Its finish: the call that skips it (schedule()'s
+        # max-tokens-in-flight rule) and whose update finishes it.
+        return max(self._kv.next_decode_event(r, 1) - 1 - off, self.steps), r.stop_length - 1 - off
 
     def offset_of(self, r: Request) -> int:
         """Member ``r``'s computed count less ``steps``."""
         return self._offset[r]
-
-    def next_finish(self) -> float:
-        """The call that finishes the next member (inf: none is a member)."""
-        return self._finishes[0][0] if self._finishes else math.inf
 
     def finishing(self, ahead: int = 0) -> list[Request]:
         """The members the coming call (or the one ``ahead`` after it) finishes, in running order."""
@@ -301,7 +290,7 @@ class AsyncDecodeCohort:
             off = offset.get(r)
             if off is None or r in skip:
                 continue
-            _catch_up_known(r, off + now, token)
+            catch_up(r, off + now, token, 0)
             kv.allocate_slots(r, 1)
             heapq.heappush(events, (max(kv.next_decode_event(r, 1) - 1 - off, end), seq, r))
         self.steps = end
@@ -327,7 +316,7 @@ class AsyncDecodeCohort:
             off = offset.get(r)
             if off is None or (s == last and r in skip):
                 continue
-            _catch_up_known(r, off + s, token)
+            catch_up(r, off + s, token, 0)
             kv.allocate_slots(r, 1)
             heapq.heappush(events, (max(kv.next_decode_event(r, 1) - 1 - off, s + 1), seq, r))
         self.steps = end
@@ -344,23 +333,14 @@ class AsyncDecodeCohort:
         for r in finishing:
             off = offset.pop(r)
             self.sum_offset -= off
-            _catch_up_known(r, off + last, token)
+            catch_up(r, off + last, token, 0)
             r.token_ids.append(token)
             r.num_tokens += 1
 
     def flush(self) -> list[Request]:
         """Catch every member up (one placeholder in flight each) and empty the cohort; the members."""
-        steps = self.steps
-        token = self.token_id
-        members = list(self._offset)
-        for r, off in self._offset.items():
-            _catch_up_known(r, off + steps, token)
-        self._offset.clear()
-        self._events.clear()
-        self._finishes.clear()
-        self.sum_offset = 0
         self.num_in_flight = 0
-        return members
+        return super().flush()
 
 
 def plain_async_decode(r: Request, token_id: int) -> bool:
