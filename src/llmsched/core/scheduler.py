@@ -496,11 +496,7 @@ class Scheduler:
         running = self.running
         if (
             not self._async
-            or self.connector is not None
-            or self._has_drafts
-            or self._lookahead
-            or self._trace_enabled
-            or self._hybrid
+            or self._step_does_more()
             or self._debug
             or self._enc is not None
             or self._prefill_interval > 1
@@ -605,9 +601,12 @@ class Scheduler:
 
     def _steps_may_be_plain(self) -> bool:
         """False where a step always does more than schedule what it is asked (see ``plain_decode_steps``)."""
-        return not (
-            self._async
-            or self.connector is not None
+        return not (self._async or self._step_does_more())
+
+    def _step_does_more(self) -> bool:
+        """Whether a step does more than schedule decodes (connector, drafts, lookahead, trace, hybrid)."""
+        return (
+            self.connector is not None
             or self._has_drafts
             or self._lookahead
             or self._trace_enabled
