@@ -46,7 +46,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests benchmarks tools
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/sched_overhead.py
+	$(BIN)/python benchmarks/cpu/sched_overhead.py
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a
 # broken link or heading. `make test` builds it too (tests/test_docs.py).

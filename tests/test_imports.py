@@ -2,11 +2,10 @@
 
 Every module under ``src/llmsched`` is parsed with ``ast``; each import becomes an edge from the
 importing file to the file it names (``from pkg import name`` names ``pkg/name.py`` when that is a
-module, else ``pkg/__init__.py``). Imports inside functions count: they run, just later, and a
-function-level import is the usual way a cycle gets hidden. Imports under ``if TYPE_CHECKING:`` are
-left out: they never run, so they cannot make an import-order problem, and they are how a type hint
-names a class from a layer above without importing it. The implicit import of a parent package's
-``__init__`` is left out too, so a package may re-export what its modules define.
+module, else ``pkg/__init__.py``). Every import counts: one inside a function runs, just later, and
+one under ``if TYPE_CHECKING:`` still ties the two files together (a type that both sides need
+belongs in a module of its own, or the annotation names a Protocol). The implicit import of a
+parent package's ``__init__`` is left out, so a package may re-export what its modules define.
 """
 
 from __future__ import annotations
@@ -22,6 +21,13 @@ ROOT = "llmsched"
 CORE_OPTIONAL = {"xxhash"}
 # Layers the executor must not reach: it sits below them.
 ABOVE_EXECUTOR = ("sim", "engine", "server", "bench", "cli")
+# Cycles allowed for now, each with its reason; an allowance that no longer matches fails too.
+ALLOWED_CYCLES = {
+    ("llmsched.core.decode_cohort", "llmsched.core.scheduler"): (
+        "decode_cohort annotates its Scheduler argument (a TYPE_CHECKING import) while the "
+        "scheduler builds the cohorts; it goes when the cohort shortcuts leave the Scheduler class"
+    ),
+}
 
 
 def module_files(src: Path = SRC) -> dict[str, Path]:
@@ -35,31 +41,11 @@ def module_files(src: Path = SRC) -> dict[str, Path]:
     return mods
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    """True for ``TYPE_CHECKING`` and ``typing.TYPE_CHECKING``."""
-    if isinstance(test, ast.Name):
-        return test.id == "TYPE_CHECKING"
-    return isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-
-
 def _imports(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import statement below ``node``, skipping the bodies of ``if TYPE_CHECKING:``."""
-    for child in ast.iter_child_nodes(node):
+    """Every import statement below ``node``, at any depth."""
+    for child in ast.walk(node):
         if isinstance(child, (ast.Import, ast.ImportFrom)):
             yield child
-        elif isinstance(child, ast.If) and _is_type_checking(child.test):
-            for other in child.orelse:
-                yield from _imports_in(other)
-        else:
-            yield from _imports(child)
-
-
-def _imports_in(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """``_imports`` including ``node`` itself."""
-    if isinstance(node, (ast.Import, ast.ImportFrom)):
-        yield node
-    else:
-        yield from _imports(node)
 
 
 def imported_names(module: str, path: Path) -> Iterator[tuple[str, int]]:
@@ -180,7 +166,7 @@ def test_the_graph_sees_relative_lazy_and_package_imports() -> None:
     assert any(_in_package(t, "llmsched.core") for t in graph["llmsched.engine.llm_engine"])
 
 
-def test_checker_finds_a_function_level_cycle_and_skips_type_checking(tmp_path: Path) -> None:
+def test_checker_finds_function_level_and_type_checking_cycles(tmp_path: Path) -> None:
     pkg = tmp_path / ROOT / "pkg"
     pkg.mkdir(parents=True)
     (tmp_path / ROOT / "__init__.py").write_text("")
@@ -190,14 +176,21 @@ def test_checker_finds_a_function_level_cycle_and_skips_type_checking(tmp_path: 
     (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .d import D\n")
     (pkg / "d.py").write_text("from .c import x\n")
     graph = import_graph(tmp_path)
-    assert cycles(graph) == [["llmsched.pkg.a", "llmsched.pkg.b"]]
-    assert "llmsched.pkg.d" not in graph["llmsched.pkg.c"]
+    assert cycles(graph) == [["llmsched.pkg.a", "llmsched.pkg.b"], ["llmsched.pkg.c", "llmsched.pkg.d"]]
 
 
 def test_no_import_cycles_between_files() -> None:
     graph = import_graph()
-    found = cycles(graph)
+    found = [c for c in cycles(graph) if tuple(c) not in ALLOWED_CYCLES]
     assert not found, "\n".join(describe(c, graph) for c in found)
+
+
+def test_every_allowed_cycle_still_exists() -> None:
+    found = {tuple(c) for c in cycles(import_graph())}
+    stale = sorted(set(ALLOWED_CYCLES) - found)
+    assert not stale, (
+        f"these cycles are gone (or changed): drop or update their ALLOWED_CYCLES entry: {stale}"
+    )
 
 
 def test_executor_imports_nothing_from_the_layers_above_it() -> None:

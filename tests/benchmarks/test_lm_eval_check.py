@@ -1,4 +1,4 @@
-"""benchmarks/lm_eval_check.py, tiny: lm-eval through `llmsched serve` scores as lm-eval's hf backend does."""
+"""benchmarks/serving/lm_eval_check.py, tiny: lm-eval through `llmsched serve` scores as its hf backend."""
 
 from __future__ import annotations
 

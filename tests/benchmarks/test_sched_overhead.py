@@ -8,8 +8,8 @@ import statistics
 from pathlib import Path
 
 import pytest
-
 import sched_overhead
+
 from llmsched.bench.workload import parse_workload
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from llmsched.core.encoder_cache import EncoderCache
-from llmsched.core.encoder_inputs import EncoderScheduler, MMItem
+from llmsched.core.encoder_inputs import EncoderScheduler
 from llmsched.core.errors import RequestRejected
+from llmsched.core.mm_item import MMItem
 from llmsched.core.request import Request
 
 

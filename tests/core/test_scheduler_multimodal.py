@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from llmsched.core.config import SchedulerConfig
-from llmsched.core.encoder_inputs import MMItem
 from llmsched.core.errors import RequestRejected
+from llmsched.core.mm_item import MMItem
 from llmsched.core.output import ModelRunnerOutput
 from llmsched.core.request import Request
 from llmsched.core.sampling_params import SamplingParams

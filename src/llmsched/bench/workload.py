@@ -10,8 +10,8 @@ from pathlib import Path
 from llmsched.bench.scripted_connector import KVScript
 from llmsched.core.config import SchedulerConfig
 from llmsched.core.connector import KVTransferConfig
-from llmsched.core.encoder_inputs import MMItem
 from llmsched.core.errors import ConfigError
+from llmsched.core.mm_item import MMItem
 
 # Defaults of the workload format, as vLLM's reference driver applies them.
 CONFIG_DEFAULTS: dict = {

@@ -11,10 +11,8 @@ cache reports evicted.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from llmsched.core.request import Request
+from llmsched.core.request import Request
 
 
 class EncoderCache:

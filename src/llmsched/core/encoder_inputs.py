@@ -12,31 +12,12 @@ reference to the output is dropped (the output stays cached, evictable).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from llmsched.core.encoder_cache import EncoderCache
 from llmsched.core.errors import RequestRejected
-
-if TYPE_CHECKING:
-    from llmsched.core.request import Request
-
-
-@dataclass(frozen=True, slots=True)
-class MMItem:
-    """One encoder input: where its embeddings go in the prompt and its content hash."""
-
-    offset: int
-    length: int
-    identifier: str
-    modality: str = "image"
-    # The executor's input for the encoder (preprocessed pixels); opaque here.
-    data: object = field(default=None, compare=False, repr=False)
-
-    @property
-    def end(self) -> int:
-        """First prompt position after the item."""
-        return self.offset + self.length
+from llmsched.core.mm_item import MMItem
+from llmsched.core.request import Request
 
 
 def check_items(request_id: str, items: Sequence[MMItem], num_prompt_tokens: int) -> None:

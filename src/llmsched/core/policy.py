@@ -1,6 +1,6 @@
 """The scheduling-policy seam: waiting-queue order, admission, preemption victim; a policy by name.
 
-The seam's types (``Policy``, the waiting queues, FCFS and priority) are
+The seam's types (``Policy``, ``SchedulerView``, the waiting queues, FCFS and priority) are
 defined in ``llmsched.core.policy_seam`` so that the policies beyond vLLM's
 (``llmsched.core.policies``) build on them without importing this module;
 it re-exports them and picks a policy by name from both.
@@ -17,6 +17,7 @@ from llmsched.core.policy_seam import (
     PriorityPolicy,
     PriorityQueue,
     Refusal,
+    SchedulerView,
     Verdict,
     WaitingQueue,
     _priority_key,
@@ -30,6 +31,7 @@ __all__ = [
     "PriorityPolicy",
     "PriorityQueue",
     "Refusal",
+    "SchedulerView",
     "Verdict",
     "WaitingQueue",
     "_priority_key",

@@ -12,9 +12,10 @@ from __future__ import annotations
 import enum
 import heapq
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
+from llmsched.core.kv.manager import KVCacheManager
 from llmsched.core.request import Request
 from llmsched.core.trace import Reason
 
@@ -177,7 +178,8 @@ class Policy(Protocol):
        step, and may return None to preempt nothing.
 
     An optional ``bind(scheduler)`` is called once, when the scheduler is
-    built, for policies that read its clock or its prefix cache.
+    built, for policies that read its clock or its prefix cache (what they
+    may read is ``SchedulerView``).
     """
 
     name: str
@@ -191,6 +193,26 @@ class Policy(Protocol):
 
     def select_victim(self, running: list[Request], for_request: Request | None = None) -> Request | None:
         """The running request to preempt."""
+
+
+class SchedulerView(Protocol):
+    """What a policy bound to the scheduler may read of it."""
+
+    @property
+    def next_step(self) -> int:
+        """The number the next scheduled step will carry."""
+
+    @property
+    def requests(self) -> Mapping[str, Request]:
+        """The live requests by id."""
+
+    @property
+    def kv(self) -> KVCacheManager:
+        """The KV cache manager (for prefix-cache lookups)."""
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The scheduler's clock, in seconds."""
 
 
 class FCFSPolicy:

@@ -6,13 +6,11 @@ import enum
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
-from llmsched.core.encoder_inputs import MMItem
+from llmsched.core.mm_item import MMItem
 from llmsched.core.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from llmsched.core.session import TurnEnd
 
 
 class RequestStatus(enum.IntEnum):
@@ -48,6 +46,19 @@ FINISH_REASONS = {
 }
 
 _EMPTY: frozenset[int] = frozenset()
+
+
+@dataclass(slots=True)
+class TurnEnd:
+    """How a session's turn ended, kept on the request for the engine to report.
+
+    Taken when the turn stops, before a queued input resumes the session and
+    drops the turn's last sampled token from its history.
+    """
+
+    status: RequestStatus
+    stop_reason: int | str | None
+    output_token_ids: list[int]
 
 
 class GrammarHandle(Protocol):
@@ -187,7 +198,7 @@ class Request:
         # here; None marks the end of input.
         self.resumable = resumable
         self.input_queue: deque[Request | None] | None = deque() if resumable else None
-        # Set by the scheduler when a session's turn ends (core.session.TurnEnd),
+        # Set by the scheduler when a session's turn ends (TurnEnd),
         # cleared by whoever reports it: resuming rewrites the turn's tokens.
         self.turn_end: TurnEnd | None = None
 

@@ -14,30 +14,30 @@ aborted at once while it waits. As vLLM 0.33's streaming input does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import Protocol
 
+from llmsched.core.config import SchedulerConfig
 from llmsched.core.errors import RequestRejected
-from llmsched.core.request import Request, RequestStatus
-
-if TYPE_CHECKING:
-    from llmsched.core.scheduler import Scheduler
+from llmsched.core.kv.manager import KVCacheManager
+from llmsched.core.request import Request, RequestStatus, TurnEnd
 
 _WAITING = RequestStatus.WAITING
 _WAITING_FOR_INPUT = RequestStatus.WAITING_FOR_INPUT
 
 
-@dataclass(slots=True)
-class TurnEnd:
-    """How a session's turn ended, kept on the request for the engine to report.
+class SessionHost(Protocol):
+    """What session bookkeeping uses of the scheduler that owns it."""
 
-    Taken when the turn stops, before a queued input resumes the session and
-    drops the turn's last sampled token from its history.
-    """
+    @property
+    def config(self) -> SchedulerConfig: ...
 
-    status: RequestStatus
-    stop_reason: int | str | None
-    output_token_ids: list[int]
+    @property
+    def kv(self) -> KVCacheManager: ...
+
+    def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> list[Request]: ...
+
+    def requeue_holding(self, req: Request) -> None: ...
 
 
 class Sessions:
@@ -45,7 +45,7 @@ class Sessions:
 
     __slots__ = ("num_waiting_for_input", "sched")
 
-    def __init__(self, sched: Scheduler) -> None:
+    def __init__(self, sched: SessionHost) -> None:
         self.sched = sched
         # Sessions waiting for input: in a queue, holding blocks and a
         # sequence slot, but nothing to run (not "unfinished" work).

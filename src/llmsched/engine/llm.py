@@ -238,7 +238,11 @@ class LLM:
         if lora_request is not None and not self.llm_engine.engine_args.enable_lora:
             raise ValueError("lora_request needs LoRA enabled: build the LLM with enable_lora=True")
         return LLMSession(
-            self, f"session-{next(self._ids)}", sampling_params, lora_request=lora_request, priority=priority
+            self.llm_engine,
+            f"session-{next(self._ids)}",
+            sampling_params,
+            lora_request=lora_request,
+            priority=priority,
         )
 
     def _params_list(

@@ -35,16 +35,16 @@ from llmsched.engine.lora_request import LoRARequest
 from llmsched.engine.model_files import load_model_files
 from llmsched.engine.outputs import RequestMetrics, RequestOutput, RequestOutputKind
 from llmsched.engine.parallel_sampling import ParentRequest, child_params
-from llmsched.engine.request_state import RequestState, turn_reason
+from llmsched.engine.request_state import RequestState, SessionState, turn_reason
 from llmsched.engine.serve_threads import serving_threads
-from llmsched.engine.sessions import SessionState, add_input, check_session_params, end_input
+from llmsched.engine.sessions import add_input, check_session_params, end_input
 from llmsched.engine.spec_stats import SpecDecodingStats
 from llmsched.engine.tokenizer import Tokenizer, load_tokenizer
 from llmsched.executor.protocol import Executor
 
 if TYPE_CHECKING:
-    from llmsched.core.encoder_inputs import MMItem
-    from llmsched.core.session import TurnEnd
+    from llmsched.core.mm_item import MMItem
+    from llmsched.core.request import TurnEnd
     from llmsched.structured.manager import GrammarHandle, StructuredOutputManager
 
 # (model folder, **EngineArgs.executor_kwargs()) -> an executor that also

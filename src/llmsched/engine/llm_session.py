@@ -17,7 +17,6 @@ from llmsched.core.sampling_params import SamplingParams
 from llmsched.engine.outputs import CompletionOutput, RequestOutput, RequestOutputKind
 
 if TYPE_CHECKING:
-    from llmsched.engine.llm import LLM
     from llmsched.engine.llm_engine import LLMEngine, PromptType
     from llmsched.engine.lora_request import LoRARequest
 
@@ -36,14 +35,14 @@ class LLMSession:
 
     def __init__(
         self,
-        llm: LLM,
+        engine: LLMEngine,
         request_id: str,
         sampling_params: SamplingParams | None,
         *,
         lora_request: LoRARequest | None = None,
         priority: int = 0,
     ) -> None:
-        self._llm = llm
+        self._engine = engine
         self.request_id = request_id
         self._params = sampling_params
         self._lora = lora_request
@@ -72,12 +71,12 @@ class LLMSession:
         if self.closed:
             state = "was closed" if self._closed else "has ended (a turn was interrupted or stalled)"
             raise SessionClosedError(f"session {self.request_id!r} {state}; open another with llm.session()")
-        engine = self._llm.llm_engine
+        engine = self._engine
         if not self._started:
             engine.add_request(
                 self.request_id,
                 prompt,
-                sampling_params or self._params or self._llm.get_default_sampling_params(),
+                sampling_params or self._params or engine.default_sampling_params(),
                 resumable=True,
                 output_kind=RequestOutputKind.DELTA,
                 lora_request=self._lora,
@@ -90,7 +89,7 @@ class LLMSession:
 
     def _run_turn(self) -> RequestOutput:
         """Step the engine until this session's turn ends; its deltas merged into one output."""
-        engine = self._llm.llm_engine
+        engine = self._engine
         deltas: list[RequestOutput] = []
         idle = 0
         try:
@@ -111,7 +110,7 @@ class LLMSession:
             raise
 
     def _stalled_message(self) -> str:
-        free = self._llm.llm_engine.scheduler.kv.num_free_blocks
+        free = self._engine.scheduler.kv.num_free_blocks
         return (
             f"session {self.request_id!r}: its turn cannot be scheduled: {free} KV blocks are free and "
             "the rest are held by other open sessions waiting for input; the session was aborted. "
@@ -131,7 +130,7 @@ class LLMSession:
         self._closed = True
         if not self._started:
             return None
-        outs = self._llm.llm_engine.end_session(self.request_id)
+        outs = self._engine.end_session(self.request_id)
         return outs[-1] if outs else None
 
     def __enter__(self) -> LLMSession:

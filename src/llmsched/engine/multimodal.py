@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from llmsched.core.encoder_inputs import MMItem
 from llmsched.core.errors import ConfigError, RequestRejected
+from llmsched.core.mm_item import MMItem
 
 MODALITIES = ("image",)
 

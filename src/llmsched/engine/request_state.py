@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from llmsched.core.request import FINISH_REASONS, Request
-from llmsched.core.session import TurnEnd
+from llmsched.core.request import FINISH_REASONS, Request, TurnEnd
 from llmsched.engine.detokenizer import IncrementalDetokenizer
 from llmsched.engine.outputs import (
     CompletionOutput,
@@ -18,10 +18,23 @@ from llmsched.engine.outputs import (
     RequestOutputKind,
     SampleLogprobs,
 )
-from llmsched.engine.sessions import SessionState
 
 if TYPE_CHECKING:
     from llmsched.engine.parallel_sampling import ParentRequest
+
+
+@dataclass(slots=True)
+class SessionState:
+    """What the engine tracks for a session besides its RequestState."""
+
+    # Prompt texts (None for token ids) of inputs the scheduler queued behind the running turn.
+    pending_prompts: deque[str | None] = field(default_factory=deque)
+    # Set once the input ended (end_session): no input is accepted after it.
+    input_ended: bool = False
+    # (finish_reason, stop_reason) of the latest turn, reported when the session ends between turns.
+    last_reason: tuple[str | None, int | str | None] | None = None
+    # The running turn's prompt (resuming gives the request a new list, so this one stays the turn's).
+    prompt_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -40,7 +53,7 @@ class RequestState:
     num_seen: int = 0
     # Output tokens / logprobs already returned (DELTA outputs).
     num_sent: int = 0
-    # Set for a streaming-input session (engine.sessions.SessionState).
+    # Set for a streaming-input session (see engine.sessions).
     session: SessionState | None = None
     # Set for a child of a request with n > 1: the parent gathers its outputs.
     parent: ParentRequest | None = None

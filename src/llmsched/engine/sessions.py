@@ -1,31 +1,28 @@
-"""Streaming-input sessions on the engine side: what a user sends and what the engine tracks.
+"""Streaming-input sessions on the engine side: what a user sends and how the engine takes it.
 
 A session is a request added with ``resumable=True``; later inputs under the
 same id extend it and keep its KV (the scheduler's side is
-``llmsched.core.session``). The engine keeps one RequestState for the whole
-session, so the detokenizer, output tokens and metrics continue across
-turns. Each turn's last output carries its ``finish_reason`` with
-``finished=False`` (``RequestOutput.turn_finished`` is True); the output
-with ``finished=True`` says the whole session ended. As in vLLM 0.33, a
+``llmsched.core.session``). The engine keeps one RequestState (with its
+SessionState) for the whole session, so the detokenizer, output tokens and
+metrics continue across turns. Each turn's last output carries its
+``finish_reason`` with ``finished=False`` (``RequestOutput.turn_finished``
+is True); the output with ``finished=True`` says the whole session ended. As in vLLM 0.33, a
 session cannot use stop strings, FINAL_ONLY outputs or n > 1.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from llmsched.core.errors import RequestRejected
 from llmsched.core.request import Request, RequestStatus
 from llmsched.core.sampling_params import SamplingParams
+from llmsched.engine.engine_core import EngineCore
 from llmsched.engine.outputs import RequestOutput, RequestOutputKind
-
-if TYPE_CHECKING:
-    from llmsched.engine.llm_engine import LLMEngine
-    from llmsched.engine.request_state import RequestState
+from llmsched.engine.request_state import RequestState
 
 
 @dataclass
@@ -40,18 +37,16 @@ class StreamingInput:
     sampling_params: SamplingParams | None = None
 
 
-@dataclass(slots=True)
-class SessionState:
-    """What the engine tracks for a session besides its RequestState."""
+class SessionEngine(Protocol):
+    """What a session's inputs use of the engine: prompt processing and the core to queue them on."""
 
-    # Prompt texts (None for token ids) of inputs the scheduler queued behind the running turn.
-    pending_prompts: deque[str | None] = field(default_factory=deque)
-    # Set once the input ended (end_session): no input is accepted after it.
-    input_ended: bool = False
-    # (finish_reason, stop_reason) of the latest turn, reported when the session ends between turns.
-    last_reason: tuple[str | None, int | str | None] | None = None
-    # The running turn's prompt (resuming gives the request a new list, so this one stays the turn's).
-    prompt_token_ids: list[int] = field(default_factory=list)
+    @property
+    def engine_core(self) -> EngineCore: ...
+
+    @property
+    def eos_token_ids(self) -> list[int]: ...
+
+    def process_prompt(self, request_id: str, prompt: Any) -> tuple[str | None, list[int]]: ...
 
 
 def check_session_params(request_id: str, params: SamplingParams, output_kind: RequestOutputKind) -> None:
@@ -78,7 +73,7 @@ def check_session_params(request_id: str, params: SamplingParams, output_kind: R
 
 
 def add_input(
-    engine: LLMEngine,
+    engine: SessionEngine,
     st: RequestState,
     prompt: object,
     params: SamplingParams | None,
@@ -100,7 +95,7 @@ def add_input(
     check_session_params(rid, params, st.output_kind)
     if isinstance(prompt, Mapping) and prompt.get("multi_modal_data") is not None:
         raise RequestRejected(f"session {rid!r}: a later input cannot carry multi_modal_data")
-    text, ids = engine.process_prompt(rid, prompt)  # type: ignore[arg-type]
+    text, ids = engine.process_prompt(rid, prompt)
     update = Request(
         rid,
         ids,
@@ -119,7 +114,7 @@ def add_input(
         session.pending_prompts.append(text)
 
 
-def end_input(engine: LLMEngine, st: RequestState) -> RequestOutput | None:
+def end_input(engine: SessionEngine, st: RequestState) -> RequestOutput | None:
     """End a session's input: it finishes after its running turn, or now (its final output) between turns."""
     req = st.request
     rid = req.request_id

@@ -11,12 +11,9 @@ message saying they are not available yet, never silently ignored.
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from llmsched.core.errors import ConfigError
-
-if TYPE_CHECKING:
-    from llmsched.server.args import ServerArgs
 
 DP_BACKENDS = ("mp", "ray")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -82,7 +79,21 @@ def add_dp_serve_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def check_dp_serve(args: ServerArgs) -> None:
+class DPServeSettings(Protocol):
+    """The data-parallel settings ``check_dp_serve`` reads (``ServerArgs`` has them all)."""
+
+    engine_mode: str
+    data_parallel_size: int
+    data_parallel_size_local: int | None
+    data_parallel_start_rank: int | None
+    data_parallel_address: str | None
+    data_parallel_rpc_port: int | None
+    data_parallel_backend: str
+    headless: bool
+    api_server_count: int | None
+
+
+def check_dp_serve(args: DPServeSettings) -> None:
     """Refuse data-parallel settings this version cannot run, naming the flag (ConfigError)."""
     n = args.data_parallel_size
     if n < 1:

@@ -77,7 +77,7 @@ def engine_process_main(
     emit(loop.info())
     # The loop steps on a thread of its own, not the main thread: on CPU we
     # measured the same steps up to a third slower from the main thread (and
-    # the in-process baseline of benchmarks/server_overhead.py steps the same way).
+    # the in-process baseline of benchmarks/serving/server_overhead.py steps the same way).
     stepper = threading.Thread(target=loop.run, name="llmsched-engine-loop", daemon=True)
     stepper.start()
     try:

@@ -15,21 +15,40 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from llmsched.core.sampling_params import SamplingParams
 from llmsched.engine.sessions import StreamingInput
 from llmsched.server.engine_messages import OutputDelta
 from llmsched.server.request_stream import RequestRejectedByEngine, RequestStream
 
-if TYPE_CHECKING:
-    from llmsched.server.async_engine import AsyncEngine
-
 __all__ = ["StreamingInput", "input_token_ids", "session_outputs"]
 
 Tokenize = Callable[[str], list[int]]
 # Told about a later input the engine refused; the session then goes on without it.
 OnRejected = Callable[[RequestRejectedByEngine], Awaitable[None]]
+
+
+class SessionEngine(Protocol):
+    """What driving a session uses of ``AsyncEngine``."""
+
+    def submit(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        resumable: bool = False,
+        **kwargs: Any,
+    ) -> RequestStream: ...
+
+    def submit_input(
+        self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None
+    ) -> Awaitable[object]: ...
+
+    def end_input(self, request_id: str) -> None: ...
+
+    def abort(self, request_id: str) -> None: ...
 
 
 def input_token_ids(request_id: str, prompt: object, tokenize: Tokenize | None) -> list[int]:
@@ -52,7 +71,7 @@ def input_token_ids(request_id: str, prompt: object, tokenize: Tokenize | None) 
 
 
 async def session_outputs(
-    engine: AsyncEngine,
+    engine: SessionEngine,
     inputs: AsyncIterator[StreamingInput],
     params: SamplingParams,
     request_id: str,
@@ -86,7 +105,7 @@ async def session_outputs(
 
 
 async def _feed(
-    engine: AsyncEngine,
+    engine: SessionEngine,
     stream: RequestStream,
     it: AsyncIterator[StreamingInput],
     tokenize: Tokenize | None,

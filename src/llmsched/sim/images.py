@@ -13,8 +13,8 @@ import random
 from array import array
 from dataclasses import dataclass
 
-from llmsched.core.encoder_inputs import MMItem
 from llmsched.core.errors import ConfigError
+from llmsched.core.mm_item import MMItem
 
 # The placeholder token: below the synthetic prompts' filler ids (100+).
 PLACEHOLDER = 99

@@ -229,7 +229,7 @@ def link_touches_per_removal(n: int) -> list[int]:
 def test_a_removal_touches_the_same_few_links_whatever_the_queue_length() -> None:
     # O(1) removal, counted rather than timed: a walk to the block (or to
     # check it is queued) would touch links in proportion to its position.
-    # benchmarks/free_queue.py measures the time.
+    # benchmarks/cpu/free_queue.py measures the time.
     small, large = link_touches_per_removal(16), link_touches_per_removal(20_000)
     assert small == large, (small, large)
     # Its two links read and cleared, one link on each neighbour rewritten.

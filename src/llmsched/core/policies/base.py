@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from llmsched.core.errors import ConfigError
-from llmsched.core.policy_seam import FCFSQueue, PriorityQueue, Refusal, Verdict, WaitingQueue, _priority_key
+from llmsched.core.policy_seam import (
+    FCFSQueue,
+    PriorityQueue,
+    Refusal,
+    SchedulerView,
+    Verdict,
+    WaitingQueue,
+    _priority_key,
+)
 from llmsched.core.request import Request
 from llmsched.core.trace import Reason
-
-if TYPE_CHECKING:
-    from llmsched.core.scheduler import Scheduler
 
 # Reasons a request does not fit that skipping past it can help with: the
 # next request may be smaller. (A full batch or a cadence hold stops everyone.)
@@ -106,12 +111,12 @@ class BasePolicy:
         self.skip = skip
         if skip:
             self.name = f"{self.name}+skip-admission"
-        self.sched: Scheduler | None = None
+        self.sched: SchedulerView | None = None
         self._skips: dict[str, int] = {}
         self._skip_step = -1
         self._skips_this_step = 0
 
-    def bind(self, scheduler: Scheduler) -> None:
+    def bind(self, scheduler: SchedulerView) -> None:
         """Remember the scheduler (its clock, its prefix cache, its live requests)."""
         self.sched = scheduler
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from llmsched.core.encoder_inputs import MMItem
+from llmsched.core.mm_item import MMItem
 from llmsched.core.output import SchedulerOutput
 
 

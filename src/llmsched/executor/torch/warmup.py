@@ -17,17 +17,19 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-from llmsched.core.output import SchedulerOutput
+from llmsched.core.output import ModelRunnerOutput, SchedulerOutput
 from llmsched.core.request import Request
 from llmsched.core.sampling_params import SamplingParams
-from llmsched.executor.torch.kv_cache import cdiv
-
-if TYPE_CHECKING:
-    from llmsched.executor.torch.executor import TorchExecutor
+from llmsched.executor.torch.config import ModelConfig
+from llmsched.executor.torch.input_batch import InputBatch
+from llmsched.executor.torch.kv_cache import KVCache, cdiv
+from llmsched.executor.torch.sampler import Sampler
+from llmsched.executor.torch.spec.decoder import SpecDecoder
+from llmsched.executor.torch.step_thread import StepThread
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,27 @@ class WarmUp:
         )
 
 
-def _prompt_lengths(ex: TorchExecutor, max_num_batched_tokens: int) -> list[int]:
+class WarmUpTarget(Protocol):
+    """The executor state the warm-up reads, steps and puts back (``TorchExecutor``'s)."""
+
+    device: torch.device
+    block_size: int
+    num_gpu_blocks: int
+    max_model_len: int
+    _max_num_seqs: int
+    is_hybrid: bool
+    model_config: ModelConfig
+    batch: InputBatch
+    sampler: Sampler
+    spec: SpecDecoder | None
+    kv_cache: KVCache
+    _thread: StepThread | None
+
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step and wait."""
+
+
+def _prompt_lengths(ex: WarmUpTarget, max_num_batched_tokens: int) -> list[int]:
     """The scratch requests' prompt lengths (greedy first), within the executor's limits; [] if none fit."""
     bs = ex.block_size
     free_blocks = ex.num_gpu_blocks - 1  # block 0 is the null block
@@ -96,7 +118,7 @@ def _requests(lengths: list[int], vocab: int) -> list[Request]:
     return reqs
 
 
-def warm_up(ex: TorchExecutor, max_num_batched_tokens: int) -> WarmUp | None:
+def warm_up(ex: WarmUpTarget, max_num_batched_tokens: int) -> WarmUp | None:
     """Run the dummy prefill and decode on ``ex``, then undo their traces; None when nothing fits."""
     lengths = _prompt_lengths(ex, max_num_batched_tokens)
     if not lengths:
@@ -125,7 +147,7 @@ def warm_up(ex: TorchExecutor, max_num_batched_tokens: int) -> WarmUp | None:
     return WarmUp(tuple(lengths), 2, time.perf_counter() - t0)
 
 
-def _run_steps(ex: TorchExecutor, reqs: list[Request], lengths: list[int], tables: list[list[int]]) -> None:
+def _run_steps(ex: WarmUpTarget, reqs: list[Request], lengths: list[int], tables: list[list[int]]) -> None:
     """The scratch requests' prefill step, then their decode step, as a scheduler would send them."""
     # A hybrid model's state goes to (and comes back from) each request's first block.
     states = {r.request_id: t[0] for r, t in zip(reqs, tables)} if ex.is_hybrid else None
@@ -159,7 +181,7 @@ def _run_steps(ex: TorchExecutor, reqs: list[Request], lengths: list[int], table
     )
 
 
-def _zero_blocks(ex: TorchExecutor, block_ids: list[int]) -> None:
+def _zero_blocks(ex: WarmUpTarget, block_ids: list[int]) -> None:
     """Zero what the scratch requests wrote: their KV blocks and, on a hybrid model, their state blocks."""
     idx = torch.tensor(block_ids, dtype=torch.int64, device=ex.device)
     with torch.inference_mode():
