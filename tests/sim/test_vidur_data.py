@@ -71,3 +71,47 @@ def test_built_in_fit_reproduces_a100_decode_attention(data):
     fit = KernelFit.from_dict(hw.kernel_fit)
     rows = [r for r in data.attention if not r.prefill]
     assert _median_err(rows, lambda r: fitted_seconds(r, hw, fit)) < 0.12
+
+
+def _p90_err(rows, price):
+    errs = sorted(abs(price(r) / (r.median_ms * 1e-3) - 1) for r in rows)
+    return errs[int(0.9 * len(errs))]
+
+
+@pytest.mark.parametrize("gpu", ["a100", "h100"])
+def test_built_in_fit_reproduces_the_elementwise_medians(data, gpu):
+    """Row-bound small kernels and L2-resident mid sizes: p90 ~23% fitted; one bandwidth and floor gave 41-43%."""
+    hw = BUILTIN_HARDWARE[gpu]
+    fit = KernelFit.from_dict(hw.kernel_fit)
+    rows = [r for r in data.ops if r.gpu == gpu and r.version == "7d47513" and r.op not in GEMM_OPS]
+    assert _median_err(rows, lambda r: fitted_seconds(r, hw, fit)) < 0.08
+    assert _p90_err(rows, lambda r: fitted_seconds(r, hw, fit)) < 0.30
+
+
+def test_built_in_fit_reproduces_a100_prefill_attention(data):
+    """Parallelism and causal pairs priced apart: p90 ~13% fitted; by FLOPs alone it was 38%."""
+    hw = BUILTIN_HARDWARE["a100"]
+    fit = KernelFit.from_dict(hw.kernel_fit)
+    rows = [r for r in data.attention if r.prefill]
+    assert _median_err(rows, lambda r: fitted_seconds(r, hw, fit)) < 0.08
+    assert _p90_err(rows, lambda r: fitted_seconds(r, hw, fit)) < 0.20
+
+
+def test_few_tokens_cost_the_row_not_the_bytes():
+    """One token of a wide row takes the row's time; many tokens stream at the bandwidth fraction."""
+    fit = KernelFit.from_dict(BUILTIN_HARDWARE["a100"].kernel_fit)
+    floor, row_rate, *_ = fit.elementwise["act"]
+    bw = BUILTIN_HARDWARE["a100"].mem_bandwidth
+    row = 3 * 22016 * 2
+    assert fit.elementwise_seconds("act", row, 1, bw) == pytest.approx(floor + row / row_rate)
+    # Twice the tokens in the row-bound regime: the same time.
+    assert fit.elementwise_seconds("act", 2 * row, 2, bw) == fit.elementwise_seconds("act", row, 1, bw)
+    many = fit.elementwise_seconds("act", 4096 * row, 4096, bw)
+    assert many > 100 * fit.elementwise_seconds("act", row, 1, bw) / 4
+
+
+def test_a_fit_of_the_old_format_is_named():
+    old = dict(BUILTIN_HARDWARE["a100"].kernel_fit)
+    del old["elementwise_knots"]
+    with pytest.raises(ConfigError, match="elementwise_knots"):
+        KernelFit.from_dict(old)

@@ -16,16 +16,21 @@ from dataclasses import dataclass
 from llmsched.executor.sim.hardware import HardwareProfile
 from llmsched.executor.sim.kernel_fit import ELEMENTWISE_KINDS, KernelFit
 from llmsched.sim.vidur_data import ELEMENTWISE_OP_KIND, GEMM_OPS, AttnRow, CollRow, OpRow, VidurData
-from llmsched.sim.vidur_pricing import A, attention_work, elementwise_bytes, gemm_dims
+from llmsched.sim.vidur_pricing import A, attention_work, elementwise_bytes, gemm_dims, prefill_parts
 
 # GEMM efficiency knots in log2(output elements): from one token of a narrow
 # shard (~2^10) to 32k tokens of a wide one (~2^31).
 GEMM_KNOTS = (10.0, 13.0, 16.0, 19.0, 22.0, 25.0, 28.0, 31.0)
 # The profile each GPU's MLP-side ops are fitted to (see docs/performance/simulator.md
 # for why H100's later re-profile is the one trusted).
-# Prefill attention efficiency knots in log2(kernel FLOPs): a 64-token chunk
-# on a short context (~2^26) to a 4k chunk on a long one (~2^38).
-PREFILL_KNOTS = (26.0, 29.0, 32.0, 35.0, 38.0)
+# Elementwise bandwidth knots in log2(bytes): 256 KiB (row-bound below) to
+# 1 GiB; A100's 40 MB L2 sits between the middle two.
+ELEMENTWISE_KNOTS = (18.0, 22.0, 26.0, 30.0)
+# Prefill attention efficiency knots in log2(query tokens x query heads per
+# GPU): a 128-token chunk of 32 heads (2^12) to 8k tokens (2^18).
+PREFILL_KNOTS = (12.0, 14.0, 16.0, 18.0)
+# Decode attention bandwidth knots in log2(requests in the kernel): 1 to 128.
+DECODE_KNOTS = (0.0, 2.0, 4.0, 6.0, 7.0)
 TRUSTED_VERSION = {"a100": "7d47513", "h100": "7d47513"}
 
 
@@ -114,57 +119,84 @@ def fit_gemm(rows: Sequence[OpRow], hw: HardwareProfile) -> dict:
 
 
 def fit_elementwise(rows: Sequence[OpRow], hw: HardwareProfile) -> dict:
-    """Per elementwise kind: (fraction of HBM bandwidth, floor)."""
+    """Per elementwise kind: (floor, one row's bytes/s, bandwidth fraction per size knot)."""
     np = _np()
     out = {}
+    bw, nk = hw.mem_bandwidth, len(ELEMENTWISE_KNOTS)
     for kind in ELEMENTWISE_KINDS:
         sel = [r for r in rows if ELEMENTWISE_OP_KIND.get(r.op) == kind]
         if not sel:
-            out[kind] = (0.8, 0.0)
+            out[kind] = (0.0, 1e12, *([0.8] * nk))
             continue
         b = np.array([elementwise_bytes(r) for r in sel])
+        rb = b / np.array([r.tokens for r in sel], float)
         y = np.array([r.median_ms * 1e-3 for r in sel])
-        bw = hw.mem_bandwidth
+        lb = np.log2(b)
 
-        def loss(x, b=b, y=y, bw=bw):
-            return float(np.mean(_log_err(np, x[1] + b / (bw * x[0]), y)))
+        def loss(x, b=b, rb=rb, y=y, lb=lb):
+            e = np.interp(lb, ELEMENTWISE_KNOTS, x[2:])
+            return float(np.mean(_log_err(np, x[0] + np.maximum(b / (bw * e), rb / x[1]), y)))
 
-        out[kind] = tuple(minimize(loss, [0.7, 5e-6], [0.05, 1e-7], [1.5, 1e-4]))
-    return {"elementwise": out}
+        lo, hi = [1e-7, 1e8, *([0.05] * nk)], [1e-4, 1e13, *([3.0] * nk)]
+        out[kind] = tuple(minimize(loss, [3e-6, 1e10, *([0.7] * nk)], lo, hi))
+    return {"elementwise_knots": ELEMENTWISE_KNOTS, "elementwise": out}
+
+
+def _fit_prefill(rows: Sequence[AttnRow], hw: HardwareProfile) -> dict:
+    """Prefill efficiency by parallelism, the causal pairs' relative cost, and the floor."""
+    np = _np()
+    peak, bw = hw.peak_flops_bf16, hw.mem_bandwidth
+    w = np.array([prefill_parts(r) for r in rows])
+    y = np.array([r.median_ms * 1e-3 for r in rows])
+    lp = np.log2(w[:, 2])
+    nk = len(PREFILL_KNOTS)
+
+    def loss(x):
+        e = np.interp(lp, PREFILL_KNOTS, x[:nk])
+        tc = (w[:, 0] + x[nk] * w[:, 1]) / (peak * e)
+        return float(np.mean(_log_err(np, x[nk + 1] + np.maximum(tc, w[:, 3] / bw), y)))
+
+    x = minimize(loss, [0.5] * nk + [1.5, 5e-6], [0.02] * nk + [1.0, 1e-7], [1.0] * nk + [4.0, 1e-4])
+    return {
+        "attn_prefill_knots": PREFILL_KNOTS,
+        "attn_prefill_eff": tuple(x[:nk]),
+        "attn_prefill_causal": x[nk],
+        "attn_prefill_floor_s": x[nk + 1],
+    }
+
+
+def _fit_decode(rows: Sequence[AttnRow], hw: HardwareProfile) -> dict:
+    """Decode KV bandwidth by request count, floor and per-request cost."""
+    np = _np()
+    bw = hw.mem_bandwidth
+    nb = np.array([attention_work(r)[1] for r in rows])
+    b = np.array([r.batch for r in rows], float)
+    y = np.array([r.median_ms * 1e-3 for r in rows])
+    lb = np.log2(b)
+    nk = len(DECODE_KNOTS)
+
+    def loss(x):
+        e = np.interp(lb, DECODE_KNOTS, x[:nk])
+        return float(np.mean(_log_err(np, x[nk] + b * x[nk + 1] + nb / (bw * e), y)))
+
+    x = minimize(loss, [0.7] * nk + [1e-5, 1e-7], [0.05] * nk + [1e-7, 1e-9], [2.0] * nk + [1e-4, 1e-5])
+    return {
+        "decode_knots": DECODE_KNOTS,
+        "decode_kv_eff": tuple(x[:nk]),
+        "decode_floor_s": x[nk],
+        "decode_request_s": x[nk + 1],
+    }
 
 
 def fit_attention(rows: Sequence[AttnRow], hw: HardwareProfile) -> dict:
-    """Prefill efficiency and floor; decode KV efficiency, floor and per-request cost."""
-    np = _np()
-    peak, bw = hw.peak_flops_bf16, hw.mem_bandwidth
+    """The prefill and decode kernels' terms, from whichever of the two the rows hold."""
     pre = [r for r in rows if r.prefill]
     dec = [r for r in rows if not r.prefill]
     out: dict = {}
     if pre:
-        w = np.array([attention_work(r) for r in pre])
-        y = np.array([r.median_ms * 1e-3 for r in pre])
-
-        lf = np.log2(np.maximum(w[:, 0], 1.0))
-        nk = len(PREFILL_KNOTS)
-
-        def lp(x):
-            e = np.interp(lf, PREFILL_KNOTS, x[:nk])
-            return float(np.mean(_log_err(np, x[nk] + np.maximum(w[:, 0] / (peak * e), w[:, 1] / bw), y)))
-
-        x = minimize(lp, [0.3] * nk + [5e-6], [0.02] * nk + [1e-7], [1.0] * nk + [1e-4])
-        out.update(
-            attn_prefill_knots=PREFILL_KNOTS, attn_prefill_eff=tuple(x[:nk]), attn_prefill_floor_s=x[nk]
-        )
+        out.update(_fit_prefill(pre, hw))
     if dec:
-        nb = np.array([attention_work(r)[1] for r in dec])
-        b = np.array([r.batch for r in dec], float)
-        y = np.array([r.median_ms * 1e-3 for r in dec])
-
-        def ld(x):
-            return float(np.mean(_log_err(np, x[1] + b * x[2] + nb / (bw * x[0]), y)))
-
-        e, f, q = minimize(ld, [0.7, 1e-5, 1e-7], [0.05, 1e-7, 1e-9], [1.5, 1e-4, 1e-5])
-        out.update(decode_kv_eff=e, decode_floor_s=f, decode_request_s=q)
+        out.update(_fit_decode(dec, hw))
     return out
 
 
@@ -195,10 +227,12 @@ DEFAULT_GEMM = {
 }
 # Used where a GPU has no measurement of a kind (H100 attention): A100's fit.
 DEFAULT_ATTENTION = {
-    "attn_prefill_knots": (30.0,),
+    "attn_prefill_knots": (12.0,),
     "attn_prefill_eff": (0.5,),
+    "attn_prefill_causal": 1.0,
     "attn_prefill_floor_s": 0.0,
-    "decode_kv_eff": 0.8,
+    "decode_knots": (0.0,),
+    "decode_kv_eff": (0.8,),
     "decode_floor_s": 0.0,
     "decode_request_s": 0.0,
 }

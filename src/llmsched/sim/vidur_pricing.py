@@ -60,6 +60,15 @@ def attention_work(r: AttnRow) -> tuple[float, float]:
     return ctx * 4 * qh * hd, ctx * kv_tok + r.batch * 2 * qh * hd * A
 
 
+def prefill_parts(r: AttnRow) -> tuple[float, float, float, float]:
+    """A prefill row's (cached-context FLOPs, causal FLOPs, query rows x query heads, bytes)."""
+    qh = r.n_q_head / r.tp
+    per_pair = 4 * qh * r.n_embd / r.n_q_head
+    c = r.chunk
+    _, nbytes = attention_work(r)
+    return r.batch * c * r.kv_cache * per_pair, r.batch * c * (c + 1) / 2 * per_pair, r.batch * c * qh, nbytes
+
+
 def roofline_seconds(r: OpRow | AttnRow | CollRow, hw: HardwareProfile, eff: Efficiency) -> float:
     """The plain roofline's price (the cost model without a kernel fit)."""
     peak, bw = hw.peak_flops_bf16, hw.mem_bandwidth * eff.memory
@@ -82,11 +91,10 @@ def fitted_seconds(r: OpRow | AttnRow | CollRow, hw: HardwareProfile, fit: Kerne
     if isinstance(r, CollRow):
         return fit.all_reduce_seconds(r.size * A, r.world, hw.link_bandwidth)
     if isinstance(r, AttnRow):
-        flops, nbytes = attention_work(r)
         if r.prefill:
-            return fit.prefill_attention_seconds(flops, nbytes, peak, bw)
-        return fit.decode_attention_seconds(r.batch, nbytes, bw)
+            return fit.prefill_attention_seconds(*prefill_parts(r), peak, bw)
+        return fit.decode_attention_seconds(r.batch, attention_work(r)[1], bw)
     if r.op in GEMM_OPS:
         k, n = gemm_dims(r)
         return fit.gemm_seconds(r.tokens, k, n, peak, bw, A, A)
-    return fit.elementwise_seconds(ELEMENTWISE_OP_KIND[r.op], elementwise_bytes(r), bw)
+    return fit.elementwise_seconds(ELEMENTWISE_OP_KIND[r.op], elementwise_bytes(r), r.tokens, bw)

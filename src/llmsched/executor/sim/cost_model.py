@@ -226,6 +226,9 @@ class BatchShape:
     # Speculative decoding: prefill tokens that are decodes verifying drafts
     # (1 + K per request); a step of only those still replays a CUDA graph.
     spec_tokens: int = 0
+    # Of prefill_pairs, the chunks' pairs among themselves (n * (n + 1) / 2
+    # each): the fitted kernel prices them apart from the cached context.
+    prefill_causal: int = 0
 
     @classmethod
     def from_chunks(cls, chunks: Iterable[tuple[int, int]], num_sampled: int) -> BatchShape:
@@ -239,6 +242,7 @@ class BatchShape:
             else:
                 b.num_prefills += 1
                 b.prefill_tokens += n
+                b.prefill_causal += n * (n + 1) // 2
                 b.prefill_pairs += n * start + n * (n + 1) // 2
                 b.prefill_context += start
         return b
@@ -509,8 +513,8 @@ class CostModel:
         # Measured-kernel fit (kernel_fit.py): per-GEMM efficiency curves,
         # elementwise and attention floors; None prices the plain roofline.
         self.kfit = KernelFit.from_dict(hw.kernel_fit) if hw.kernel_fit else None
-        if self.kfit is not None:
-            self.kv_read_rate = self.kfit.decode_kv_bandwidth(hw.mem_bandwidth)
+        # With a fit the KV rate depends on the decode count: kept per count.
+        self._kv_rates: dict[int, float] = {}
         self.layer_overhead_s = model.num_layers * hw.layer_overhead_s
         self.layer_overhead_covers_tokens = hw.layer_overhead_covers_tokens
         self.host_overlaps_model = hw.host_overlaps_model
@@ -554,6 +558,7 @@ class CostModel:
         self.mlp_params = ld * m.dense_mlp_params() / tp
         self.mlp_io = ld * (2 * m.hidden_size + 3 * m.intermediate_size / tp) * a
         # Attention core: FLOPs per (query, key) pair and KV bytes per token, all layers.
+        self.query_heads = m.num_heads / tp
         if m.is_mla:
             heads = m.num_heads / tp
             self.prefill_pair_flops = L * 2 * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
@@ -566,13 +571,11 @@ class CostModel:
             self.context_upproj_flops = 0.0
         self.kv_token_bytes = L * m.kv_elements_per_token_layer(tp) * self.kv_bytes
         self.qo_token_bytes = L * 2 * (m.q_dim / tp) * a
-        # The fit's decode-kernel floor per layer, as bytes at the KV rate
-        # (so the decode clocks' one formula prices it).
-        self.decode_floor_bytes = 0.0
-        self.decode_qo_token_bytes = self.qo_token_bytes
-        if self.kfit is not None:
-            self.decode_qo_token_bytes += L * self.kfit.decode_request_s * self.kv_read_rate
-            self.decode_floor_bytes = L * self.kfit.decode_floor_s * self.kv_read_rate
+        # The fit's decode-kernel floor and per-request cost, all layers
+        # (priced as bytes at the KV rate, so the decode clocks' one formula
+        # covers them).
+        self.decode_floor_s = L * self.kfit.decode_floor_s if self.kfit else 0.0
+        self.decode_request_s = L * self.kfit.decode_request_s if self.kfit else 0.0
         # Elementwise work per token.
         if m.is_moe:
             k = m.num_experts_per_tok
@@ -702,7 +705,8 @@ class CostModel:
             roof("embedding", 0.0, 2 * T * h * a, mem)
         else:
             nb = 2 * T * h * a
-            fitted("embedding", 0.0, nb, kf.elementwise_seconds("emb", nb, self.hardware.mem_bandwidth), mem)
+            s = kf.elementwise_seconds("emb", nb, T, self.hardware.mem_bandwidth)
+            fitted("embedding", 0.0, nb, s, mem)
         p = self.attn_linear_params
         if kf is None:
             roof("attention_linears", 2 * T * p, p * wb + T * self.attn_linear_io, gemm)
@@ -711,9 +715,9 @@ class CostModel:
             fitted("attention_linears", 2 * T * p, p * wb + T * self.attn_linear_io, s, gemm)
         if b.prefill_tokens:
             flops, nbytes = self._prefill_attention(b)
-            fitted("attention_prefill", flops, nbytes, self._prefill_seconds(flops, nbytes), attn)
+            fitted("attention_prefill", flops, nbytes, self._prefill_seconds(b, flops, nbytes), attn)
         if b.num_decodes:
-            roof("attention_decode", *self._decode_attention(b), attn, self.kv_read_rate)
+            roof("attention_decode", *self._decode_attention(b), attn, self.kv_rate(b.num_decodes))
         if self.mamba_linear_params:
             roof("mamba_mixer", *self._mamba_mixer(b), attn)
             p = self.mamba_linear_params
@@ -790,26 +794,43 @@ class CostModel:
         """The step's norms, rotary embeddings and activations, kernel by kernel with the fit's floors."""
         m, kf, a, bw = self.model, self.kfit, self.act_bytes, self.hardware.mem_bandwidth
         # vLLM's fused residual-add + RMSNorm reads input and residual and writes both.
-        t = 2 * m.num_layers * kf.elementwise_seconds("norm", 4 * tokens * m.hidden_size * a, bw)
+        t = 2 * m.num_layers * kf.elementwise_seconds("norm", 4 * tokens * m.hidden_size * a, tokens, bw)
         t += m.num_attention_layers * kf.elementwise_seconds(
-            "rope", _ROPE_PASSES * tokens * self.rope_width * a, bw
+            "rope", _ROPE_PASSES * tokens * self.rope_width * a, tokens, bw
         )
         if m.num_mlp_dense_layers:
             nb = _ACTIVATION_PASSES * tokens * m.intermediate_size / self.tp * a
-            t += m.num_mlp_dense_layers * kf.elementwise_seconds("act", nb, bw)
+            t += m.num_mlp_dense_layers * kf.elementwise_seconds("act", nb, tokens, bw)
         if m.num_moe_layers:
             nb = _ACTIVATION_PASSES * tokens * self.moe_act_width * a
-            t += m.num_moe_layers * kf.elementwise_seconds("act", nb, bw)
+            t += m.num_moe_layers * kf.elementwise_seconds("act", nb, tokens, bw)
         return t
 
-    def _prefill_seconds(self, flops: float, nbytes: float) -> float:
+    def _prefill_seconds(self, b: BatchShape, flops: float, nbytes: float) -> float:
         """The prefill attention core's time: per layer by the kernel fit, or on the roofline."""
         if self.kfit is None:
             return _roof_seconds(flops, nbytes, self.attn_rate, self.mem_rate)
         hw, L = self.hardware, self.model.num_attention_layers
+        causal = b.prefill_causal * self.prefill_pair_flops
         return L * self.kfit.prefill_attention_seconds(
-            flops / L, nbytes / L, hw.peak_flops_bf16, hw.mem_bandwidth
+            (flops - causal) / L,
+            causal / L,
+            b.prefill_tokens * self.query_heads,
+            nbytes / L,
+            hw.peak_flops_bf16,
+            hw.mem_bandwidth,
         )
+
+    def kv_rate(self, num_decodes: int) -> float:
+        """Bytes/s at which a step of ``num_decodes`` decodes reads their KV."""
+        if self.kfit is None:
+            return self.kv_read_rate
+        rate = self._kv_rates.get(num_decodes)
+        if rate is None:
+            rate = self._kv_rates[num_decodes] = self.kfit.decode_kv_bandwidth(
+                self.hardware.mem_bandwidth, num_decodes
+            )
+        return rate
 
     def _layer_overhead(self, num_tokens: int, ops: list[_OpRow]) -> float:
         """The layers' host time left on the critical path once the weight GEMMs have run inside it.
@@ -880,10 +901,11 @@ class CostModel:
         )
 
     def _decode_qo_bytes(self, num_decodes: int) -> float:
-        """Per decode: its q and output bytes, with its share of the kernel floor (bytes-equivalent)."""
-        if not self.decode_floor_bytes:
-            return self.decode_qo_token_bytes
-        return self.decode_qo_token_bytes + self.decode_floor_bytes / num_decodes
+        """Per decode: its q and output bytes, its cost and its share of the kernel floor (as bytes)."""
+        if self.kfit is None:
+            return self.qo_token_bytes
+        per_request = self.decode_request_s + self.decode_floor_s / num_decodes
+        return self.qo_token_bytes + per_request * self.kv_rate(num_decodes)
 
     def _moe_ops(self, T: int, G: int, roof: _Roof, comm: _Comm) -> None:
         # T: this engine's tokens (router, shared experts); G: the expert-
@@ -983,12 +1005,12 @@ class CostModel:
             model += s
         if batch.prefill_tokens:
             flops, nbytes = self._prefill_attention(batch)
-            s = self._prefill_seconds(flops, nbytes)
+            s = self._prefill_seconds(batch, flops, nbytes)
             t += s
             model += s
         if batch.num_decodes:
             flops, nbytes = self._decode_attention(batch)
-            s = _roof_seconds(flops, nbytes, self.attn_rate, self.kv_read_rate)
+            s = _roof_seconds(flops, nbytes, self.attn_rate, self.kv_rate(batch.num_decodes))
             t += s
             model += s
         if self.mamba_linear_params:
@@ -1131,7 +1153,7 @@ class CostModel:
             self.kv_token_bytes,
             self._decode_qo_bytes(d),
             self.attn_rate,
-            self.kv_read_rate,
+            self.kv_rate(d),
         )
 
     def _split_ops(self, batch: BatchShape, mode: int) -> _ShapeOps:

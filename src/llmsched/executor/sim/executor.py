@@ -201,7 +201,7 @@ class SimExecutor:
         sampled: list[tuple[int, ...]] = []
         samplers: list[Request] = []
         num_tokens = prefill_tokens = prefill_pairs = prefill_context = 0
-        num_decodes = decode_context = num_prefills = 0
+        num_decodes = decode_context = num_prefills = prefill_causal = 0
         # recompute_from is not charged: the cost model prices the step vLLM
         # would run, and vLLM never recomputes a withdrawn chunk's blocks (it
         # reads them as cached). The extra tokens are this project's torch
@@ -219,7 +219,9 @@ class SimExecutor:
                 start = end - n
                 num_prefills += 1
                 prefill_tokens += n
-                prefill_pairs += n * start + (n * (n + 1) >> 1)
+                causal = n * (n + 1) >> 1
+                prefill_causal += causal
+                prefill_pairs += n * start + causal
                 prefill_context += start
             if end >= req.num_tokens:
                 sampled.append(token)
@@ -235,6 +237,7 @@ class SimExecutor:
             num_decodes,
             decode_context,
             num_prefills,
+            prefill_causal=prefill_causal,
         )
         if self.prices_lora:
             _count_lora(batch, so)
@@ -506,7 +509,9 @@ def execute_speculative(ex: SimExecutor, so: SchedulerOutput) -> ModelRunnerOutp
             start = end - n
             b.num_prefills += 1
             b.prefill_tokens += n
-            b.prefill_pairs += n * start + (n * (n + 1) >> 1)
+            causal = n * (n + 1) >> 1
+            b.prefill_causal += causal
+            b.prefill_pairs += n * start + causal
             b.prefill_context += start
             if drafts:
                 b.spec_tokens += n

@@ -13,11 +13,21 @@ regular ways, each a term here:
   overlap, so the two terms are blended (a p-norm, ``gemm_blend``) rather
   than maxed, and every GEMM costs at least a launch floor.
 - Elementwise kernels (RMSNorm, rotary embedding, activation, residual add,
-  embedding lookup) stream their bytes at a fitted fraction of HBM
-  bandwidth, plus a floor per kernel.
-- Prefill attention reaches a fitted fraction of the bf16 peak plus a
-  floor; decode attention streams the KV at a fitted bandwidth, plus a
-  floor per kernel and a cost per request (its block-table walk).
+  embedding lookup) stream their bytes at a fraction of HBM bandwidth that
+  depends on their size (piecewise in log2(bytes): a tensor that stays in
+  the L2 cache across the layer moves faster than HBM allows), plus a floor
+  per kernel. A kernel that gives each token's row to one thread block
+  cannot go faster than one block streams one row, so with few tokens its
+  time follows the row's width, not the total bytes.
+- Prefill attention's compute efficiency follows its parallelism (query
+  tokens x query heads on the GPU: a short chunk leaves SMs idle), and the
+  causal (query, query) pairs cost ``attn_prefill_causal`` times a cached
+  (query, key) pair: the kernel computes whole tiles on the diagonal and
+  masks half of them. Plus a floor.
+- Decode attention streams the KV at a bandwidth that grows with the number
+  of requests in the kernel (few requests occupy few SMs), piecewise in
+  log2(requests), plus a floor per kernel and a cost per request (its
+  block-table walk).
 - An all-reduce costs a latency plus its ring bytes over the link.
 
 The constants are produced by ``tools/fit_vidur_profiles.py`` and live in
@@ -33,6 +43,16 @@ from llmsched.core.errors import ConfigError
 
 # Elementwise kernel kinds, as Vidur's profiles name their ops.
 ELEMENTWISE_KINDS = ("norm", "rope", "act", "add", "emb")
+# The fields that are curves (lists in JSON, tuples here).
+_CURVES = (
+    "gemm_knots",
+    "gemm_eff",
+    "elementwise_knots",
+    "attn_prefill_knots",
+    "attn_prefill_eff",
+    "decode_knots",
+    "decode_kv_eff",
+)
 
 
 def _interp(value: float, knots: tuple[float, ...], effs: tuple[float, ...]) -> float:
@@ -57,13 +77,20 @@ class KernelFit:
     gemm_mem_eff: float
     gemm_blend: float
     gemm_floor_s: float
-    # Per elementwise kind: (fraction of HBM bandwidth, floor seconds).
+    # Per elementwise kind: (floor seconds, one row's bytes/s, then the
+    # fraction of HBM bandwidth at log2(bytes) = elementwise_knots[i]).
+    elementwise_knots: tuple[float, ...]
     elementwise: dict
-    # Prefill attention's fraction of the bf16 peak at log2(kernel FLOPs) = attn_prefill_knots[i].
+    # Prefill attention's fraction of the bf16 peak at log2(query tokens x
+    # query heads per GPU) = attn_prefill_knots[i]; a causal pair's cost in
+    # cached pairs.
     attn_prefill_knots: tuple[float, ...]
     attn_prefill_eff: tuple[float, ...]
+    attn_prefill_causal: float
     attn_prefill_floor_s: float
-    decode_kv_eff: float
+    # Decode attention's fraction of HBM bandwidth at log2(requests) = decode_knots[i].
+    decode_knots: tuple[float, ...]
+    decode_kv_eff: tuple[float, ...]
     decode_floor_s: float
     decode_request_s: float
     all_reduce_latency_s: float
@@ -74,18 +101,32 @@ class KernelFit:
     def __post_init__(self) -> None:
         if len(self.gemm_knots) != len(self.gemm_eff) or not self.gemm_knots:
             raise ConfigError("kernel fit: gemm_knots and gemm_eff need the same, non-zero length")
-        if len(self.attn_prefill_knots) != len(self.attn_prefill_eff) or not self.attn_prefill_knots:
-            raise ConfigError("kernel fit: attn_prefill_knots and attn_prefill_eff need the same length")
-        for knots in (self.gemm_knots, self.attn_prefill_knots):
-            if list(knots) != sorted(knots):
-                raise ConfigError(f"kernel fit: knots {knots} must be increasing")
+        curves = {
+            "attn_prefill": (self.attn_prefill_knots, self.attn_prefill_eff),
+            "decode": (self.decode_knots, self.decode_kv_eff),
+        }
         missing = set(ELEMENTWISE_KINDS) - set(self.elementwise)
         if missing:
             raise ConfigError(f"kernel fit: elementwise kinds missing: {sorted(missing)}")
-        effs = [*self.gemm_eff, self.gemm_mem_eff, *self.attn_prefill_eff, self.decode_kv_eff]
-        effs += [self.all_reduce_eff, *(e for e, _ in self.elementwise.values())]
+        for kind, (floor, row_rate, *effs) in self.elementwise.items():
+            curves[f"elementwise {kind}"] = (self.elementwise_knots, tuple(effs))
+            if floor < 0 or row_rate <= 0:
+                raise ConfigError(f"kernel fit: elementwise {kind} needs floor >= 0 and a positive row rate")
+        for name, (knots, effs) in curves.items():
+            if len(knots) != len(effs) or not knots:
+                raise ConfigError(f"kernel fit: {name} needs as many efficiencies as knots (and some)")
+            if list(knots) != sorted(knots):
+                raise ConfigError(f"kernel fit: {name} knots {knots} must be increasing")
+        effs = [*self.gemm_eff, self.gemm_mem_eff, *self.attn_prefill_eff, self.all_reduce_eff]
         if any(not 0.0 < e <= 1.5 for e in effs):
-            raise ConfigError(f"kernel fit: efficiencies must be in (0, 1.5]: {effs}")
+            raise ConfigError(f"kernel fit: compute and link efficiencies must be in (0, 1.5]: {effs}")
+        # Bandwidth fractions above 1 are real: a tensor the L2 cache holds
+        # streams faster than HBM.
+        streams = [*self.decode_kv_eff, *(e for _, _, *es in self.elementwise.values() for e in es)]
+        if any(not 0.0 < e <= 4.0 for e in streams):
+            raise ConfigError(f"kernel fit: bandwidth fractions must be in (0, 4]: {streams}")
+        if self.attn_prefill_causal < 1.0:
+            raise ConfigError(f"kernel fit: attn_prefill_causal={self.attn_prefill_causal} must be >= 1")
         if self.gemm_blend < 1.0:
             raise ConfigError(f"kernel fit: gemm_blend={self.gemm_blend} must be >= 1")
 
@@ -97,7 +138,9 @@ class KernelFit:
         if unknown:
             raise ConfigError(f"kernel fit: unknown fields {sorted(unknown)}")
         d = dict(data)
-        for key in ("gemm_knots", "gemm_eff", "attn_prefill_knots", "attn_prefill_eff"):
+        for key in _CURVES:
+            if key not in d:
+                raise ConfigError(f"kernel fit: missing field {key!r} (a fit of an older format: refit it)")
             d[key] = tuple(d[key])
         d["elementwise"] = {k: tuple(v) for k, v in d["elementwise"].items()}
         return cls(**d)
@@ -105,7 +148,7 @@ class KernelFit:
     def to_dict(self) -> dict:
         """Plain-dict form (JSON profiles, the generated constants)."""
         d = asdict(self)
-        for key in ("gemm_knots", "gemm_eff", "attn_prefill_knots", "attn_prefill_eff"):
+        for key in _CURVES:
             d[key] = list(d[key])
         d["elementwise"] = {k: list(v) for k, v in self.elementwise.items()}
         return d
@@ -115,10 +158,6 @@ class KernelFit:
     def gemm_efficiency(self, out_elements: float) -> float:
         """Compute efficiency of a GEMM writing ``out_elements`` (tokens x width), interpolated."""
         return _interp(out_elements, self.gemm_knots, self.gemm_eff)
-
-    def prefill_efficiency(self, flops: float) -> float:
-        """Prefill attention's fraction of peak for a kernel of ``flops``, interpolated."""
-        return _interp(flops, self.attn_prefill_knots, self.attn_prefill_eff)
 
     def gemm_seconds(
         self, tokens: float, k: float, n: float, peak: float, bandwidth: float, wbytes: float, abytes: float
@@ -134,27 +173,38 @@ class KernelFit:
         # (tc^p + tm^p)^(1/p), written to stay finite for large p.
         return self.gemm_floor_s + hi * (1.0 + (lo / hi) ** p) ** (1.0 / p)
 
-    def elementwise_seconds(self, kind: str, nbytes: float, bandwidth: float) -> float:
-        """One elementwise kernel of ``kind`` moving ``nbytes``."""
-        eff, floor = self.elementwise[kind]
-        return floor + nbytes / (bandwidth * eff)
+    def elementwise_seconds(self, kind: str, nbytes: float, tokens: float, bandwidth: float) -> float:
+        """One elementwise kernel of ``kind`` moving ``nbytes`` over ``tokens`` rows."""
+        floor, row_rate, *effs = self.elementwise[kind]
+        t_all = nbytes / (bandwidth * _interp(nbytes, self.elementwise_knots, effs))
+        t_row = nbytes / (tokens * row_rate) if tokens > 0 else 0.0
+        return floor + (t_all if t_all > t_row else t_row)
 
-    def prefill_attention_seconds(self, flops: float, nbytes: float, peak: float, bandwidth: float) -> float:
-        """One layer's prefill attention kernel."""
-        tc = flops / (peak * self.prefill_efficiency(flops))
+    def prefill_attention_seconds(
+        self,
+        ctx_flops: float,
+        causal_flops: float,
+        parallel: float,
+        nbytes: float,
+        peak: float,
+        bandwidth: float,
+    ) -> float:
+        """One layer's prefill attention: cached-context and causal FLOPs over ``parallel`` query rows."""
+        eff = _interp(parallel, self.attn_prefill_knots, self.attn_prefill_eff)
+        tc = (ctx_flops + self.attn_prefill_causal * causal_flops) / (peak * eff)
         tm = nbytes / bandwidth
         return self.attn_prefill_floor_s + (tc if tc > tm else tm)
 
-    def decode_kv_bandwidth(self, bandwidth: float) -> float:
-        """Bytes/s at which decode attention streams the KV cache."""
-        return bandwidth * self.decode_kv_eff
+    def decode_kv_bandwidth(self, bandwidth: float, num_decodes: int) -> float:
+        """Bytes/s at which a decode kernel of ``num_decodes`` requests streams the KV cache."""
+        return bandwidth * _interp(num_decodes, self.decode_knots, self.decode_kv_eff)
 
     def decode_attention_seconds(self, num_decodes: int, kv_bytes: float, bandwidth: float) -> float:
         """One layer's decode attention kernel over ``kv_bytes`` of cached KV."""
         return (
             self.decode_floor_s
             + num_decodes * self.decode_request_s
-            + kv_bytes / self.decode_kv_bandwidth(bandwidth)
+            + kv_bytes / self.decode_kv_bandwidth(bandwidth, num_decodes)
         )
 
     def all_reduce_seconds(self, nbytes: float, world: int, link_bandwidth: float) -> float:
