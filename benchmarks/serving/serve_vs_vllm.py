@@ -7,7 +7,7 @@ dataset seeds: random prompts of --input-len tokens and --output-len output
 tokens each (ignore_eos), --num-prompts per run, first all at once (the
 burst, which also measures each server's capacity in requests/s), then
 Poisson arrivals at --load-fractions of the lower of the two capacities
-(about 30/60/90% by default; --rates gives absolute rates instead). Every
+(30/60/90/110% by default; --rates gives absolute rates instead). Every
 load runs --repeats times with a fresh dataset seed per load and repeat,
 the same seeds for both servers.
 
@@ -15,6 +15,12 @@ The client is `llmsched bench serve` (default) or vLLM's own `vllm bench
 serve` (--client vllm, needs --vllm-python). vLLM's server needs
 --vllm-python (a Python with vLLM installed); without it the vLLM side is
 skipped and says so.
+
+The headline is equal cores: vLLM's engine is bound to every usable core
+(`VLLM_CPU_OMP_THREADS_BIND=0-N`), llmsched runs its defaults on the same
+cores. `--vllm-omp-bind auto` gives vLLM its own serve default (its engine
+on every core but one, the last left to its API server) as a side run.
+The JSON names each engine's configuration and the processor.
 
     python benchmarks/serving/serve_vs_vllm.py --model DIR --vllm-python VENV/bin/python \\
         --vllm-cli vllm_cli.py --json results/serve_vs_vllm.json --plot results/serve_vs_vllm.png
@@ -94,6 +100,30 @@ def vllm_env(args: argparse.Namespace) -> dict:
     if preload:
         env["LD_PRELOAD"] = ":".join(map(str, preload))
     return env
+
+
+def vllm_configuration(args: argparse.Namespace) -> dict:
+    """What `vllm serve` ran: its thread binding and KV space (recorded in the JSON)."""
+    return {
+        "omp_threads_bind": args.vllm_omp_bind,
+        "kv_cache_space_gib": args.vllm_kv_gib,
+        "command": "vllm serve MODEL --dtype bfloat16 --max-model-len " + str(args.max_model_len),
+    }
+
+
+def all_cores() -> str:
+    """Every usable core as a VLLM_CPU_OMP_THREADS_BIND range list, e.g. ``0-1``."""
+    cores = sorted(os.sched_getaffinity(0))
+    ranges: list[str] = []
+    start = prev = cores[0]
+    for c in [*cores[1:], None]:
+        if c is not None and c == prev + 1:
+            prev = c
+            continue
+        ranges.append(f"{start}-{prev}" if prev > start else str(start))
+        if c is not None:
+            start = prev = c
+    return ",".join(ranges)
 
 
 def vllm_cli(args: argparse.Namespace) -> list[str]:
@@ -256,25 +286,32 @@ def print_table(summary: dict) -> None:
 
 
 def plot(summary: dict, path: Path, title: str) -> None:
-    """TTFT, TPOT and ITL (median solid, p99 dashed) against request rate; the burst at the right."""
+    """TTFT, TPOT and ITL (median solid, p99 dashed) against Poisson rate; all at once as its own marker."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     finite = [s["rate"] for by in summary.values() for s in by.values() if not math.isinf(s["rate"])]
-    burst_x = max(finite, default=1.0) * 1.3
+    burst_x = max(finite, default=1.0) * 1.35
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for ax, m in zip(axes, METRICS):
         for server, by_load in summary.items():
-            pts = sorted((burst_x if math.isinf(s["rate"]) else s["rate"], s) for s in by_load.values())
+            pts = sorted((s["rate"], s) for s in by_load.values() if not math.isinf(s["rate"]))
             xs = [x for x, _ in pts]
             (line,) = ax.plot(xs, [s[f"median_{m}_ms"] for _, s in pts], "o-", label=f"{server} median")
-            ax.plot(
-                xs, [s[f"p99_{m}_ms"] for _, s in pts], "s--", color=line.get_color(), label=f"{server} p99"
-            )
+            color = line.get_color()
+            ax.plot(xs, [s[f"p99_{m}_ms"] for _, s in pts], "s--", color=color, label=f"{server} p99")
+            # The burst is not a rate: a marker of its own, joined to nothing.
+            for s in by_load.values():
+                if math.isinf(s["rate"]):
+                    ax.plot([burst_x], [s[f"median_{m}_ms"]], "*", ms=12, color=color)
+                    ax.plot([burst_x], [s[f"p99_{m}_ms"]], "x", ms=9, color=color)
+        ax.axvline(burst_x / 1.175, color="grey", lw=0.8, ls=":")
+        ticks = sorted({round(x, 2) for x in finite})
+        ax.set_xticks([*ticks, burst_x], [*(f"{t:g}" for t in ticks), "all at\nonce"], fontsize=8)
         ax.set_title(m.upper())
-        ax.set_xlabel("request rate (req/s); rightmost: all at once")
+        ax.set_xlabel("Poisson request rate (req/s)")
         ax.set_ylabel("ms")
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
@@ -297,9 +334,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vllm-kv-gib", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE (default 4)")
     p.add_argument(
         "--vllm-omp-bind",
-        default="auto",
-        help="VLLM_CPU_OMP_THREADS_BIND (default auto, vLLM's: its engine on every core but one; "
-        "e.g. 0-1 gives it both cores of a 2-core machine)",
+        default=all_cores(),
+        help="VLLM_CPU_OMP_THREADS_BIND (default: every usable core, the same cores llmsched gets; "
+        "'auto' is vLLM's serve default, its engine on every core but one)",
     )
     p.add_argument(
         "--llmsched-threads",
@@ -325,7 +362,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=1, help="first dataset seed; each load and repeat adds to it")
     p.add_argument(
-        "--load-fractions", type=lambda s: [float(x) for x in s.split(",")], default=[0.3, 0.6, 0.9]
+        "--load-fractions", type=lambda s: [float(x) for x in s.split(",")], default=[0.3, 0.6, 0.9, 1.1]
     )
     p.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=None)
     p.add_argument("--start-timeout-s", type=float, default=600.0)
@@ -347,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict] = []
     if "llmsched" in servers:
         print(f"llmsched runs: {llmsched_configuration(args)['command']}")
+    if "vllm" in servers:
+        print(f"vllm runs: {vllm_configuration(args)['command']}, OMP bind {args.vllm_omp_bind}")
     with tempfile.TemporaryDirectory(prefix="serve_vs_vllm-") as d:
         tmp = Path(d)
         print(f"burst: {args.num_prompts} x {args.input_len}/{args.output_len} tokens, all at once")
@@ -365,11 +404,14 @@ def main(argv: list[str] | None = None) -> int:
     cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     data = {"config": cfg, "servers": servers, "capacity_rps": capacity, "runs": runs, "summary": summary}
     data["llmsched_configuration"] = llmsched_configuration(args)
+    if "vllm" in servers:
+        data["vllm_configuration"] = vllm_configuration(args)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(record_cpu(data), indent=2))
     print(f"wrote {args.json}")
     shape = f"{args.num_prompts} x {args.input_len}/{args.output_len}"
-    title = f"{Path(args.model).name}: {shape}, {args.client} client"
+    title = f"{Path(args.model).name}: {shape}, {args.client} client, vLLM bound to {args.vllm_omp_bind}"
+    title += f"; {data['cpu_model']}"
     plot(summary, args.plot, title)
     return 0
 
