@@ -105,7 +105,7 @@ class LLMEngine:
         self.platform = detect_platform(engine_args.device)
         engine_args.batch_limits(self.platform)
         factory = executor_factory if executor_factory is not None else _torch_executor
-        executor = factory(self.model_path, **self._executor_kwargs())
+        executor = factory(self.model_path, **self._executor_kwargs(factory is _torch_executor))
         # Disaggregated prefill/decode: a KV connector over the executor's cache.
         self.kv_connector: Any = None
         try:
@@ -164,11 +164,14 @@ class LLMEngine:
         if spec is not None:
             self.spec_stats = SpecDecodingStats(config.num_speculative_tokens)
 
-    def _executor_kwargs(self) -> dict[str, Any]:
+    def _executor_kwargs(self, torch_executor: bool) -> dict[str, Any]:
         kwargs = self.engine_args.executor_kwargs(self.platform)
         if kwargs["num_threads"] is None and self.engine_args.usage is UsageContext.OPENAI_API_SERVER:
             # An HTTP side shares the machine: how many threads depends on the model (serve_threads.py).
             kwargs["num_threads"] = serving_threads(self.model_config)
+            if torch_executor:
+                # Chosen for the user, so still the executor's to lower under contention.
+                kwargs["adaptive_threads"] = True
         if self.is_embedded and kwargs["num_gpu_blocks"] is None and kwargs["kv_cache_memory"] is None:
             from llmsched.executor.torch.embedded import KV_CACHE_MEMORY
 

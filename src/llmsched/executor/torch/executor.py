@@ -15,6 +15,7 @@ from llmsched.core.errors import ConfigError
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput
 from llmsched.core.speculative import SpeculativeConfig
 from llmsched.executor.torch.config import ModelConfig
+from llmsched.executor.torch.contention import ThreadGovernor, governor_for
 from llmsched.executor.torch.cpu_tuning import tune_cpu_allocator
 from llmsched.executor.torch.device import (
     choose_dtype,
@@ -93,7 +94,10 @@ class TorchExecutor:
     """Loads a model folder and runs scheduled steps on it, on a thread of its own.
 
     ``num_gpu_blocks`` (null block included) and ``max_model_len`` are
-    decided here, for the SchedulerConfig to copy.
+    decided here, for the SchedulerConfig to copy. ``num_threads`` None
+    takes every usable core and follows the load other processes put on
+    them (``contention.py``); so does a count the engine chose for the user
+    (``adaptive_threads=True``). A count the user gave stays fixed.
 
     The model runs on the executor's own thread (StepThread), from loading
     the weights on; the caller's thread prepares each step's inputs, single
@@ -124,6 +128,7 @@ class TorchExecutor:
         gpu_memory_utilization: float = 0.9,
         seed: int = 0,
         num_threads: int | None = None,
+        adaptive_threads: bool | None = None,
         speculative_config: SpeculativeConfig | dict | str | None = None,
         enable_lora: bool = False,
         max_loras: int = 1,
@@ -170,6 +175,7 @@ class TorchExecutor:
                 gpu_memory_utilization,
                 seed,
                 num_threads,
+                num_threads is None if adaptive_threads is None else adaptive_threads,
             )
         except BaseException:
             self._stop_thread.detach()
@@ -208,12 +214,15 @@ class TorchExecutor:
         gpu_memory_utilization: float,
         seed: int,
         num_threads: int | None,
+        adaptive_threads: bool,
     ) -> None:
         """Weights, KV cache, model and sampler (on the executor's thread)."""
         cfg = self.model_config
         self.num_threads = None
+        self.governor: ThreadGovernor | None = None
         if self.device.type == "cpu":
             self.num_threads = configure_threads(num_threads)
+            self.governor = governor_for(adaptive_threads, self.num_threads)
             tune_cpu_allocator()
         with torch.inference_mode():
             if cfg.hybrid is None:
@@ -376,9 +385,22 @@ class TorchExecutor:
                 step.mm = plan_mm(so, plan.starts, plan.counts, step.sched_rows, freed)
         return step
 
+    def _follow_governor(self) -> None:
+        """Run fewer threads while other processes take our cores (contention.py), more when they leave."""
+        assert self.governor is not None
+        threads = self.governor.poll()
+        if threads is None:
+            return
+        self.num_threads = threads
+        if isinstance(self.model, DecoderModel):
+            self.model.threads = threads
+        torch.set_num_threads(threads)
+
     def _run(self, step: StepInputs, input_ids: torch.Tensor) -> ModelRunnerOutput:
         """A prepared step's forward pass and sampling (on the executor's thread)."""
         num_sched = step.num_scheduled
+        if self.governor is not None:
+            self._follow_governor()
         with torch.inference_mode():
             lora = None
             if step.lora_spans:
