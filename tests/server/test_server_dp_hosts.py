@@ -1,4 +1,4 @@
-"""Data-parallel ranks on two "hosts" over loopback: the API server with rank 0, a --headless process with rank 1."""
+"""Data-parallel ranks on two "hosts" over loopback: the API server with rank 0, --headless with rank 1."""
 
 from __future__ import annotations
 
@@ -60,6 +60,14 @@ def gone(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
     except FileNotFoundError:
         return True
+
+
+def all_gone(pids: list[int]) -> bool:
+    """Whether every one of ``pids`` exits within HANG_S."""
+    deadline = time.monotonic() + HANG_S
+    while not all(gone(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return all(gone(p) for p in pids)
 
 
 def api_args(port: int, **kw: object) -> ServerArgs:
@@ -147,10 +155,7 @@ def test_a_killed_headless_host_fails_every_request_in_flight(
         assert "data-parallel rank 1" in message and f"headless process {headless.pid}" in message, message
     assert httpx.get(server.base_url + "/health", timeout=HANG_S).status_code == 503
     # The killed host's engine process sees its pipe close and stops too.
-    deadline = time.monotonic() + HANG_S
-    while not all(gone(p) for p in engines) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert all(gone(p) for p in engines)
+    assert all_gone(engines)
 
 
 def test_the_api_server_gives_up_on_ranks_that_never_join(
@@ -197,4 +202,4 @@ def test_a_headless_host_exits_when_its_api_server_goes(embedded_cache: Path) ->
             headless.kill()
     assert headless.returncode == 1
     assert "lost the API server at 127.0.0.1" in out, out
-    assert engines and all(gone(p) for p in engines)
+    assert engines and all_gone(engines)
