@@ -85,7 +85,7 @@ def _import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise ConfigError("--data-parallel-backend ray needs Ray: pip install 'ray[default]'") from None
+        raise ConfigError("--data-parallel-backend ray needs Ray: pip install ray") from None
     return ray
 
 
