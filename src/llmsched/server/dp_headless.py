@@ -152,15 +152,18 @@ def run_headless(engine_args: EngineArgs, server_args: ServerArgs) -> int:
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, on_term)
+    interrupted = False
     try:
         while any(r.alive() for r in ranks):
             time.sleep(0.2)
     except (KeyboardInterrupt, SystemExit):
-        _say("stopping: the API server will see these ranks leave")
+        interrupted = True
+        _say("stopping on a signal: the API server will see these ranks leave")
     finally:
         for r in ranks:
             r.stop()
     if any(r.lost for r in ranks):
         return 1
-    _say("the API server stopped these ranks")
+    if not interrupted:
+        _say("the API server stopped these ranks")
     return 0

@@ -114,10 +114,7 @@ class RemoteRank:
         self._closed.wait(0.5)
         if self._exit is not None:
             return f"({self.where}) {describe_exit(self._exit.code)}"
-        return (
-            f"({self.where}) was lost: {message} (its host's process ended, or the network between "
-            "them failed)"
-        )
+        return f"({self.where}) was lost: its link closed (that process ended, or the network failed)"
 
     async def stop(self) -> None:
         """Stop the rank and wait for its link to close (dropping it if it does not in time)."""
