@@ -201,7 +201,7 @@ class DataParallelBackend:
         )
 
     def pids(self) -> list[int | None]:
-        """Each rank's process id, in rank order."""
+        """Each rank's process id, in rank order (None for a rank on another host or in Ray)."""
         return [b.pid for b in self.ranks]
 
     def start(self, deliver: Callable[[object], None]) -> None:
