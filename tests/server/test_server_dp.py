@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -17,14 +18,9 @@ import pytest
 from llmsched.core.errors import ConfigError
 from llmsched.engine.args import EngineArgs
 from llmsched.server.args import ServerArgs
+from llmsched.server.dp_args import dp_layout
 from llmsched.server.launch import ServerThread
-
-# Upper bounds on waits only catch a hang: a loaded host may be slow, never this slow.
-HANG_S = 60.0
-# A dead rank must be reported within this many seconds (the pipe closes with the process).
-REPORT_S = 10.0
-PROMPTS = [f"Request {i}: the scheduler admits what fits in the token budget" for i in range(8)]
-ENGINE = {"max_model_len": 1024, "num_gpu_blocks_override": 256, "block_size": 16, "num_threads": 1}
+from support.dp_serving import ENGINE, HANG_S, PROMPTS, REPORT_S, complete, metric_samples
 
 
 def dp_args(**kw: object) -> ServerArgs:
@@ -37,24 +33,6 @@ def server(embedded_server: Callable[..., AbstractContextManager]) -> Iterator[S
     """Two ranks of the embedded model."""
     with embedded_server(EngineArgs(**ENGINE), dp_args()) as s:
         yield s
-
-
-def complete(base: str, prompt: str, **kw: object) -> dict:
-    """One greedy completion that must succeed."""
-    body = {"prompt": prompt, "max_tokens": 8, "temperature": 0.0, "ignore_eos": True, **kw}
-    r = httpx.post(base + "/v1/completions", json=body, timeout=HANG_S)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def metric_samples(base: str, name: str) -> dict[str, float]:
-    """``name``'s samples from /metrics by their ``engine`` label."""
-    out = {}
-    for line in httpx.get(base + "/metrics", timeout=HANG_S).text.splitlines():
-        if line.startswith(name + "{"):
-            engine = line.split('engine="', 1)[1].split('"', 1)[0]
-            out[engine] = float(line.rsplit(" ", 1)[1])
-    return out
 
 
 def test_greedy_completions_equal_one_engines_and_both_ranks_serve(
@@ -121,24 +99,51 @@ def test_n_greater_than_one_answers_every_choice(server: ServerThread) -> None:
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        ({"headless": True}, "--headless is not available yet"),
-        ({"data_parallel_backend": "ray"}, "--data-parallel-backend ray is not available yet"),
         ({"data_parallel_backend": "zmq"}, "must be one of mp, ray"),
-        ({"data_parallel_size_local": 1}, "--data-parallel-size-local 1 with --data-parallel-size 2"),
-        ({"data_parallel_start_rank": 1}, "--data-parallel-start-rank 1 is not available yet"),
-        ({"data_parallel_address": "10.0.0.2"}, "--data-parallel-address 10.0.0.2 is not available yet"),
-        ({"api_server_count": 2}, "--api-server-count 2 is not available yet"),
+        ({"data_parallel_size_local": 3}, "--data-parallel-size-local 3 must be in [1, 2]"),
+        ({"data_parallel_size_local": 0}, "--data-parallel-size-local 0 must be in [1, 2]"),
+        (
+            {"data_parallel_start_rank": 1},
+            "--data-parallel-start-rank 1 without --headless asks for vLLM's hybrid",
+        ),
+        (
+            {"data_parallel_start_rank": 0, "data_parallel_size_local": 1},
+            "--data-parallel-start-rank 0 without --headless asks for vLLM's hybrid",
+        ),
+        (
+            {"headless": True, "data_parallel_start_rank": 1, "data_parallel_size_local": 2},
+            "names ranks 1..2, beyond --data-parallel-size 2",
+        ),
+        ({"headless": True, "api_server_count": 1}, "--api-server-count 1 cannot go with --headless"),
+        (
+            {"headless": True, "data_parallel_backend": "ray"},
+            "--headless cannot go with --data-parallel-backend ray",
+        ),
+        (
+            {"data_parallel_backend": "ray", "data_parallel_size_local": 1},
+            "--data-parallel-size-local 1 cannot go with --data-parallel-backend ray",
+        ),
+        ({"data_parallel_rpc_port": 0}, "--data-parallel-rpc-port 0 must be in [1, 65535]"),
+        ({"data_parallel_join_timeout_s": 0.0}, "--data-parallel-join-timeout 0.0 must be > 0"),
+        ({"api_server_count": 2}, "--api-server-count 2 is not available"),
         ({"engine_mode": "thread"}, "cannot go with --engine-mode thread"),
     ],
 )
-def test_settings_not_available_yet_are_refused_by_name(kw: dict, message: str) -> None:
-    with pytest.raises(ConfigError, match=message.replace("-", r"\-")):
+def test_settings_out_of_range_or_not_available_are_refused_by_name(kw: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
         dp_args(**kw)
 
 
-def test_loopback_address_port_and_one_api_server_are_taken() -> None:
-    args = dp_args(data_parallel_address="127.0.0.1", data_parallel_rpc_port=13345, api_server_count=1)
+def test_vllm_layouts_are_taken() -> None:
+    args = dp_args(data_parallel_address="10.0.0.2", data_parallel_rpc_port=13345, api_server_count=1)
     assert args.data_parallel_size == 2 and args.data_parallel_backend == "mp"
+    layout = dp_layout(dp_args(data_parallel_size_local=1, data_parallel_address="10.0.0.2"))
+    assert (layout.local, layout.address, layout.port) == (1, "10.0.0.2", 29550)
+    headless = dp_args(headless=True, data_parallel_start_rank=1, data_parallel_size_local=1)
+    assert dp_layout(headless).start_rank == 1
+    # As in vLLM, no API server process means a headless host.
+    assert dp_args(api_server_count=0).headless
+    assert dp_layout(dp_args(data_parallel_backend="ray")).local == 0
 
 
 def test_structured_outputs_hold_on_every_rank(server: ServerThread) -> None:

@@ -310,8 +310,8 @@ FLAGS: tuple[VllmFlag, ...] = (
     ),
     *_group(
         REFUSE,
-        "`llmsched serve` starts every data-parallel rank itself, behind its own API server "
-        "(--data-parallel-size); remove the flag",
+        "`llmsched serve` numbers its data-parallel ranks itself: the API server's host runs them from 0 "
+        "and a --headless host from its --data-parallel-start-rank; remove the flag",
         "node_rank:v data_parallel_rank:v",
         fine=(0,),
     ),

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields
 
 from llmsched.core.errors import ConfigError
 from llmsched.engine.chat_template import load_chat_template
-from llmsched.server.dp_args import add_dp_serve_args, check_dp_serve
+from llmsched.server.dp_args import DEFAULT_JOIN_TIMEOUT_S, add_dp_serve_args, check_dp_serve
 from llmsched.server.lora_modules import LoRAModule, parse_lora_module
 
 # With no --max-num-queued-requests the queue is still bounded: this many
@@ -78,6 +78,7 @@ class ServerArgs:
     data_parallel_backend: str = "mp"
     headless: bool = False
     api_server_count: int | None = None
+    data_parallel_join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

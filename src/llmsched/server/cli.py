@@ -58,6 +58,11 @@ def run_serve(args: argparse.Namespace) -> int:
         if args.model is not None and args.model != args.model_tag:
             raise ConfigError(f"two models given: {args.model_tag!r} and --model {args.model!r}")
         args.model = args.model_tag
+    if args.headless or args.api_server_count == 0:
+        from llmsched.server.dp_headless import run_headless
+
+        # No API server here: neither the HTTP extra nor a port is needed.
+        return run_headless(EngineArgs.from_cli_args(args), ServerArgs.from_cli_args(args))
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401

@@ -11,8 +11,15 @@ every ``SNAPSHOT_INTERVAL_S``, as vLLM's coordinator publishes them). Later
 commands for a request (abort, a session's next input or its end) go to the
 rank that holds it; adapter loads and unloads go to every rank.
 
-Faults: a rank process that dies (SIGKILL, a crash) closes its pipe, which
-its reader notices at once. The server then does what vLLM's API server does
+Where the ranks run (``DPLayout``): the first ``local`` as processes of
+this host, the others in ``--headless`` processes on other hosts or, with
+the ``ray`` backend, all of them as Ray actors; a remote rank is the same
+engine loop at the end of a TCP link (``dp_remote``) instead of a pipe.
+Every rank must report before the API server binds its port.
+
+Faults: a rank process that dies (SIGKILL, a crash) closes its pipe or
+link, which its reader notices at once (a headless host killed closes the
+links of all its ranks). The server then does what vLLM's API server does
 when an engine core dies: it stops serving. Every request in flight ends
 with an error naming the rank, the surviving ranks abort theirs (freeing
 their KV blocks), /health answers 503 and new requests are refused.
@@ -23,14 +30,17 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from llmsched.core.errors import ConfigError
 from llmsched.engine.args import EngineArgs
-from llmsched.engine.dp.proc_transport import describe_exit
 from llmsched.engine.dp.router import SNAPSHOT_INTERVAL_S, ApiServerRouter
+from llmsched.server.dp_args import DPLayout
+from llmsched.server.dp_link import AUTHKEY_ENV, authkey_from_env, listen
+from llmsched.server.dp_remote import RemoteRank, accept_ranks
 from llmsched.server.engine_loop import Command
 from llmsched.server.engine_messages import (
     Abort,
@@ -74,6 +84,7 @@ class DataParallelBackend:
         engine_args: EngineArgs,
         num_ranks: int,
         *,
+        layout: DPLayout | None = None,
         admission_window_ms: float = 0.0,
         trace_steps: int = 256,
         kv_metrics_sample: float = 0.0,
@@ -82,32 +93,32 @@ class DataParallelBackend:
     ) -> None:
         if num_ranks < 1:
             raise ConfigError(f"num_ranks={num_ranks} must be >= 1")
-        if engine_args.num_threads is None:
-            engine_args = replace(engine_args, num_threads=threads_per_rank(num_ranks))
+        layout = layout or DPLayout(num_ranks, num_ranks)
         self.num_ranks = num_ranks
-        self.ranks: list[ProcessBackend] = []
+        self._release: Callable[[], None] | None = None
+        opts = {
+            "admission_window_ms": admission_window_ms,
+            "trace_steps": trace_steps,
+            "kv_metrics_sample": kv_metrics_sample,
+        }
+        self.ranks: list[ProcessBackend | RemoteRank] = []
         try:
-            # Every rank loads its model at the same time; then each must report.
-            for r in range(num_ranks):
-                self.ranks.append(
-                    ProcessBackend(
-                        engine_args,
-                        admission_window_ms=admission_window_ms,
-                        trace_steps=trace_steps,
-                        kv_metrics_sample=kv_metrics_sample,
-                        prefault_kv_cache=prefault_kv_cache,
-                        wait=False,
-                        name=f"llmsched-engine-dp{r}",
-                    )
+            if layout.backend == "ray":
+                from llmsched.server.dp_ray import start_ray_ranks
+
+                self.ranks, self._release = start_ray_ranks(
+                    engine_args, layout, {**opts, "prefault": prefault_kv_cache}
                 )
+            else:
+                self._start_mp(engine_args, layout, opts, prefault_kv_cache)
+            # Every rank loads its model at the same time; then each must report.
             for r, b in enumerate(self.ranks):
                 try:
                     b.wait_started(start_timeout_s)
                 except ConfigError as e:
                     raise ConfigError(f"data-parallel rank {r}: {e}") from None
         except BaseException:
-            for b in self.ranks:
-                b.kill()
+            self._kill_all()
             raise
         self.router = ApiServerRouter(num_ranks)
         self._lock = threading.Lock()
@@ -124,6 +135,55 @@ class DataParallelBackend:
         self.failure: str | None = None
         self._dead_sent = False
 
+    def _start_mp(self, engine_args: EngineArgs, layout: DPLayout, opts: dict, prefault: bool) -> None:
+        """Start this host's ranks, then accept the others' joins from --headless hosts."""
+        remote = layout.size - layout.local
+        key = authkey_from_env() if remote else b""
+        if engine_args.num_threads is None:
+            engine_args = replace(engine_args, num_threads=threads_per_rank(layout.local))
+        server = listen(layout.address, layout.port) if remote else None
+        try:
+            for r in range(layout.local):
+                self.ranks.append(
+                    ProcessBackend(
+                        engine_args,
+                        prefault_kv_cache=prefault,
+                        wait=False,
+                        name=f"llmsched-engine-dp{r}",
+                        **opts,
+                    )
+                )
+            if server is None:
+                return
+            print(
+                f"llmsched serve: waiting for data-parallel ranks {layout.local}..{layout.size - 1} to join "
+                f"at {layout.address}:{layout.port}",
+                file=sys.stderr,
+                flush=True,
+            )
+            joined = accept_ranks(
+                server,
+                key,
+                range(layout.local, layout.size),
+                layout.size,
+                layout.join_timeout_s,
+                f"start them with `llmsched serve MODEL --headless --data-parallel-size {layout.size} "
+                f"--data-parallel-start-rank R --data-parallel-size-local K --data-parallel-address "
+                f"{layout.address} --data-parallel-rpc-port {layout.port}` on their hosts, with the same "
+                f"{AUTHKEY_ENV}",
+            )
+            self.ranks.extend(joined[r] for r in sorted(joined))
+        finally:
+            if server is not None:
+                server.close()
+
+    def _kill_all(self) -> None:
+        for b in self.ranks:
+            b.kill()
+        if self._release is not None:
+            self._release()
+            self._release = None
+
     # ---- the Backend protocol ------------------------------------------------------
 
     def info(self) -> EngineInfo:
@@ -132,7 +192,7 @@ class DataParallelBackend:
         first = infos[0]
         line = (
             f"Data parallel: {self.num_ranks} engine processes (ranks) stepping on their own, "
-            f"{first.max_num_seqs} sequences each; pids {', '.join(str(b.pid) for b in self.ranks)}."
+            f"{first.max_num_seqs} sequences each: {'; '.join(b.describe() for b in self.ranks)}."
         )
         return replace(
             first,
@@ -141,7 +201,7 @@ class DataParallelBackend:
         )
 
     def pids(self) -> list[int | None]:
-        """Each rank's process id, in rank order."""
+        """Each rank's process id, in rank order (None for a rank on another host or in Ray)."""
         return [b.pid for b in self.ranks]
 
     def start(self, deliver: Callable[[object], None]) -> None:
@@ -196,6 +256,9 @@ class DataParallelBackend:
         if self._publish is not None:
             self._publish.cancel()
         await asyncio.gather(*(b.stop() for b in self.ranks))
+        if self._release is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._release)
+            self._release = None
 
     # ---- messages from the ranks (event loop) -------------------------------------------
 
@@ -283,13 +346,9 @@ class DataParallelBackend:
                 self._dead_sent = True
                 self._emit(msg)
             return
-        b = self.ranks[rank]
-        # A closed pipe comes with the process's end; give its exit status a moment to show.
-        b.process.join(0.2)
-        code = b.process.exitcode
-        how = describe_exit(code) if code is not None else f"stopped ({msg.message})"
+        how = self.ranks[rank].describe_end(msg.message)
         self.failure = (
-            f"data-parallel rank {rank} (engine process {b.pid}) {how}; the server stops serving, as "
+            f"data-parallel rank {rank} {how}; the server stops serving, as "
             "vLLM's does when an engine core dies: restart it"
         )
         with self._lock:

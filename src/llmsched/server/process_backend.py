@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 
 from llmsched.core.errors import ConfigError
 from llmsched.engine.args import EngineArgs
+from llmsched.engine.dp.proc_transport import describe_exit
 from llmsched.server.engine_loop import Command
 from llmsched.server.engine_messages import (
     BATCH_TAG,
@@ -50,6 +51,18 @@ def engine_process_main(
     # stops this one with Stop once it has drained; a lost pipe ends it otherwise.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    run_engine(conn, engine_args, admission_window_ms, trace_steps, kv_metrics_sample, prefault)
+
+
+def run_engine(
+    conn: Connection,
+    engine_args: EngineArgs,
+    admission_window_ms: float,
+    trace_steps: int,
+    kv_metrics_sample: float = 0.0,
+    prefault: bool = False,
+) -> None:
+    """Build the engine, announce it on ``conn`` and serve its commands until Stop or a lost connection."""
     from llmsched.engine.llm_engine import LLMEngine
     from llmsched.server.engine_loop import EngineLoop
 
@@ -154,6 +167,18 @@ class ProcessBackend:
     def pid(self) -> int | None:
         """The engine process's id."""
         return self.process.pid
+
+    def describe(self) -> str:
+        """The engine process, for messages."""
+        return f"engine process {self.pid}"
+
+    def describe_end(self, message: str) -> str:
+        """How the engine process ended: its exit status, given a moment to show."""
+        # A closed pipe comes with the process's end; its exit status may lag a little.
+        self.process.join(0.2)
+        code = self.process.exitcode
+        how = describe_exit(code) if code is not None else f"stopped ({message})"
+        return f"(engine process {self.pid}) {how}"
 
     def info(self) -> EngineInfo:
         """The engine's facts, as the engine process reported them."""

@@ -74,14 +74,16 @@ def make_backend(
         "trace_steps": server_args.trace_steps,
         "kv_metrics_sample": server_args.kv_cache_metrics_sample if server_args.kv_cache_metrics else 0.0,
     }
-    if server_args.data_parallel_size > 1:
+    if server_args.data_parallel_size > 1 or server_args.data_parallel_backend == "ray":
         if executor_factory is not None:
             raise ConfigError("data-parallel ranks run in processes of their own: no custom executor factory")
+        from llmsched.server.dp_args import dp_layout
         from llmsched.server.dp_backend import DataParallelBackend
 
         return DataParallelBackend(
             engine_args,
             server_args.data_parallel_size,
+            layout=dp_layout(server_args),
             prefault_kv_cache=server_args.prefault_kv_cache,
             **loop_options,
         )
