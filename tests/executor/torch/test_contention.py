@@ -161,3 +161,12 @@ def test_the_executor_follows_its_governor_only_when_the_count_is_its_own(tiny_m
     finally:
         ex.close()
         torch.set_num_threads(before)
+
+
+def test_a_cpu_quota_caps_the_default_thread_count(monkeypatch):
+    from llmsched.executor.torch import contention
+
+    monkeypatch.setattr(contention, "cgroup_cpu_limit", lambda path="": 1.5)
+    assert contention.usable_cores() == 1
+    monkeypatch.setattr(contention, "cgroup_cpu_limit", lambda path="": None)
+    assert contention.usable_cores() == len(os.sched_getaffinity(0))

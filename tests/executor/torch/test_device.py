@@ -10,6 +10,7 @@ import torch
 from llmsched.core.errors import ConfigError
 from llmsched.executor.torch import device as device_module
 from llmsched.executor.torch.config import ModelConfig
+from llmsched.executor.torch.contention import usable_cores
 from llmsched.executor.torch.device import (
     auto_dtype,
     available_host_memory,
@@ -19,7 +20,6 @@ from llmsched.executor.torch.device import (
     cuda_dtypes,
     resolve_device,
     resolve_dtype,
-    usable_cpus,
 )
 
 
@@ -136,7 +136,7 @@ def test_threads():
     try:
         assert configure_threads(1) == 1
         assert torch.get_num_threads() == 1
-        assert configure_threads(None) == usable_cpus()
+        assert configure_threads(None) == usable_cores()
         with pytest.raises(ConfigError, match="num_threads"):
             configure_threads(0)
     finally:

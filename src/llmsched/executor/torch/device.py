@@ -11,6 +11,7 @@ import torch
 
 from llmsched.core.errors import ConfigError
 from llmsched.executor.torch.config import ModelConfig
+from llmsched.executor.torch.contention import usable_cores
 
 _DTYPES = {
     "float32": torch.float32,
@@ -159,17 +160,9 @@ def resolve_dtype(dtype: str | torch.dtype, config: ModelConfig, device: torch.d
     return choose_dtype(dtype, config, device)[0]
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def configure_threads(num_threads: int | None) -> int:
-    """Set torch's intra-op threads (default: every CPU we may use); returns the count."""
-    n = usable_cpus() if num_threads is None else num_threads
+    """Set torch's intra-op threads (default: every core we may use, within a quota); returns the count."""
+    n = usable_cores() if num_threads is None else num_threads
     if not isinstance(n, int) or n < 1:
         raise ConfigError(f"num_threads={num_threads!r} must be a positive integer")
     if torch.get_num_threads() != n:
