@@ -43,8 +43,7 @@ class SchedulerConfig:
     num_speculative_tokens: int = 0
     num_lookahead_tokens: int = 0
     # With drafts, pad an admission with one token left to a full draft step
-    # of placeholder drafts, as vLLM 0.33 schedules it. EngineCore turns it
-    # off for an executor that cannot run them (the torch executor, for now).
+    # of placeholder drafts, as vLLM 0.33 schedules it (executors reject them).
     pad_draft_admissions: bool = True
     # Admit prefill only once every N executed steps while decodes run (vLLM's
     # prefill_schedule_interval); 1 admits prefill on every step.

@@ -6,7 +6,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from llmsched.core.config import SchedulerConfig
 from llmsched.core.connector import KVConnector
@@ -76,8 +76,6 @@ class EngineCore:
         policy: Policy | None = None,
         connector: KVConnector | None = None,
     ) -> None:
-        if config.pad_draft_admissions and not getattr(executor, "runs_placeholder_drafts", True):
-            config = replace(config, pad_draft_admissions=False)
         self.config = config
         self.scheduler = Scheduler(config, policy, connector)
         # With a KV connector every step reaches the executor, even an empty

@@ -27,10 +27,12 @@ class Executor(Protocol):
     fabricate their output from the schedule, as the replay and simulator
     executors do.
 
-    With speculative decoding, vLLM pads an admission with one token left
-    to a full draft step of placeholder drafts. An executor that cannot run
-    such a step sets ``runs_placeholder_drafts = False``, and the engine
-    then schedules no padding.
+    With speculative decoding, an admission with one token left may be
+    scheduled as a full draft step (1 + K tokens, as vLLM pads it): its K
+    draft slots are placeholders (-1 in ``spec_decode_tokens``) that no
+    proposer made. An executor must accept such a step and reject every
+    placeholder: it returns the one sampled token (the scheduler takes the
+    placeholder slots back) and counts none in ``num_drafts_verified``.
     """
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:

@@ -109,10 +109,6 @@ class TorchExecutor:
     started parallel regions of its own.
     """
 
-    # Verifies only drafts a proposer made: an admission padded with
-    # placeholder drafts (vLLM's uniform draft steps) is not supported yet.
-    runs_placeholder_drafts = False
-
     def __init__(
         self,
         model: str | os.PathLike,

@@ -69,3 +69,31 @@ def test_proposed_drafts_are_verified_in_the_next_step() -> None:
     assert step.positions.tolist() == [5, 6, 7, 8]
     assert step.logits_indices.tolist() == [0, 1, 2, 3]
     assert step.input_ids(torch.device("cpu")).tolist() == [3, 1, 2, 3]
+
+
+def test_padded_admission_runs_its_last_token_only() -> None:
+    """An admission with one token left, padded with 3 placeholders: one decode row, nothing verified."""
+    spec = SpecDecoder(SpeculativeConfig.parse(NGRAM), max_model_len=32)
+    b = _batch()
+    r = Request("a", [10, 11, 12, 13, 14], SamplingParams(max_tokens=8))
+    # A prefix-cache hit of 4 tokens, then the last prompt token and 3 placeholders.
+    r.num_computed_tokens = 4 + 4
+    so = SchedulerOutput(
+        step=0,
+        scheduled=[r],
+        num_scheduled_tokens=[4],
+        admitted=[r],
+        admitted_block_ids=[[1, 2, 3]],
+        spec_decode_tokens={"a": [-1] * 3},
+    )
+    plan = plan_step(so, verifies_drafts=True)
+    b.update(plan)
+    spec.resolve(plan, b.states)
+    step = b.prepare(plan)
+    assert plan.counts == [1] and plan.verify is None
+    assert step.sample_drafts is None
+    assert step.positions.tolist() == [4]
+    # Position 4 is the first slot of block 2; no placeholder slot is written.
+    assert step.attn.slot_mapping.tolist() == [8]
+    assert step.logits_indices.tolist() == [0]
+    assert step.input_ids(torch.device("cpu")).tolist() == [14]

@@ -12,6 +12,12 @@ a draft slot with no draft behind it is simply rejected (the scheduler
 rolls it back like any other), so speculation costs nothing where the
 proposer finds nothing.
 
+An admission with one token left may come padded to a full draft step
+(vLLM's uniform draft steps): its draft slots are placeholders no proposer
+filled. Only its real token runs; the placeholders are rejected like
+drafts with nothing behind them, so nothing is written to their slots and
+none counts as verified.
+
 Every request drafts: penalties, min_tokens, grammars and logprobs are
 applied to each drafted row as if the drafts before it had been generated
 (see spec.draft_rows).
@@ -52,7 +58,7 @@ class SpecDecoder:
             self.draft.observe(input_ids, step.positions, step.attn)
 
     def resolve(self, plan: StepPlan, states: dict[str, RequestState]) -> None:
-        """Give each decoding request its true start, last token and the drafts it verifies."""
+        """Give each decoding request its true start, last token and drafts to verify; unpad admissions."""
         so: SchedulerOutput = plan.so
         spec = so.spec_decode_tokens
         verify = [0] * len(so.scheduled)
@@ -60,6 +66,10 @@ class SpecDecoder:
         for i, req in enumerate(so.scheduled):
             st = states.get(req.request_id)
             if st is None or not st.decoding:
+                known = plan.tokens[i]
+                if known is not None and len(known) < plan.counts[i]:
+                    # A padded admission: slots past its tokens are placeholder drafts.
+                    plan.counts[i] = len(known)
                 continue
             slots = min(plan.counts[i] - 1, len(spec.get(req.request_id, ())))
             drafts = st.drafts[:slots] if slots > 0 else []
