@@ -76,20 +76,25 @@ TOPICS = [
 ]
 
 
-def workload(n: int) -> list[tuple[str, int]]:
-    """(prompt, max_tokens) pairs: three quarters behind a shared system prompt, the rest long alone."""
+def workload(n: int) -> list[tuple[str, int, bool]]:
+    """(prompt, max_tokens, ignore_eos): three quarters behind a shared system prompt, the rest long alone.
+
+    Half the requests ignore EOS, so enough of them decode long enough to run the KV cache out.
+    """
     out = []
     for i in range(n):
         topic = TOPICS[i % len(TOPICS)]
-        max_tokens = 8 + (i * 23) % 57
+        max_tokens = 16 + (i * 23) % 97
+        ignore_eos = i % 2 == 0
         if i % 4 == 3:
             # A long standalone prompt: several chunks under a small budget.
             body = " ".join(
                 f"Paragraph {k}: tell me about {TOPICS[(i + k) % len(TOPICS)]}." for k in range(12)
             )
-            out.append((f"{body}\nNow summarise {topic} in one sentence.", max_tokens))
+            prompt = f"{body}\nNow summarise {topic} in one sentence."
         else:
-            out.append((f"{SYSTEMS[i % len(SYSTEMS)]}\nQuestion {i}: tell me about {topic}.", max_tokens))
+            prompt = f"{SYSTEMS[i % len(SYSTEMS)]}\nQuestion {i}: tell me about {topic}."
+        out.append((prompt, max_tokens, ignore_eos))
     return out
 
 
@@ -205,9 +210,9 @@ def child(args: argparse.Namespace) -> int:
         kwargs["additional_config"] = json.loads(args.additional_config)
     llm = LLM(**kwargs)
     work = workload(args.num_prompts)
-    params = [SamplingParams(temperature=0.0, max_tokens=m) for _, m in work]
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=e) for _, m, e in work]
     t0 = time.perf_counter()
-    outs = llm.generate([p for p, _ in work], params, use_tqdm=False)
+    outs = llm.generate([p for p, _, _ in work], params, use_tqdm=False)
     wall = time.perf_counter() - t0
     result = {
         "tokens": [list(o.outputs[0].token_ids) for o in outs],
@@ -307,7 +312,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--block-size", type=int, default=32)
     ap.add_argument("--max-num-seqs", type=int, default=24)
     ap.add_argument("--max-num-batched-tokens", type=int, default=192)
-    ap.add_argument("--num-blocks", type=int, default=96, help="KV cache blocks (small: forces preemption)")
+    ap.add_argument("--num-blocks", type=int, default=48, help="KV cache blocks (small: forces preemption)")
     ap.add_argument("--modes", nargs="*", default=["sync", "async"])
     ap.add_argument("--control", action="store_true", help="add a run with our sjf policy, which must differ")
     ap.add_argument("--json", default=None, help="write the result here too")
