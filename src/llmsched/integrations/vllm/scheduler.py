@@ -41,8 +41,10 @@ _TO_VLLM_STATUS = {
 }
 
 
-def _core_config(vllm_config: Any, num_blocks: int, block_size: int, extras: Extras) -> SchedulerConfig:
-    """Our scheduler settings from vLLM's configuration."""
+def _core_config(
+    vllm_config: Any, num_blocks: int, block_size: int, extras: Extras, series: str
+) -> SchedulerConfig:
+    """Our scheduler settings from vLLM's configuration (``series``: the vLLM release, "0.33")."""
     sc = vllm_config.scheduler_config
     cc = vllm_config.cache_config
     algo = cc.prefix_caching_hash_algo
@@ -65,8 +67,10 @@ def _core_config(vllm_config: Any, num_blocks: int, block_size: int, extras: Ext
         max_loras=lora.max_loras if lora is not None else None,
         num_speculative_tokens=vllm_config.num_speculative_tokens,
         num_lookahead_tokens=vllm_config.num_lookahead_tokens,
+        # vLLM 0.33 applies the prefill cadence itself without a data-parallel
+        # coordinator; 0.32 only through the coordinator's throttle_prefills.
         prefill_schedule_interval=sc.prefill_schedule_interval
-        if vllm_config.parallel_config.data_parallel_size == 1
+        if vllm_config.parallel_config.data_parallel_size == 1 and series != "0.32"
         else 1,
         async_scheduling=bool(sc.async_scheduling),
     )
@@ -112,8 +116,8 @@ class LlmschedScheduler(SchedulerInterface):
         include_finished_set: bool = False,
         log_stats: bool = False,
     ) -> None:
-        check_version(vllm.__version__)
-        check_config(vllm_config, kv_cache_config, block_size, hash_block_size)
+        self.vllm_series = check_version(vllm.__version__)
+        check_config(vllm_config, kv_cache_config, block_size, hash_block_size, self.vllm_series)
         self.vllm_config = vllm_config
         self.scheduler_config = vllm_config.scheduler_config
         self.kv_cache_config = kv_cache_config
@@ -122,7 +126,9 @@ class LlmschedScheduler(SchedulerInterface):
         self.log_stats = log_stats
         self.max_model_len = vllm_config.model_config.max_model_len
         self.extras = Extras.from_vllm_config(vllm_config)
-        self.core = Scheduler(_core_config(vllm_config, kv_cache_config.num_blocks, block_size, self.extras))
+        self.core = Scheduler(
+            _core_config(vllm_config, kv_cache_config.num_blocks, block_size, self.extras, self.vllm_series)
+        )
         self.core.admission_gate = self._gate
         if self.extras.trace_path is not None:
             self.core.enable_trace()
@@ -289,6 +295,8 @@ class LlmschedScheduler(SchedulerInterface):
             vreq.num_computed_tokens = req.num_computed_tokens
             vreq.is_prefill_chunk = req.is_prefill_chunk
             vreq.num_output_placeholders = req.num_output_placeholders
+        # vLLM 0.32's SchedulerOutput has no skip_drafts.
+        extra = {} if self.vllm_series == "0.32" else {"skip_drafts": not drafts_needed}
         return VllmSchedulerOutput(
             scheduled_new_reqs=new_data,
             scheduled_cached_reqs=cached,
@@ -300,7 +308,7 @@ class LlmschedScheduler(SchedulerInterface):
             finished_req_ids=set(out.finished_req_ids),
             free_encoder_mm_hashes=[],
             num_spec_tokens_to_schedule=self.num_spec_tokens,
-            skip_drafts=not drafts_needed,
+            **extra,
         )
 
     def _admit(self, vreq: VllmRequest, req: Request, start: int) -> None:
