@@ -10,7 +10,14 @@ built-in a100/h100 profiles, and compared figure by figure: throughput
 (output tok/s, or request/s where that is all the page gives), median TPOT
 and median TTFT. Nothing is fitted to these points: they are evidence.
 
-    PYTHONPATH=src python benchmarks/simulator/sim_vs_published.py [--only ID] [--json PATH]
+``--h100-ops acb95f6`` also simulates the H100 points on an H100 profile
+whose kernel fit is redone from Vidur's earlier H100 operator profile
+(acb95f6) instead of the re-profile (7d47513) the built-in ``h100`` trusts:
+fitted to operator rows only, the same way, as a diagnosis of which
+measurements the published runs side with.
+
+    PYTHONPATH=src python benchmarks/simulator/sim_vs_published.py [--only ID] [--h100-ops acb95f6]
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -30,16 +37,34 @@ from hostcpu import record_cpu
 from llmsched.cli import main as llmsched_main
 
 CORPUS = Path(__file__).resolve().parents[1] / "published"
+VIDUR = Path(__file__).resolve().parents[1] / "data" / "vidur"
 SOURCE_FIELDS = ("title", "url", "repository", "path", "commit", "section")
 DEPLOYMENT_FIELDS = (
     "model", "sim_model", "gpu", "sim_hardware", "gpu_count", "tensor_parallel_size",
     "vllm_version", "serve_command", "engine",
 )  # fmt: skip
-ENGINE_FIELDS = ("max_model_len", "gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs", "async_scheduling")
-WORKLOAD_FIELDS = ("dataset", "input_len", "output_len", "num_prompts", "request_rate", "max_concurrency", "seeds")
+ENGINE_FIELDS = (
+    "max_model_len",
+    "gpu_memory_utilization",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "async_scheduling",
+)
+WORKLOAD_FIELDS = (
+    "dataset",
+    "input_len",
+    "output_len",
+    "num_prompts",
+    "request_rate",
+    "max_concurrency",
+    "seeds",
+)
 # The compared figures: (name, reported keys in order of preference, simulated key for each).
 FIGURES = (
-    ("throughput", (("output_throughput", "output_throughput"), ("request_throughput", "request_throughput"))),
+    (
+        "throughput",
+        (("output_throughput", "output_throughput"), ("request_throughput", "request_throughput")),
+    ),
     ("tpot_ms", (("median_tpot_ms", "median_tpot_ms"), ("tpot_ms", "mean_tpot_ms"))),
     ("ttft_ms", (("median_ttft_ms", "median_ttft_ms"), ("ttft_ms", "mean_ttft_ms"))),
 )
@@ -69,7 +94,9 @@ def check_file(data: dict, name: str) -> list[str]:
         problems.append(f"{name}: no points")
     for p in data["points"]:
         where = f"{name} point {p.get('id', '?')}"
-        problems += _missing(p, ("id", "bench_command", "workload", "simulated_output_len", "reported"), where)
+        problems += _missing(
+            p, ("id", "bench_command", "workload", "simulated_output_len", "reported"), where
+        )
         problems += _missing(p.get("workload", {}), WORKLOAD_FIELDS, f"{where} workload")
         for fig, choices in FIGURES:
             if not any(k in p.get("reported", {}) for k, _ in choices):
@@ -89,14 +116,42 @@ def load_corpus(folder: Path = CORPUS) -> list[dict]:
         if problems:
             raise ValueError("; ".join(problems))
         for p in data["points"]:
-            points.append({**p, "file": path.name, "source": data["source"], "deployment": data["deployment"]})
+            points.append(
+                {**p, "file": path.name, "source": data["source"], "deployment": data["deployment"]}
+            )
     ids = [p["id"] for p in points]
     if len(set(ids)) != len(ids):
         raise ValueError(f"point ids repeat: {sorted({i for i in ids if ids.count(i) > 1})}")
     return points
 
 
-def simulate_args(point: dict, seed: int) -> list[str]:
+def h100_profile_from(version: str, out: Path) -> Path:
+    """A profile file: the built-in h100 with its kernel fit redone from Vidur's ``version`` H100 op rows."""
+    from llmsched.executor.sim.fitted_kernels import KERNEL_FITS
+    from llmsched.executor.sim.hardware import BUILTIN_HARDWARE
+    from llmsched.sim.calibrate_vidur import TRUSTED_VERSION, fit_kernels
+    from llmsched.sim.vidur_data import read_compact
+
+    data = read_compact(VIDUR)
+    ops = [r for r in data.ops if r.gpu == "h100" and r.version == version]
+    if not ops:
+        raise SystemExit(f"no H100 op rows of Vidur version {version!r} in {VIDUR}")
+    # As tools/fit_vidur_profiles.py: H100 has no attention rows and borrows A100's attention terms.
+    attention = {k: v for k, v in KERNEL_FITS["a100"].items() if k.startswith(("attn_prefill", "decode_"))}
+    coll = [
+        r
+        for r in data.collectives
+        if r.gpu == "h100" and r.collective == "all_reduce" and r.version == TRUSTED_VERSION["h100"]
+        and r.topology in ("dgx", "node")
+    ]  # fmt: skip
+    hw = BUILTIN_HARDWARE["h100"]
+    fit = fit_kernels(ops, [], coll, hw, attention_fallback=attention, source=f"Vidur {version} h100 ops")
+    profile = hw.to_dict() | {"name": f"h100-{version}", "kernel_fit": fit.to_dict()}
+    out.write_text(json.dumps(profile, default=list))
+    return out
+
+
+def simulate_args(point: dict, seed: int, hardware: dict[str, str] | None = None) -> list[str]:
     """The `llmsched simulate` arguments that reproduce one point's deployment and workload with ``seed``."""
     dep, eng, wl = point["deployment"], point["deployment"]["engine"], point["workload"]
     if wl["dataset"] != "random":
@@ -104,7 +159,7 @@ def simulate_args(point: dict, seed: int) -> list[str]:
     args = [
         "simulate",
         "--model", dep["sim_model"],
-        "--hardware", dep["sim_hardware"],
+        "--hardware", (hardware or {}).get(dep["sim_hardware"], dep["sim_hardware"]),
         "--tensor-parallel-size", str(dep["tensor_parallel_size"]),
         "--max-model-len", str(eng["max_model_len"]),
         "--gpu-memory-utilization", str(eng["gpu_memory_utilization"]),
@@ -191,7 +246,10 @@ def _fmt(v: float) -> str:
 
 def print_table(rows: list[dict], summary: dict) -> None:
     """The comparison, one line per point and figure, then the summary."""
-    print(f"{'point':48} {'figure':10} {'published':>12} {'simulated':>12} {'error':>8}   sim: KV tokens, preemptions")
+    print(
+        f"{'point':48} {'figure':10} {'published':>12} {'simulated':>12} {'error':>8}"
+        "   sim: KV tokens, preemptions"
+    )
     for r in rows:
         for fig, f in r["figures"].items():
             label = f"{fig} ({f['published_key']})" if fig == "throughput" else fig
@@ -205,15 +263,43 @@ def print_table(rows: list[dict], summary: dict) -> None:
             )
     print()
     for fig, s in summary.items():
-        held = "" if "target_holds" not in s else f"  (target: median <= 15%, max <= 30%: {'holds' if s['target_holds'] else 'misses'})"
-        print(f"{fig:10} over {s['n']} points: median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%}{held}")
+        held = (
+            ""
+            if "target_holds" not in s
+            else f"  (target: median <= 15%, max <= 30%: {'holds' if s['target_holds'] else 'misses'})"
+        )
+        print(
+            f"{fig:10} over {s['n']} points: median |error| {s['median_abs_error']:.1%},"
+            f" max {s['max_abs_error']:.1%}{held}"
+        )
+
+
+def run_points(points: list[dict], hardware: dict[str, str] | None = None) -> list[dict]:
+    """Every point simulated (once per seed) and compared; ``hardware`` swaps profile names for files."""
+    rows = []
+    for p in points:
+        runs = [run_simulate(simulate_args(p, seed, hardware)) for seed in p["workload"]["seeds"]]
+        row = compare(p, runs)
+        row["args"] = simulate_args(p, p["workload"]["seeds"][0], hardware)
+        rows.append(row)
+        print(f"simulated {p['id']}", file=sys.stderr)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     """Simulate every corpus point, print the errors and write the JSON."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--corpus", type=Path, default=CORPUS, help="folder of corpus files (default benchmarks/published)")
-    ap.add_argument("--only", action="append", help="simulate only points whose id contains this (repeatable)")
+    ap.add_argument(
+        "--corpus", type=Path, default=CORPUS, help="folder of corpus files (default benchmarks/published)"
+    )
+    ap.add_argument(
+        "--only", action="append", help="simulate only points whose id contains this (repeatable)"
+    )
+    ap.add_argument(
+        "--h100-ops",
+        metavar="VERSION",
+        help="also simulate the H100 points on a fit to this Vidur H100 profile",
+    )
     ap.add_argument("--json", type=Path, default=Path("results/sim_vs_published.json"))
     args = ap.parse_args(argv)
     points = load_corpus(args.corpus)
@@ -221,14 +307,23 @@ def main(argv: list[str] | None = None) -> int:
         points = [p for p in points if any(s in p["id"] for s in args.only)]
         if not points:
             raise SystemExit(f"no point id contains any of {args.only}")
-    rows = []
-    for p in points:
-        runs = [run_simulate(simulate_args(p, seed)) for seed in p["workload"]["seeds"]]
-        rows.append(compare(p, runs))
-        print(f"simulated {p['id']}", file=sys.stderr)
+    rows = run_points(points)
     summary = summarize(rows)
     print_table(rows, summary)
-    result = record_cpu({"corpus": str(args.corpus), "points": rows, "summary": summary})
+    result = {"corpus": str(args.corpus), "points": rows, "summary": summary}
+    if args.h100_ops:
+        h100 = [p for p in points if p["deployment"]["sim_hardware"] == "h100"]
+        with tempfile.TemporaryDirectory() as tmp:
+            profile = h100_profile_from(args.h100_ops, Path(tmp) / f"h100-{args.h100_ops}.json")
+            alt = run_points(h100, {"h100": str(profile)})
+        alt_summary = summarize(alt)
+        print(
+            f"\nH100 points on a kernel fit to Vidur's {args.h100_ops} H100 op rows"
+            " (diagnosis, not the built-in h100):"
+        )
+        print_table(alt, alt_summary)
+        result["h100_ops_variant"] = {"vidur_version": args.h100_ops, "points": alt, "summary": alt_summary}
+    record_cpu(result)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.json}")
