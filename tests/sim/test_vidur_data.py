@@ -11,6 +11,7 @@ from llmsched.core.errors import ConfigError
 from llmsched.executor.sim.cost_model import Efficiency
 from llmsched.executor.sim.hardware import BUILTIN_HARDWARE
 from llmsched.executor.sim.kernel_fit import KernelFit
+from llmsched.sim.calibrate_vidur import TRUSTED_VERSION
 from llmsched.sim.vidur_data import GEMM_OPS, read_compact, read_vidur_dir
 from llmsched.sim.vidur_pricing import fitted_seconds, roofline_seconds
 
@@ -61,7 +62,7 @@ def test_built_in_fit_reproduces_the_gemm_medians(data, gpu):
     """The report's fitted GEMM error (4-5% median); the plain roofline is 10-11%: a regressed fit fails."""
     hw = BUILTIN_HARDWARE[gpu]
     fit = KernelFit.from_dict(hw.kernel_fit)
-    rows = [r for r in data.ops if r.gpu == gpu and r.version == "7d47513" and r.op in GEMM_OPS][::7]
+    rows = [r for r in data.ops if r.gpu == gpu and r.version == TRUSTED_VERSION[gpu] and r.op in GEMM_OPS][::7]
     assert _median_err(rows, lambda r: fitted_seconds(r, hw, fit)) < 0.06
     assert _median_err(rows, lambda r: roofline_seconds(r, hw, Efficiency())) > 0.08
 
@@ -83,7 +84,7 @@ def test_built_in_fit_reproduces_the_elementwise_medians(data, gpu):
     """Row-bound small kernels and L2-resident mid sizes: p90 ~23% fitted; one bandwidth and floor gave 41-43%."""
     hw = BUILTIN_HARDWARE[gpu]
     fit = KernelFit.from_dict(hw.kernel_fit)
-    rows = [r for r in data.ops if r.gpu == gpu and r.version == "7d47513" and r.op not in GEMM_OPS]
+    rows = [r for r in data.ops if r.gpu == gpu and r.version == TRUSTED_VERSION[gpu] and r.op not in GEMM_OPS]
     assert _median_err(rows, lambda r: fitted_seconds(r, hw, fit)) < 0.08
     assert _p90_err(rows, lambda r: fitted_seconds(r, hw, fit)) < 0.30
 
