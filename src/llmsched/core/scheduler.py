@@ -17,16 +17,6 @@ from dataclasses import dataclass
 
 from llmsched.core.config import SchedulerConfig
 from llmsched.core.connector import KVConnector, KVConnectorOutput
-from llmsched.core.decode_cohort import (
-    AsyncDecodeCohort,
-    DecodeCohort,
-    advance_async_cohort,
-    advance_async_decodes,
-    async_cohort_of,
-    async_cohort_plain_calls,
-    async_cohort_schedule,
-    async_cohort_update,
-)
 from llmsched.core.encoder_inputs import EncoderPlan, EncoderScheduler
 from llmsched.core.errors import RequestRejected
 from llmsched.core.kv.hybrid import HybridKVCacheManager
@@ -397,359 +387,45 @@ class Scheduler:
         self._close_step(out, budget, prefill_scheduled or prefill_admitted)
         return out
 
-    # ---- plain decode steps -----------------------------------------------------
-
     @property
     def next_step(self) -> int:
         """The number the next scheduled step will carry."""
         return self._step
 
-    def plain_decode_steps(
-        self, token_id: int, limit: int, finished_ids_unread: bool = False, through_finish: bool = False
-    ) -> int:
-        """How many of the next steps (at most ``limit``) are plain decodes, if every sample is ``token_id``.
+    # ---- steps decided outside schedule() (core.plain_decodes) ---------------
 
-        A plain decode step schedules one token for every running request
-        and admits, preempts, finishes and defers nothing: nothing waits,
-        every running request has sampled all its known tokens, the budget
-        covers them all, none reaches its stop length or samples a stop
-        token, and the free blocks cover every table's growth. Such steps
-        are exactly what ``advance_decode_steps`` applies. 0 whenever the
-        next step might be anything else (sync mode without a connector,
-        drafts, lookahead or a trace only). Requests finished since the
-        last step are reported in the next batch's ``finished_req_ids``, so
-        they make that step not plain, unless ``finished_ids_unread`` says
-        the executor never reads them (the simulator's): then the first
-        plain step drops them as schedule() would hand them over. With
-        ``through_finish`` the steps may end with the one whose update
-        finishes the requests it brings to their stop length (not a session's
-        turn, without encoder inputs): ``advance_decode_steps`` finishes them.
-        """
-        running = self.running
-        if (
-            not self._steps_may_be_plain()
-            or (self._finished_ids and not finished_ids_unread)
-            or len(self.waiting)
-            or len(self.holding)
-            or not running
-            or len(running) > self._max_tokens_budget
-        ):
-            return 0
-        k = limit
-        for r in running:
-            if r.is_prefill_chunk or r.num_tokens != r.num_computed_tokens + 1 or token_id in r.stop_ids:
-                return 0
-            # The step that brings it to stop_length finishes it (which also
-            # keeps positions below max_model_len).
-            left = r.stop_length - r.num_tokens - 1
-            if left < k:
-                k = left
-        # Step k + 1 finishes those with k plain steps left, as update_from_output would.
-        if (
-            through_finish
-            and 0 <= k < limit
-            and self._enc is None
-            and not self._declined
-            and not any(r.resumable for r in running if r.stop_length - r.num_tokens - 1 == k)
-        ):
-            k += 1
-        if k <= 0:
-            return 0
-        kv = self.kv
-        need = 0
-        for r in running:
-            need += kv.decode_blocks_needed(r, k)
-        return k if need <= kv.num_free_blocks else 0
-
-    def advance_decode_steps(self, num_steps: int, token_id: int) -> list[Request]:
-        """Apply ``num_steps`` plain decode steps (see ``plain_decode_steps``) with ``token_id`` sampled.
-
-        Each step leaves the state ``schedule()`` then ``update_from_output()``
-        would: the step counters advance, every running request computes one
-        token (its KV slots allocated in running order, as schedule() does,
-        wherever the allocation adds or registers a block) and appends the
-        sampled token. Returns the requests the last step finished, in
-        running order (only a run ``through_finish`` ends finishing any).
-        """
-        cohort = DecodeCohort(self.kv, token_id)
-        for r in self.running:
-            cohort.join(r)
-        finished = self.advance_cohort(cohort, num_steps)
-        cohort.flush()
-        return finished
-
-    def async_plain_decode_steps(self, token_id: int, limit: int, through_finish: bool = False) -> int:
-        """Async mode: how many of the next engine calls (at most ``limit``) are plain decodes.
-
-        A plain call schedules one token for every running request (each
-        with one placeholder, its step in flight) and applies the step in
-        flight, which must have decoded every running request one token (the
-        engine checks that): nothing waits or is declined, no request reaches
-        its stop length or samples ``token_id`` as a stop token in the
-        calls, the free blocks cover every table's growth, and nothing
-        (connector, drafts, trace, hybrid groups, encoder, cadence) does more.
-        With ``through_finish`` the calls may end with the one that finishes
-        the requests it brings to their stop length (not sessions' turns, and
-        not every running request). ``advance_async_decode_steps`` applies
-        such calls.
-        """
-        running = self.running
-        if (
-            not self._async
-            or self._step_does_more()
-            or self._debug
-            or self._enc is not None
-            or self._prefill_interval > 1
-            or self._declined
-            or len(self.waiting)
-            or len(self.holding)
-            or not running
-            or len(running) > self._max_tokens_budget
-        ):
-            return 0
-        k = limit
-        for r in running:
-            if (
-                r.is_prefill_chunk
-                or r.num_tokens != r.num_computed_tokens
-                or r.num_output_placeholders != 1
-                or r.num_in_flight_tokens != 1
-                or r.num_stale_output_tokens
-                or r.spec_token_ids
-                or token_id in r.stop_ids
-                # schedule()'s in-flight skip reads max_tokens: it must be what stops it.
-                or r.stop_length != r.num_prompt_tokens + r.max_tokens
-            ):
-                return 0
-            # Call k applies the step giving token num_tokens + k: stop before it reaches stop_length.
-            left = r.stop_length - r.num_tokens - 1
-            if left < k:
-                k = left
-        if (
-            through_finish
-            and 0 <= k < limit
-            and not any(r.resumable for r in running if r.stop_length - r.num_tokens - 1 == k)
-            and any(r.stop_length - r.num_tokens - 1 > k for r in running)
-        ):
-            k += 1
-        if k <= 0:
-            return 0
-        kv = self.kv
-        need = 0
-        for r in running:
-            need += kv.decode_blocks_needed(r, k)
-        return k if need <= kv.num_free_blocks else 0
-
-    def advance_async_decode_steps(
-        self, num_steps: int, token_id: int, through_finish: bool = False
-    ) -> list[Request]:
-        """Apply ``num_steps`` calls proven plain by ``async_plain_decode_steps``, ``token_id`` sampled.
-
-        Leaves the state those calls' schedule() and update_from_output()
-        would: the last call's step in flight, every request with one
-        placeholder. Returns the requests the last call finished, in running
-        order (only a run ``through_finish`` finishes any).
-        """
-        finished = advance_async_decodes(self.kv, self.running, num_steps, token_id, through_finish)
-        self._finished_ids = []
-        self._step += num_steps
-        self._num_executed_steps += num_steps
-        # What a schedule() with an empty queue sets.
-        self._prefill_capacity_bound = False
-        if finished:
-            # update_from_output's resolution, registration, stop check and removal, in its order.
-            for r in finished:
-                r.num_output_placeholders = 0
-                r.num_in_flight_tokens = 0
-                check_stop(r, token_id)
-                self.kv.cache_blocks(r, r.num_computed_tokens)
-            self._remove_stopped(finished, set())
-        return finished
-
-    # ---- decode cohorts: plain decodes kept lazily across admitting steps --------
-
-    def start_async_cohort(self, token_id: int, in_flight: SchedulerOutput) -> AsyncDecodeCohort | None:
-        """Async: an AsyncDecodeCohort of every running request (``decode_cohort.async_cohort_of``)."""
-        return async_cohort_of(self, token_id, in_flight)
-
-    def async_cohort_schedule(
-        self, cohort: AsyncDecodeCohort
-    ) -> tuple[SchedulerOutput, list[Request], int, int] | None:
-        """schedule() with ``cohort``'s decodes kept lazy (see ``decode_cohort.async_cohort_schedule``)."""
-        return async_cohort_schedule(self, cohort)
-
-    def async_cohort_plain_calls(self, cohort: AsyncDecodeCohort, limit: int) -> int:
-        """How many coming calls are plain decodes of ``cohort`` (``async_cohort_plain_calls``)."""
-        return async_cohort_plain_calls(self, cohort, limit)
-
-    def advance_async_cohort(
-        self, cohort: AsyncDecodeCohort, num_calls: int, finishing: list[Request]
-    ) -> SchedulerOutput:
-        """Apply plain calls of ``cohort``; the last one's step (``decode_cohort.advance_async_cohort``)."""
-        return advance_async_cohort(self, cohort, num_calls, finishing)
-
-    def async_cohort_update(
-        self,
-        cohort: AsyncDecodeCohort,
-        out: SchedulerOutput,
-        result: ModelRunnerOutput,
-        finishing: list[Request],
-        decodes: int,
-    ) -> tuple[list[Request], int, list[Request]]:
-        """update_from_output() of ``out`` in a cohort call (see ``decode_cohort.async_cohort_update``)."""
-        return async_cohort_update(self, cohort, out, result, finishing, decodes)
-
-    def _steps_may_be_plain(self) -> bool:
-        """False where a step always does more than schedule what it is asked (see ``plain_decode_steps``)."""
-        return not (self._async or self._step_does_more())
-
-    def _step_does_more(self) -> bool:
-        """Whether a step does more than schedule decodes (connector, drafts, lookahead, trace, hybrid)."""
-        return (
-            self.connector is not None
-            or self._has_drafts
-            or self._lookahead
-            or self._trace_enabled
-            or self._hybrid
-        )
-
-    def start_cohort(self, token_id: int) -> DecodeCohort | None:
-        """A DecodeCohort of every running request, if ``cohort_step`` can serve the coming steps.
-
-        Besides what plain steps need, admissions must be the plain FCFS
-        kind (no policy that preempts, declines or reorders, no gate, no
-        cadence, no LoRA slots, no encoder inputs), so that a step's decodes
-        stay one token each whatever is admitted behind them. None when any
-        running request is not a plain decode (or could stop on ``token_id``,
-        or is a session).
-        """
-        if (
-            not self._steps_may_be_plain()
-            or self.policy.decides_admission
-            or self.admission_gate is not None
-            or self._prefill_interval > 1
-            or self._max_loras is not None
-            or self._enc is not None
-            or self._mamba_align
-            or self._debug
-            or self._declined
-            or len(self.holding)
-            or len(self.running) > self._max_tokens_budget
-        ):
-            return None
-        for r in self.running:
-            if (
-                r.is_prefill_chunk
-                or r.num_tokens != r.num_computed_tokens + 1
-                or token_id in r.stop_ids
-                or r.resumable
-            ):
-                return None
-        cohort = DecodeCohort(self.kv, token_id)
-        for r in self.running:
-            cohort.join(r)
-        return cohort
-
-    def cohort_plain_steps(self, cohort: DecodeCohort, limit: int) -> int:
-        """How many of the next steps (at most ``limit``) are plain decodes of ``cohort``.
-
-        ``plain_decode_steps`` for a cohort, without a pass over it: every
-        running request must be a member and nothing may wait. The steps run
-        through the one that finishes the next member. A member's table
-        covers its computed tokens, so k more tokens need at most
-        k // block_size + 1 new blocks: while the free blocks cover that for
-        every member, no allocation can fail and nobody is preempted.
-        """
-        d = len(self.running)
-        if not d or d != len(cohort) or len(self.waiting) or len(self.holding):
-            return 0
-        kv = self.kv
-        k = min(
-            limit, int(cohort.next_finish()) - cohort.steps + 1, (kv.num_free_blocks // d) * kv.block_size - 1
-        )
-        return k if k > 0 else 0
-
-    def advance_cohort(self, cohort: DecodeCohort, num_steps: int) -> list[Request]:
-        """Apply ``num_steps`` plain decode steps (see ``cohort_plain_steps``) to ``cohort``.
-
-        Returns the requests the last step finished, freed.
-        """
-        finished = cohort.advance(num_steps)
-        # The first step's finished_req_ids (see plain_decode_steps).
-        self._finished_ids = []
-        self._step += num_steps
-        self._num_executed_steps += num_steps
-        # What an admitting step with an empty queue sets.
-        self._prefill_capacity_bound = False
-        if finished:
-            # update_from_output's stop check and removal, in its order.
-            for r in finished:
-                check_stop(r, cohort.token_id)
-            self._remove_stopped(finished, set())
-        return finished
-
-    def cohort_schedule(self, cohort: DecodeCohort) -> tuple[SchedulerOutput, list[Request]] | None:
-        """schedule() for a step in which ``cohort`` (all that runs) decodes and the queue is admitted.
-
-        The decodes run first, as schedule()'s running phase would give them
-        one token each; admissions are schedule()'s own, with the budget the
-        decodes leave. The output lists the admitted requests only (the
-        executor adds the members). Returns it and the members this step
-        finishes (their token appended), for ``cohort_update``; None when the
-        step may be anything else (the caller then flushes the cohort).
-        """
-        running = self.running
-        d = len(running)
-        if (
-            d != len(cohort)
-            or len(self.holding)
-            or d > self._max_tokens_budget
-            # One new block per member at most (see cohort_plain_steps).
-            or d > self.kv.num_free_blocks
-        ):
-            return None
+    def _open_step(self) -> SchedulerOutput:
+        """The next step's output, numbered, carrying the ids finished since the last step."""
         out = SchedulerOutput(self._step)
         self._step += 1
         out.finished_req_ids, self._finished_ids = self._finished_ids, []
-        finishing = cohort.advance(1)
+        return out
+
+    def _admit_behind(self, out: SchedulerOutput, num_running: int, num_scheduled: int) -> int:
+        """Admit the queue into ``out``, a step whose running requests took ``num_scheduled`` tokens.
+
+        As schedule() admits in a step that neither preempts nor defers
+        (no cadence), and closes the step's totals; returns its tokens.
+        """
         num_waiting = len(self.waiting)
-        threshold = self._threshold if d + num_waiting > 1 else 0
-        budget = self._max_tokens_budget - d
+        threshold = self._threshold if num_running + num_waiting > 1 else 0
+        budget = self._max_tokens_budget - num_scheduled
         if num_waiting:
             budget = self._admit(out, budget, threshold, False, None)[0]
         self._prefill_capacity_bound = self.num_waiting > len(self._set_aside)
         out.total_num_scheduled_tokens = total = self._max_tokens_budget - budget
         if total:
             self._num_executed_steps += 1
-        return out, finishing
+        return total
 
-    def cohort_update(
-        self, cohort: DecodeCohort, out: SchedulerOutput, finishing: list[Request]
-    ) -> tuple[list[Request], list[Request]]:
-        """update_from_output() for a ``cohort_schedule`` step, every sampler given the cohort's token.
-
-        Admitted requests that sampled a token and decode plainly from now
-        on join the cohort. Returns the admitted requests that sampled, and
-        every request the step finished, in update order (members first).
-        """
-        token = cohort.token_id
-        finished = finishing
-        for r in finished:
-            check_stop(r, token)
-        samplers = []
-        for req in out.scheduled:
-            if req.num_computed_tokens < req.num_tokens:
-                continue  # a partial prefill chunk
-            samplers.append(req)
-            req.token_ids.append(token)
-            req.num_tokens += 1
-            if (req.num_tokens >= req.stop_length or token in req.stop_ids) and check_stop(req, token):
-                finished.append(req)
-            elif not req.resumable and token not in req.stop_ids:
-                cohort.join(req)
-        if finished:
-            self._remove_stopped(finished, set())
-        return samplers, finished
+    def _steps_applied(self, num_steps: int) -> None:
+        """Count ``num_steps`` steps of decodes alone, applied outside schedule() with nothing waiting."""
+        # The first one's finished_req_ids go with it, unread.
+        self._finished_ids = []
+        self._step += num_steps
+        self._num_executed_steps += num_steps
+        # What a schedule() with an empty queue sets.
+        self._prefill_capacity_bound = False
 
     def _mark_in_flight(self, out: SchedulerOutput) -> None:
         """Async mode: count the batch in flight and give each sampling request its placeholders."""
