@@ -20,7 +20,7 @@ from llmsched.core.encoder_inputs import EncoderPlan
 from llmsched.core.output import SchedulerOutput
 from llmsched.core.policy import Verdict, WaitingQueue
 from llmsched.core.request import Request, RequestStatus
-from llmsched.core.trace import Reason, StepTrace
+from llmsched.core.trace import Reason, StepTrace, trace_scheduled, trace_waiting
 
 if TYPE_CHECKING:
     from llmsched.core.scheduler import Scheduler
@@ -138,7 +138,7 @@ class Admission:
             stop, detail = a.stop, a.detail
             if stop is None:
                 stop, detail = Reason.BUDGET, f"all {self._max_tokens_budget} tokens of the step are used"
-            self.s._trace_waiting(trace, a.set_aside, stop, detail)
+            trace_waiting(trace, self.waiting, a.set_aside, stop, detail)
         return a.budget, a.prefill_admitted
 
     def _admit_head(self, a: _Admissions, queue: WaitingQueue, req: Request) -> bool:
@@ -470,7 +470,19 @@ class Admission:
             a.loras.add(req.lora_id)
         if a.trace is not None:
             wanted = req.num_tokens - computed
-            self.s._trace_scheduled(a.trace, req, computed, n, wanted, a.budget, a.threshold, True, held)
+            trace_scheduled(
+                a.trace,
+                req,
+                computed,
+                n,
+                wanted,
+                a.budget,
+                a.threshold,
+                self._max_model_len,
+                held,
+                True,
+                kv.enable_caching,
+            )
         a.budget -= n
 
     def _why_no_blocks(self, req: Request, hit_blocks: list, n: int, reserved: int) -> tuple[Reason, str]:

@@ -27,7 +27,7 @@ from llmsched.core.policy import Policy, make_policy
 from llmsched.core.remote_kv import RemoteKV
 from llmsched.core.request import Request, RequestStatus, check_stop
 from llmsched.core.session import Sessions
-from llmsched.core.trace import MAX_LISTED_WAITING, PREFIX_CACHE_NOT_READ, Reason, StepTrace
+from llmsched.core.trace import Reason, StepTrace, trace_scheduled, trace_unreached, trace_waiting
 
 _RUNNING = RequestStatus.RUNNING
 _WAITING = RequestStatus.WAITING
@@ -49,12 +49,6 @@ def _schedule_drafts(out: SchedulerOutput, req: Request, num_drafts: int) -> Non
     if num_drafts > 0:
         out.spec_decode_tokens[req.request_id] = req.spec_token_ids[:num_drafts]
     req.spec_token_ids = []
-
-
-def _trace_unreached(trace: StepTrace, reqs: list[Request]) -> None:
-    """Trace the running requests the loop never reached: the budget ran out first."""
-    for req in reqs:
-        trace.add(req.request_id, Reason.BUDGET, detail="reached after the budget ran out")
 
 
 def _append_tokens(req: Request, toks: list[int], stale: bool) -> bool:
@@ -351,7 +345,7 @@ class Scheduler:
             # As in vLLM, a step that had to preempt admits nobody.
             prefill_admitted = False
             if trace is not None:
-                self._trace_waiting(trace, None, Reason.PREEMPTION_STEP, "", whole_queue=True)
+                trace_waiting(trace, self.waiting, None, Reason.PREEMPTION_STEP, "", whole_queue=True)
         else:
             budget, prefill_admitted = self._schedule_waiting(
                 out, trace, budget, threshold, defer, num_waiting, prefill_scheduled
@@ -477,11 +471,11 @@ class Scheduler:
             if req.spec_token_ids:
                 _schedule_drafts(out, req, computed + n - req.num_tokens - placeholders)
             if trace is not None:
-                self._trace_scheduled(trace, req, computed, n, wanted, budget, threshold, held=held)
+                trace_scheduled(trace, req, computed, n, wanted, budget, threshold, max_len, held)
             budget -= n
             i += 1
         if trace is not None:
-            _trace_unreached(trace, running[i:])
+            trace_unreached(trace, running[i:])
         return budget, prefill_scheduled
 
     def _fit_running(
@@ -580,7 +574,7 @@ class Scheduler:
         if why_gated is not None:
             if trace is not None:
                 reason = getattr(gate, "reason", Reason.ADMISSION_GATED)
-                self._trace_waiting(trace, None, reason, why_gated, whole_queue=True)
+                trace_waiting(trace, self.waiting, None, reason, why_gated, whole_queue=True)
             return budget, False
         prefill_admitted = False
         if num_waiting:
@@ -840,74 +834,6 @@ class Scheduler:
                 self._release(req)
 
     # ---- decision trace --------------------------------------------------------
-
-    def _trace_scheduled(
-        self,
-        trace: StepTrace,
-        req: Request,
-        start: int,
-        n: int,
-        wanted: int,
-        budget: int,
-        threshold: int,
-        admitted: bool = False,
-        held: str = "",
-    ) -> None:
-        if start >= req.num_tokens - 1:
-            what = "decode" if n == 1 else f"decode with {n - 1} draft tokens"
-        else:
-            what = (
-                f"{'recompute' if req.num_preemptions else 'prefill'} {start}-{start + n} of {req.num_tokens}"
-            )
-        if admitted:
-            what = (
-                ("resumed" if req.num_preemptions else "admitted")
-                + (f" with a prefix-cache hit of {start} tokens, " if start else ", ")
-                + what
-            )
-            if req.skip_prefix_cache and self.kv.enable_caching:
-                what += f", {PREFIX_CACHE_NOT_READ}"
-        if n < wanted:
-            if threshold and n == threshold:
-                what += f", capped by long_prefill_token_threshold={threshold}"
-            elif n == budget:
-                what += ", capped by the token budget"
-            elif held:
-                what += f", stopped before {held}"
-            else:
-                what += f", capped by max_model_len={self._max_model_len}"
-        trace.add(req.request_id, Reason.SCHEDULED, n, what)
-
-    def _trace_waiting(
-        self,
-        trace: StepTrace,
-        set_aside: list[Request] | None,
-        head_reason: Reason,
-        detail: str,
-        whole_queue: bool = False,
-    ) -> None:
-        """Explain the waiting requests this step did not admit.
-
-        ``whole_queue``: the reason applies to every waiting request (a gate,
-        a preempting step), not only to the head the others queue behind.
-        """
-        head: Request | None = None
-        listed = 0
-        skip = set(set_aside or ())
-        for req in self.waiting:
-            if req in skip:
-                continue
-            if head is None:
-                head = req
-                trace.add(req.request_id, head_reason, detail=detail)
-            elif listed < MAX_LISTED_WAITING:
-                listed += 1
-                if whole_queue:
-                    trace.add(req.request_id, head_reason, detail=detail)
-                else:
-                    trace.add(req.request_id, Reason.QUEUED, detail=f"behind {head.request_id}")
-            else:
-                trace.num_unlisted_waiting += 1
 
     # ---- invariants ----------------------------------------------------------
 
