@@ -313,11 +313,9 @@ class Scheduler:
         shared cadence skips) defers all prefill work this step, as
         ``prefill_schedule_interval`` does locally.
         """
-        out = SchedulerOutput(self._step)
-        self._step += 1
+        out = self._open_step()
         trace = StepTrace(out.step) if self._trace_enabled else None
         out.trace = trace
-        out.finished_req_ids, self._finished_ids = self._finished_ids, []
         if self._enc is not None:
             self._enc.begin_step()
         if self._hybrid:
@@ -345,14 +343,14 @@ class Scheduler:
         """The number the next scheduled step will carry."""
         return self._step
 
-    # ---- steps decided outside schedule() (core.plain_decodes) ---------------
-
     def _open_step(self) -> SchedulerOutput:
         """The next step's output, numbered, carrying the ids finished since the last step."""
         out = SchedulerOutput(self._step)
         self._step += 1
         out.finished_req_ids, self._finished_ids = self._finished_ids, []
         return out
+
+    # ---- steps decided outside schedule() (core.plain_decodes) ---------------
 
     def _admit_behind(self, out: SchedulerOutput, num_running: int, num_scheduled: int) -> int:
         """Admit the queue into ``out``, a step whose running requests took ``num_scheduled`` tokens.
