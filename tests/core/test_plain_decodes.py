@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from llmsched.core import SamplingParams
+from llmsched.core import SamplingParams, Scheduler
 from llmsched.core.plain_decodes import PlainDecodes
 from support.decode_state import feed, snapshot
 from support.scheduling import make_req, make_sched, run_step
@@ -99,3 +99,9 @@ def test_no_plain_steps_while_anything_else_may_happen():
     async_sched.add_request(make_req("d", 10))
     run_step(async_sched)
     assert PlainDecodes(async_sched).plain_decode_steps(7, 100) == 0
+
+
+def test_the_scheduler_class_holds_no_shortcut():
+    shortcuts = [name for name in vars(PlainDecodes) if not name.startswith("__")]
+    assert "plain_decode_steps" in shortcuts and "async_cohort_update" in shortcuts
+    assert not [name for name in shortcuts if hasattr(Scheduler, name)]

@@ -7,6 +7,13 @@ a decode being the same operation with a different count. Running requests
 are served first, in running order; waiting ones are admitted only while
 budget, sequence slots and KV blocks remain, and never in a step that had to
 preempt. In its default configuration every decision equals vLLM V1's.
+
+The scheduler holds the queues and runs the step's phases; admission of the
+waiting queues (``core.admission``) and applying a step's output
+(``core.step_update``) are collaborators it makes, and the decision trace's
+explanations are written by ``core.trace``. The simulator's plain-decode
+shortcuts (``core.plain_decodes``) apply steps through the few methods in
+the section marked for them.
 """
 
 from __future__ import annotations
@@ -350,46 +357,6 @@ class Scheduler:
         out.finished_req_ids, self._finished_ids = self._finished_ids, []
         return out
 
-    # ---- steps decided outside schedule() (core.plain_decodes) ---------------
-
-    def _admit_behind(self, out: SchedulerOutput, num_running: int, num_scheduled: int) -> int:
-        """Admit the queue into ``out``, a step whose running requests took ``num_scheduled`` tokens.
-
-        As schedule() admits in a step that neither preempts nor defers
-        (no cadence), and closes the step's totals; returns its tokens.
-        """
-        num_waiting = len(self.waiting)
-        threshold = self._threshold if num_running + num_waiting > 1 else 0
-        budget = self._max_tokens_budget - num_scheduled
-        if num_waiting:
-            budget = self._admission.admit(out, budget, threshold, False, None)[0]
-        self._prefill_capacity_bound = self.num_waiting > len(self._set_aside)
-        out.total_num_scheduled_tokens = total = self._max_tokens_budget - budget
-        if total:
-            self._num_executed_steps += 1
-        return total
-
-    def _steps_applied(self, num_steps: int) -> None:
-        """Count ``num_steps`` steps of decodes alone, applied outside schedule() with nothing waiting."""
-        # The first one's finished_req_ids go with it, unread.
-        self._finished_ids = []
-        self._step += num_steps
-        self._num_executed_steps += num_steps
-        # What a schedule() with an empty queue sets.
-        self._prefill_capacity_bound = False
-
-    def _mark_in_flight(self, out: SchedulerOutput) -> None:
-        """Async mode: count the batch in flight and give each sampling request its placeholders."""
-        spec = out.spec_decode_tokens
-        drafts = self._draft_placeholders
-        for req, n in zip(out.scheduled, out.num_scheduled_tokens):
-            req.num_in_flight_tokens += n
-            if req.is_prefill_chunk:
-                continue
-            req.num_output_placeholders += 1 + len(spec.get(req.request_id, ())) if spec else 1
-            if drafts:
-                req.spec_token_ids = drafts
-
     # ---- the phases of a step ------------------------------------------------
 
     def _defers_prefills(self, throttle: bool) -> bool:
@@ -597,6 +564,18 @@ class Scheduler:
         if self._debug:
             self._check_invariants(out)
 
+    def _mark_in_flight(self, out: SchedulerOutput) -> None:
+        """Async mode: count the batch in flight and give each sampling request its placeholders."""
+        spec = out.spec_decode_tokens
+        drafts = self._draft_placeholders
+        for req, n in zip(out.scheduled, out.num_scheduled_tokens):
+            req.num_in_flight_tokens += n
+            if req.is_prefill_chunk:
+                continue
+            req.num_output_placeholders += 1 + len(spec.get(req.request_id, ())) if spec else 1
+            if drafts:
+                req.spec_token_ids = drafts
+
     def _aligned_chunk(self, req: Request, start: int, n: int) -> int:
         """``n`` cut to end on a block boundary where a Mamba state is cached (0: not this step)."""
         return mamba_aligned_chunk(
@@ -695,7 +674,33 @@ class Scheduler:
             else:
                 self._release(req)
 
-    # ---- decision trace --------------------------------------------------------
+    # ---- steps decided outside schedule() (core.plain_decodes) ---------------
+
+    def _admit_behind(self, out: SchedulerOutput, num_running: int, num_scheduled: int) -> int:
+        """Admit the queue into ``out``, a step whose running requests took ``num_scheduled`` tokens.
+
+        As schedule() admits in a step that neither preempts nor defers
+        (no cadence), and closes the step's totals; returns its tokens.
+        """
+        num_waiting = len(self.waiting)
+        threshold = self._threshold if num_running + num_waiting > 1 else 0
+        budget = self._max_tokens_budget - num_scheduled
+        if num_waiting:
+            budget = self._admission.admit(out, budget, threshold, False, None)[0]
+        self._prefill_capacity_bound = self.num_waiting > len(self._set_aside)
+        out.total_num_scheduled_tokens = total = self._max_tokens_budget - budget
+        if total:
+            self._num_executed_steps += 1
+        return total
+
+    def _steps_applied(self, num_steps: int) -> None:
+        """Count ``num_steps`` steps of decodes alone, applied outside schedule() with nothing waiting."""
+        # The first one's finished_req_ids go with it, unread.
+        self._finished_ids = []
+        self._step += num_steps
+        self._num_executed_steps += num_steps
+        # What a schedule() with an empty queue sets.
+        self._prefill_capacity_bound = False
 
     # ---- invariants ----------------------------------------------------------
 
