@@ -73,7 +73,7 @@ class Admission:
     """
 
     def __init__(self, s: Scheduler) -> None:
-        self.s = s
+        self.sched = s
         self.kv = s.kv
         self.policy = s.policy
         self.waiting = s.waiting
@@ -109,7 +109,7 @@ class Admission:
         running request continued its prefill this step."""
         waiting = self.waiting
         holding = self.holding
-        running = self.s.running
+        running = self.sched.running
         sessions = self.sessions
         max_num_seqs = self._max_num_seqs
         decides = self.policy.decides_admission
@@ -225,11 +225,11 @@ class Admission:
             self._blocked(a, queue, req, stop, detail)
             return None
         if self._mamba_align:
-            n = self.s._aligned_chunk(req, computed, n)
+            n = self.sched._aligned_chunk(req, computed, n)
             if n == 0:
                 a.stop, a.detail = Reason.MAMBA_ALIGNMENT, f"{a.budget} tokens left"
                 return None
-        enc = self.s._enc
+        enc = self.sched._enc
         if enc is not None and req.mm_items:
             n, plan, held = enc.try_schedule(req, computed, n)
             if n == 0:
@@ -261,7 +261,7 @@ class Admission:
         decides = self.policy.decides_admission
         lookahead = self._lookahead
         while True:
-            reserved = self._watermark_blocks if self.s.running else 0
+            reserved = self._watermark_blocks if self.sched.running else 0
             if remote is None:
                 if hit < 0:
                     # A session resuming: its blocks hold the KV computed so far.
@@ -279,8 +279,8 @@ class Admission:
                 break
             a.budget += freed
         if blocks is None:
-            if self.s._enc is not None and req.mm_items:
-                self.s._enc.release(req)
+            if self.sched._enc is not None and req.mm_items:
+                self.sched._enc.release(req)
             stop, detail = self._why_no_blocks(req, hit_blocks, ext + n, reserved)
             self._blocked(a, queue, req, stop, detail)
             return None
@@ -351,13 +351,15 @@ class Admission:
         the policy picks none. Requests admitted this step are never victims.
         """
         admitted = out.admitted
-        candidates = [r for r in self.s.running if r not in admitted] if admitted else list(self.s.running)
+        candidates = (
+            [r for r in self.sched.running if r not in admitted] if admitted else list(self.sched.running)
+        )
         victim = self.policy.select_victim(candidates, req) if candidates else None
         if victim is None or (self._remote is not None and not self._remote.can_preempt(victim)):
             return None
-        self.s.running.remove(victim)
-        freed = self.s._unschedule(out, victim)
-        self.s._preempt(victim)
+        self.sched.running.remove(victim)
+        freed = self.sched._unschedule(out, victim)
+        self.sched._preempt(victim)
         out.preempted.append(victim)
         if trace is not None:
             trace.add(victim.request_id, Reason.PREEMPTED_FOR_WAITING, detail=f"for {req.request_id}")
@@ -368,8 +370,8 @@ class Admission:
         self._set_aside.discard(req)
         req.status = RequestStatus.FINISHED_ABORTED
         req.stop_reason = "declined"
-        self.s._release(req)
-        self.s._declined.append(req)
+        self.sched._release(req)
+        self.sched._declined.append(req)
 
     def _admission_chunk(
         self, req: Request, computed: int, budget: int, threshold: int, defer: bool, pad: bool = False
@@ -439,7 +441,7 @@ class Admission:
         """Admit the head with ``n`` tokens after ``computed`` (``hit`` < 0: no lookup)."""
         queue.pop()
         self._set_aside.discard(req)
-        self.s.running.append(req)
+        self.sched.running.append(req)
         if computed < req.num_tokens - 1:
             a.prefill_admitted = True
         out = a.out
@@ -454,7 +456,7 @@ class Admission:
         out.scheduled.append(req)
         out.num_scheduled_tokens.append(n)
         out.admitted.append(req)
-        out.admitted_block_ids.append([b.block_id for b in blocks] if self.s.list_block_ids else [])
+        out.admitted_block_ids.append([b.block_id for b in blocks] if self.sched.list_block_ids else [])
         out.admitted_num_cached_tokens.append(computed)
         out.admitted_resumed.append(req.num_preemptions > 0)
         if kv.pool.unwritten and hit > 0:
@@ -465,7 +467,7 @@ class Admission:
             # Padded: drafts that no proposer made, so none is accepted.
             out.spec_decode_tokens[req.request_id] = [-1] * (n - 1)
         if plan is not None:
-            self.s._enc.commit(req, plan)
+            self.sched._enc.commit(req, plan)
         if a.loras is not None and req.lora_id:
             a.loras.add(req.lora_id)
         if a.trace is not None:

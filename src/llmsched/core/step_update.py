@@ -49,7 +49,7 @@ class StepUpdate:
     """
 
     def __init__(self, s: Scheduler) -> None:
-        self.s = s
+        self.sched = s
         self.kv = s.kv
         self._remote = s._remote
         self._async = s._async
@@ -71,7 +71,7 @@ class StepUpdate:
         remote = self._remote
         kv_out = result.kv_connector_output
         # Requests whose KV failed to load: their output is void (see RemoteKV.begin_update).
-        failed = remote.begin_update(out, kv_out, self.s.running) if remote is not None else None
+        failed = remote.begin_update(out, kv_out, self.sched.running) if remote is not None else None
         res = StepOutputs()
         stopped_waiting = self._apply_sampled(out, result, failed, res)
         self._close_update(res, stopped_waiting, failed, kv_out)
@@ -92,7 +92,7 @@ class StepUpdate:
     ) -> set[Request]:
         """Give each scheduled request its sampled tokens; returns those that stopped while waiting."""
         updated, finished, sampled = res.updated, res.finished, result.sampled_token_ids
-        async_mode, has_drafts, enc = self._async, self._has_drafts, self.s._enc
+        async_mode, has_drafts, enc = self._async, self._has_drafts, self.sched._enc
         drafts = None if async_mode else result.draft_token_ids
         spec_sched = out.spec_decode_tokens
         stopped_waiting: set[Request] = set()
@@ -160,7 +160,7 @@ class StepUpdate:
                     req.num_output_placeholders -= rejected
         if mm:
             # Only now: its confirmed progress is known once rejected drafts are taken back.
-            self.s._enc.release_passed(req)  # type: ignore[union-attr]
+            self.sched._enc.release_passed(req)  # type: ignore[union-attr]
 
     def _close_update(
         self,
@@ -172,18 +172,18 @@ class StepUpdate:
         """Free what finished: stopped, declined by the policy, mismatched encoder inputs, failed loads."""
         finished = res.finished
         if finished:
-            self.s._remove_stopped(finished, stopped_waiting)
-        if self.s._declined:
-            finished.extend(self.s._declined)
-            self.s._declined = []
-        enc = self.s._enc
+            self.sched._remove_stopped(finished, stopped_waiting)
+        if self.sched._declined:
+            finished.extend(self.sched._declined)
+            self.sched._declined = []
+        enc = self.sched._enc
         if enc is not None and enc.mismatched:
             mismatched, enc.mismatched = enc.mismatched, set()
-            finished.extend(self.s.finish_requests(mismatched, RequestStatus.FINISHED_ERROR))
+            finished.extend(self.sched.finish_requests(mismatched, RequestStatus.FINISHED_ERROR))
         remote = self._remote
         if remote is not None:
             if failed and not remote.recompute_failures:
-                finished.extend(self.s.finish_requests(failed, RequestStatus.FINISHED_ERROR))
+                finished.extend(self.sched.finish_requests(failed, RequestStatus.FINISHED_ERROR))
             remote.end_update(kv_out)
         if self._debug:
-            self.s._check_kv_invariants()
+            self.sched._check_kv_invariants()
