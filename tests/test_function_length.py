@@ -22,9 +22,6 @@ LONG: dict[str, str] = {
     "core/request.py::Request.__init__": "sets every attribute of a __slots__ class, one line each",
     "core/sampling_params.py::SamplingParams.__post_init__": "checks each field with its own message",
     "core/config.py::SchedulerConfig.__post_init__": "checks each setting with its own message",
-    "core/scheduler.py::Scheduler.async_plain_decode_steps": "simulator-only shortcut, to leave the class",
-    "core/decode_cohort.py::async_cohort_schedule": "async cohort admitting call; split on the move",
-    "core/decode_cohort.py::async_cohort_update": "async cohort update; split when the cohort moves",
     # everything else (limit 80)
     "sim/cli.py::add_simulate_parser": "argparse declarations, one add_argument per simulate option",
     "engine/args.py::EngineArgs.add_cli_args": "argparse declarations, one add_argument per engine option",

@@ -216,3 +216,10 @@ def test_core_imports_only_the_standard_library() -> None:
         if not _in_package(target, f"{ROOT}.core") and target.split(".")[0] not in allowed
     ]
     assert not bad, "\n".join(bad)
+
+
+def test_only_the_simulator_imports_the_decode_shortcuts() -> None:
+    # core.plain_decodes applies steps without building them: the scheduler never calls it.
+    graph = import_graph()
+    users = sorted(mod for mod, edges in graph.items() if "llmsched.core.plain_decodes" in edges)
+    assert users and all(_in_package(mod, f"{ROOT}.sim") for mod in users), users

@@ -8,6 +8,7 @@ import pytest
 
 from llmsched.core import SamplingParams, Scheduler
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput
+from llmsched.core.plain_decodes import PlainDecodes
 from support.decode_state import feed, snapshot
 from support.scheduling import Pipeline, fabricate, make_req, make_sched, run_step
 
@@ -26,7 +27,7 @@ def ids(reqs: list) -> list[str]:
 def cohort_turn(lazy: Scheduler, stepped: Scheduler, cohort, rng: random.Random) -> int:
     """One admitting step or a plain run through the cohort, checked against built steps; steps taken."""
     if len(lazy.waiting) or not len(cohort):
-        got = lazy.cohort_schedule(cohort)
+        got = PlainDecodes(lazy).cohort_schedule(cohort)
         if got is None:
             return 0
         out, finishing = got
@@ -37,17 +38,17 @@ def cohort_turn(lazy: Scheduler, stepped: Scheduler, cohort, rng: random.Random)
         assert out.num_scheduled_tokens == ref.num_scheduled_tokens[members:]
         assert out.admitted_block_ids == ref.admitted_block_ids
         assert out.total_num_scheduled_tokens == ref.total_num_scheduled_tokens
-        samplers, finished = lazy.cohort_update(cohort, out, finishing)
+        samplers, finished = PlainDecodes(lazy).cohort_update(cohort, out, finishing)
         assert ids(finished) == ids(res.finished)
         assert ids(samplers) == [r.request_id for r in res.updated[members:]]
         return 1
-    k = lazy.cohort_plain_steps(cohort, rng.randrange(1, 12))
+    k = PlainDecodes(lazy).cohort_plain_steps(cohort, rng.randrange(1, 12))
     if not k:
         return 0
     for _ in range(k):
         ref, res = run_step(stepped, token=8)
         assert ref.num_scheduled_tokens == [1] * len(ref.scheduled) and not ref.admitted
-    finished = lazy.advance_cohort(cohort, k)
+    finished = PlainDecodes(lazy).advance_cohort(cohort, k)
     assert ids(finished) == ids(res.finished)
     return k
 
@@ -75,7 +76,7 @@ def test_cohort_steps_equal_scheduled_steps(seed, overrides):
         if rng.random() < 0.4:
             feed([stepped, lazy], random.Random(rng.random()), rng.randrange(1, 4), shared)
         if cohort is None:
-            cohort = lazy.start_cohort(8)
+            cohort = PlainDecodes(lazy).start_cohort(8)
         taken = cohort_turn(lazy, stepped, cohort, rng) if cohort is not None else 0
         num_lazy += taken
         if not taken or rng.random() < 0.25:
@@ -99,21 +100,21 @@ def test_cohort_steps_equal_scheduled_steps(seed, overrides):
 def test_no_cohort_where_a_step_may_do_more():
     s = make_sched(debug=False)
     s.add_request(make_req("a", 100, max_tokens=5))
-    assert len(s.start_cohort(7)) == 0  # nothing runs: a cohort of none, admissions to come
+    assert len(PlainDecodes(s).start_cohort(7)) == 0  # nothing runs: a cohort of none, admissions to come
     run_step(s)
-    assert s.start_cohort(7) is None  # a prompt chunk still to run is no plain decode
+    assert PlainDecodes(s).start_cohort(7) is None  # a prompt chunk still to run is no plain decode
     run_step(s)
-    assert len(s.start_cohort(7)) == 1
+    assert len(PlainDecodes(s).start_cohort(7)) == 1
     stop = make_sched(debug=False)
     stop.add_request(make_req("c", 10, params=SamplingParams(max_tokens=9, stop_token_ids=[7])))
     run_step(stop, token=8)
-    assert stop.start_cohort(7) is None  # would sample its stop token
-    assert stop.start_cohort(8) is not None
+    assert PlainDecodes(stop).start_cohort(7) is None  # would sample its stop token
+    assert PlainDecodes(stop).start_cohort(8) is not None
     for config in ({"async_scheduling": True}, {"prefill_schedule_interval": 2}, {"debug": True}):
         other = make_sched(**{"debug": False, **config})
         other.add_request(make_req("d", 10))
         run_step(other)
-        assert other.start_cohort(7) is None, config
+        assert PlainDecodes(other).start_cohort(7) is None, config
 
 
 def async_snapshot(s: Scheduler) -> dict:
@@ -157,13 +158,15 @@ def test_async_plain_decode_calls_equal_scheduled_calls(seed, overrides):
         # Bursts of arrivals, then quiet stretches in which the queue drains.
         if turn % 60 < 10 and rng.random() < 0.4:
             feed([stepped.sched, lazy.sched], random.Random(rng.random()), rng.randrange(1, 4), shared)
-        k = lazy.sched.async_plain_decode_steps(8, rng.randrange(1, 12), through_finish=rng.random() < 0.7)
+        k = PlainDecodes(lazy.sched).async_plain_decode_steps(
+            8, rng.randrange(1, 12), through_finish=rng.random() < 0.7
+        )
         if k and plain_in_flight(lazy):
             res = None
             for _ in range(k):
                 _, res = stepped.step()
             lazy.in_flight.clear()
-            finished = lazy.sched.advance_async_decode_steps(k, 8, through_finish=True)
+            finished = PlainDecodes(lazy.sched).advance_async_decode_steps(k, 8, through_finish=True)
             assert [r.request_id for r in finished] == [r.request_id for r in res.finished]
             # The last call's step goes in flight, as the engine does it.
             last = SchedulerOutput(
@@ -187,29 +190,29 @@ def test_no_async_plain_calls_where_a_call_may_do_more():
     s = make_sched(async_scheduling=True, debug=False)
     pipe = Pipeline(s, token=8)
     s.add_request(make_req("a", 10, max_tokens=20))
-    assert s.async_plain_decode_steps(8, 10) == 0  # waiting
+    assert PlainDecodes(s).async_plain_decode_steps(8, 10) == 0  # waiting
     pipe.step()
     pipe.step()
-    assert s.async_plain_decode_steps(8, 10) == 10
-    assert s.async_plain_decode_steps(7, 10) == 10  # ignore_eos: no stop token
+    assert PlainDecodes(s).async_plain_decode_steps(8, 10) == 10
+    assert PlainDecodes(s).async_plain_decode_steps(7, 10) == 10  # ignore_eos: no stop token
     s.add_request(make_req("b", 10))
-    assert s.async_plain_decode_steps(8, 10) == 0  # b waits
+    assert PlainDecodes(s).async_plain_decode_steps(8, 10) == 0  # b waits
     sync = make_sched(debug=False)
     sync.add_request(make_req("c", 10))
     run_step(sync)
-    assert sync.async_plain_decode_steps(8, 10) == 0
+    assert PlainDecodes(sync).async_plain_decode_steps(8, 10) == 0
 
 
 def async_cohort_plain_run(lazy: Pipeline, stepped: Pipeline, cohort, rng: random.Random) -> int:
     """Plain calls of the async cohort, checked against scheduled calls; how many ran."""
-    k = lazy.sched.async_cohort_plain_calls(cohort, rng.randrange(1, 12))
+    k = PlainDecodes(lazy.sched).async_cohort_plain_calls(cohort, rng.randrange(1, 12))
     if not k:
         return 0
     for _ in range(k):
         ref, res = stepped.step()
         assert ref.num_scheduled_tokens == [1] * len(ref.scheduled) and not ref.admitted
     finishing = cohort.finishing(k - 1)
-    last = lazy.sched.advance_async_cohort(cohort, k, finishing)
+    last = PlainDecodes(lazy.sched).advance_async_cohort(cohort, k, finishing)
     assert ids(finishing) == ids(res.finished)
     # The last call's step goes in flight, as the engine does it.
     assert ids(last.scheduled) == ids(ref.scheduled) and last.step == ref.step
@@ -219,13 +222,13 @@ def async_cohort_plain_run(lazy: Pipeline, stepped: Pipeline, cohort, rng: rando
 
 def async_cohort_call(lazy: Pipeline, stepped: Pipeline, cohort) -> bool:
     """One engine call through the async cohort, checked against a scheduled call; False if it declined."""
-    got = lazy.sched.async_cohort_schedule(cohort)
+    got = PlainDecodes(lazy.sched).async_cohort_schedule(cohort)
     if got is None:
         return False
     out, finishing, decodes, _ = got
     prev, prev_result = lazy.in_flight.pop(0)
     lazy.in_flight.append((out, fabricate(out, 8)))
-    samplers, members, finished = lazy.sched.async_cohort_update(
+    samplers, members, finished = PlainDecodes(lazy.sched).async_cohort_update(
         cohort, prev, prev_result, finishing, decodes
     )
     ref, res = stepped.step()
@@ -269,7 +272,7 @@ def test_async_cohort_calls_equal_scheduled_calls(seed, overrides):
         if turn % 50 < 20 and rng.random() < 0.4:
             feed([stepped.sched, lazy.sched], random.Random(rng.random()), rng.randrange(1, 4), shared)
         if cohort is None and len(lazy.in_flight) == 1 and len(lazy.sched.waiting):
-            cohort = lazy.sched.start_async_cohort(8, lazy.in_flight[0][0])
+            cohort = PlainDecodes(lazy.sched).start_async_cohort(8, lazy.in_flight[0][0])
         before = len(cohort) if cohort is not None else 0
         taken = False
         if cohort is not None and not len(lazy.sched.waiting) and len(lazy.sched.running) == len(cohort):
@@ -307,12 +310,14 @@ def test_no_async_cohort_where_a_call_may_do_more():
     pipe = Pipeline(s, token=8)
     s.add_request(make_req("a", 10, max_tokens=20))
     pipe.step()
-    assert s.start_async_cohort(8, pipe.in_flight[0][0]) is None  # its prefill is in flight
+    assert PlainDecodes(s).start_async_cohort(8, pipe.in_flight[0][0]) is None  # its prefill is in flight
     pipe.step()
-    cohort = s.start_async_cohort(8, pipe.in_flight[0][0])
+    cohort = PlainDecodes(s).start_async_cohort(8, pipe.in_flight[0][0])
     assert cohort is not None and len(cohort) == 1
     cohort.flush()
-    assert s.start_async_cohort(7, pipe.in_flight[0][0]) is not None  # ignore_eos: no stop token
+    assert (
+        PlainDecodes(s).start_async_cohort(7, pipe.in_flight[0][0]) is not None
+    )  # ignore_eos: no stop token
     s.add_request(make_req("b", 30))
     pipe.step()  # b's prefill in flight behind a
     chunked = make_sched(async_scheduling=True, debug=False, max_num_batched_tokens=8, max_num_seqs=4)
@@ -322,18 +327,18 @@ def test_no_async_cohort_where_a_call_may_do_more():
         other.add_request(make_req("d", 10, max_tokens=20))
         other_pipe.step()
         other_pipe.step()
-        assert other.start_async_cohort(8, other_pipe.in_flight[0][0]) is None, config
+        assert PlainDecodes(other).start_async_cohort(8, other_pipe.in_flight[0][0]) is None, config
     chunked_pipe = Pipeline(chunked, token=8)
     chunked.add_request(make_req("e", 10, max_tokens=20))
     chunked_pipe.step()
     chunked_pipe.step()
     chunked_pipe.step()
-    cohort = chunked.start_async_cohort(8, chunked_pipe.in_flight[0][0])
+    cohort = PlainDecodes(chunked).start_async_cohort(8, chunked_pipe.in_flight[0][0])
     assert cohort is not None
     chunked.add_request(make_req("f", 30))
-    assert chunked.async_cohort_schedule(cohort) is not None  # f's first chunk is admitted
+    assert PlainDecodes(chunked).async_cohort_schedule(cohort) is not None  # f's first chunk is admitted
     chunked_pipe.in_flight.pop(0)
     # f's next chunk is no plain decode: the cohort declines the call and changes nothing.
     before = snapshot(chunked)
-    assert chunked.async_cohort_schedule(cohort) is None
+    assert PlainDecodes(chunked).async_cohort_schedule(cohort) is None
     assert snapshot(chunked) == before

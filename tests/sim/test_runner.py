@@ -13,8 +13,9 @@ import pytest
 from llmsched.bench.parity import compare, decisions
 from llmsched.bench.replay import replay
 from llmsched.bench.workload import load_workload, parse_workload
-from llmsched.core import Scheduler, SchedulerConfig
+from llmsched.core import SchedulerConfig
 from llmsched.core.decode_cohort import DecodeCohort
+from llmsched.core.plain_decodes import PlainDecodes
 from llmsched.executor.sim.cost_model import ConstantCostModel, CostModel
 from llmsched.executor.sim.hardware import load_hardware
 from llmsched.executor.sim.model_shapes import load_model
@@ -347,9 +348,9 @@ def _llama_run(spec: dict, workload: dict, n: int, seed: int, num_prefix_groups:
 )
 def test_plain_decode_steps_leave_trace_series_and_figures_unchanged(spec, workload, kwargs, monkeypatch):
     applied = []
-    advance = Scheduler.advance_decode_steps
+    advance = PlainDecodes.advance_decode_steps
     monkeypatch.setattr(
-        Scheduler, "advance_decode_steps", lambda s, k, t: applied.append(k) or advance(s, k, t)
+        PlainDecodes, "advance_decode_steps", lambda s, k, t: applied.append(k) or advance(s, k, t)
     )
     dep, wl = _llama_run(spec, workload, 150, seed=3, num_prefix_groups=2)
     runs = []
@@ -431,7 +432,7 @@ def test_async_plain_decode_calls_leave_every_figure_and_request_unchanged(
     spec, workload, kwargs, share, monkeypatch
 ):
     applied, finished = [], []
-    advance = Scheduler.advance_async_decode_steps
+    advance = PlainDecodes.advance_async_decode_steps
 
     def counted(s, k, t, through_finish=False):
         done = advance(s, k, t, through_finish)
@@ -439,16 +440,16 @@ def test_async_plain_decode_calls_leave_every_figure_and_request_unchanged(
         finished.extend(done)
         return done
 
-    monkeypatch.setattr(Scheduler, "advance_async_decode_steps", counted)
+    monkeypatch.setattr(PlainDecodes, "advance_async_decode_steps", counted)
     # Plain calls of a cohort kept across admitting calls count too.
-    advance_cohort = Scheduler.advance_async_cohort
+    advance_cohort = PlainDecodes.advance_async_cohort
 
     def counted_cohort(s, cohort, k, finishing):
         applied.append(k)
         finished.extend(finishing)
         return advance_cohort(s, cohort, k, finishing)
 
-    monkeypatch.setattr(Scheduler, "advance_async_cohort", counted_cohort)
+    monkeypatch.setattr(PlainDecodes, "advance_async_cohort", counted_cohort)
     dep, wl = _llama_run({"async_scheduling": True, **spec}, workload, 150, seed=3, num_prefix_groups=2)
     runs = []
     for fast in (False, True):
@@ -495,13 +496,13 @@ def test_async_trace_and_series_take_every_call():
 )
 def test_async_cohort_calls_leave_every_figure_and_request_unchanged(spec, workload, share, monkeypatch):
     calls = []
-    update = Scheduler.async_cohort_update
+    update = PlainDecodes.async_cohort_update
 
     def counted(s, *args):
         calls.append(1)
         return update(s, *args)
 
-    monkeypatch.setattr(Scheduler, "async_cohort_update", counted)
+    monkeypatch.setattr(PlainDecodes, "async_cohort_update", counted)
     dep, wl = _llama_run({"async_scheduling": True, **spec}, workload, 300, seed=5, num_prefix_groups=3)
     runs = []
     for fast in (False, True):

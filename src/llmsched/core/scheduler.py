@@ -7,37 +7,35 @@ a decode being the same operation with a different count. Running requests
 are served first, in running order; waiting ones are admitted only while
 budget, sequence slots and KV blocks remain, and never in a step that had to
 preempt. In its default configuration every decision equals vLLM V1's.
+
+The scheduler holds the queues and runs the step's phases; admission of the
+waiting queues (``core.admission``) and applying a step's output
+(``core.step_update``) are collaborators it makes, and the decision trace's
+explanations are written by ``core.trace``. The simulator's plain-decode
+shortcuts (``core.plain_decodes``) apply steps through the few methods in
+the section marked for them.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 
+from llmsched.core.admission import Admission, holds_blocks
 from llmsched.core.config import SchedulerConfig
-from llmsched.core.connector import KVConnector, KVConnectorOutput
-from llmsched.core.decode_cohort import (
-    AsyncDecodeCohort,
-    DecodeCohort,
-    advance_async_cohort,
-    advance_async_decodes,
-    async_cohort_of,
-    async_cohort_plain_calls,
-    async_cohort_schedule,
-    async_cohort_update,
-)
+from llmsched.core.connector import KVConnector
 from llmsched.core.encoder_inputs import EncoderPlan, EncoderScheduler
 from llmsched.core.errors import RequestRejected
 from llmsched.core.kv.hybrid import HybridKVCacheManager
 from llmsched.core.kv.mamba import mamba_aligned_chunk
 from llmsched.core.kv.manager import KVCacheManager, PrefixCacheStats, cdiv
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput, StepOutputs
-from llmsched.core.policy import Policy, Verdict, WaitingQueue, make_policy
+from llmsched.core.policy import Policy, make_policy
 from llmsched.core.remote_kv import RemoteKV
-from llmsched.core.request import Request, RequestStatus, check_stop
+from llmsched.core.request import Request, RequestStatus
 from llmsched.core.session import Sessions
-from llmsched.core.trace import MAX_LISTED_WAITING, PREFIX_CACHE_NOT_READ, Reason, StepTrace
+from llmsched.core.step_update import StepUpdate
+from llmsched.core.trace import Reason, StepTrace, trace_scheduled, trace_unreached, trace_waiting
 
 _RUNNING = RequestStatus.RUNNING
 _WAITING = RequestStatus.WAITING
@@ -45,13 +43,6 @@ _PREEMPTED = RequestStatus.PREEMPTED
 _REMOTE = RequestStatus.WAITING_FOR_REMOTE_KVS
 _WAITING_FOR_GRAMMAR = RequestStatus.WAITING_FOR_GRAMMAR
 _WAITING_FOR_INPUT = RequestStatus.WAITING_FOR_INPUT
-_NO_BLOCKS: list = []
-_FINISHED = RequestStatus.FINISHED_STOPPED  # this and every later status are terminal
-
-
-def _holds_blocks(req: Request) -> bool:
-    """Whether a waiting request holds KV blocks (it then queues in ``holding``)."""
-    return req.num_computed_tokens > 0 or req.status is _REMOTE
 
 
 # An admission gate returns None to allow admissions this step, or a short
@@ -65,49 +56,6 @@ def _schedule_drafts(out: SchedulerOutput, req: Request, num_drafts: int) -> Non
     if num_drafts > 0:
         out.spec_decode_tokens[req.request_id] = req.spec_token_ids[:num_drafts]
     req.spec_token_ids = []
-
-
-def _trace_unreached(trace: StepTrace, reqs: list[Request]) -> None:
-    """Trace the running requests the loop never reached: the budget ran out first."""
-    for req in reqs:
-        trace.add(req.request_id, Reason.BUDGET, detail="reached after the budget ran out")
-
-
-def _append_tokens(req: Request, toks: list[int], stale: bool) -> bool:
-    """Append a step's tokens (a decode and its accepted drafts) up to a stop; whether it stopped."""
-    for j, t in enumerate(toks):
-        req.token_ids.append(t)
-        req.num_tokens += 1
-        if (req.num_tokens >= req.stop_length or t in req.stop_ids) and check_stop(req, t):
-            # Tokens after the stop are dropped; computed covers all
-            # kept tokens but the last, as after any step.
-            if not stale:
-                req.num_computed_tokens -= len(toks) - j - 1
-            return True
-    return False
-
-
-@dataclass(slots=True)
-class _Admissions:
-    """One step's pass over the waiting queues: what its phases share."""
-
-    out: SchedulerOutput
-    trace: StepTrace | None
-    budget: int
-    threshold: int
-    defer: bool
-    # A running request continued its prefill this step (no draft padding then).
-    prefill_running: bool
-    # Adapters in use (None: no max_loras limit).
-    loras: set[int] | None
-    # Set aside for a reason of their own, put back at the head in their
-    # order: those holding KV blocks into the holding queue.
-    set_aside: list[Request]
-    held_aside: list[Request]
-    # Why admissions stopped at a request (None: they did not).
-    stop: Reason | None = None
-    detail: str = ""
-    prefill_admitted: bool = False
 
 
 class Scheduler:
@@ -152,6 +100,8 @@ class Scheduler:
         self._enc: EncoderScheduler | None = None
         self._read_settings(config)
         self._attach_connector(connector)
+        self._admission = Admission(self)
+        self._update = StepUpdate(self)
         bind = getattr(self.policy, "bind", None)
         if bind is not None:
             bind(self)
@@ -370,11 +320,9 @@ class Scheduler:
         shared cadence skips) defers all prefill work this step, as
         ``prefill_schedule_interval`` does locally.
         """
-        out = SchedulerOutput(self._step)
-        self._step += 1
+        out = self._open_step()
         trace = StepTrace(out.step) if self._trace_enabled else None
         out.trace = trace
-        out.finished_req_ids, self._finished_ids = self._finished_ids, []
         if self._enc is not None:
             self._enc.begin_step()
         if self._hybrid:
@@ -389,7 +337,7 @@ class Scheduler:
             # As in vLLM, a step that had to preempt admits nobody.
             prefill_admitted = False
             if trace is not None:
-                self._trace_waiting(trace, None, Reason.PREEMPTION_STEP, "", whole_queue=True)
+                trace_waiting(trace, self.waiting, None, Reason.PREEMPTION_STEP, "", whole_queue=True)
         else:
             budget, prefill_admitted = self._schedule_waiting(
                 out, trace, budget, threshold, defer, num_waiting, prefill_scheduled
@@ -397,371 +345,17 @@ class Scheduler:
         self._close_step(out, budget, prefill_scheduled or prefill_admitted)
         return out
 
-    # ---- plain decode steps -----------------------------------------------------
-
     @property
     def next_step(self) -> int:
         """The number the next scheduled step will carry."""
         return self._step
 
-    def plain_decode_steps(
-        self, token_id: int, limit: int, finished_ids_unread: bool = False, through_finish: bool = False
-    ) -> int:
-        """How many of the next steps (at most ``limit``) are plain decodes, if every sample is ``token_id``.
-
-        A plain decode step schedules one token for every running request
-        and admits, preempts, finishes and defers nothing: nothing waits,
-        every running request has sampled all its known tokens, the budget
-        covers them all, none reaches its stop length or samples a stop
-        token, and the free blocks cover every table's growth. Such steps
-        are exactly what ``advance_decode_steps`` applies. 0 whenever the
-        next step might be anything else (sync mode without a connector,
-        drafts, lookahead or a trace only). Requests finished since the
-        last step are reported in the next batch's ``finished_req_ids``, so
-        they make that step not plain, unless ``finished_ids_unread`` says
-        the executor never reads them (the simulator's): then the first
-        plain step drops them as schedule() would hand them over. With
-        ``through_finish`` the steps may end with the one whose update
-        finishes the requests it brings to their stop length (not a session's
-        turn, without encoder inputs): ``advance_decode_steps`` finishes them.
-        """
-        running = self.running
-        if (
-            not self._steps_may_be_plain()
-            or (self._finished_ids and not finished_ids_unread)
-            or len(self.waiting)
-            or len(self.holding)
-            or not running
-            or len(running) > self._max_tokens_budget
-        ):
-            return 0
-        k = limit
-        for r in running:
-            if r.is_prefill_chunk or r.num_tokens != r.num_computed_tokens + 1 or token_id in r.stop_ids:
-                return 0
-            # The step that brings it to stop_length finishes it (which also
-            # keeps positions below max_model_len).
-            left = r.stop_length - r.num_tokens - 1
-            if left < k:
-                k = left
-        # Step k + 1 finishes those with k plain steps left, as update_from_output would.
-        if (
-            through_finish
-            and 0 <= k < limit
-            and self._enc is None
-            and not self._declined
-            and not any(r.resumable for r in running if r.stop_length - r.num_tokens - 1 == k)
-        ):
-            k += 1
-        if k <= 0:
-            return 0
-        kv = self.kv
-        need = 0
-        for r in running:
-            need += kv.decode_blocks_needed(r, k)
-        return k if need <= kv.num_free_blocks else 0
-
-    def advance_decode_steps(self, num_steps: int, token_id: int) -> list[Request]:
-        """Apply ``num_steps`` plain decode steps (see ``plain_decode_steps``) with ``token_id`` sampled.
-
-        Each step leaves the state ``schedule()`` then ``update_from_output()``
-        would: the step counters advance, every running request computes one
-        token (its KV slots allocated in running order, as schedule() does,
-        wherever the allocation adds or registers a block) and appends the
-        sampled token. Returns the requests the last step finished, in
-        running order (only a run ``through_finish`` ends finishing any).
-        """
-        cohort = DecodeCohort(self.kv, token_id)
-        for r in self.running:
-            cohort.join(r)
-        finished = self.advance_cohort(cohort, num_steps)
-        cohort.flush()
-        return finished
-
-    def async_plain_decode_steps(self, token_id: int, limit: int, through_finish: bool = False) -> int:
-        """Async mode: how many of the next engine calls (at most ``limit``) are plain decodes.
-
-        A plain call schedules one token for every running request (each
-        with one placeholder, its step in flight) and applies the step in
-        flight, which must have decoded every running request one token (the
-        engine checks that): nothing waits or is declined, no request reaches
-        its stop length or samples ``token_id`` as a stop token in the
-        calls, the free blocks cover every table's growth, and nothing
-        (connector, drafts, trace, hybrid groups, encoder, cadence) does more.
-        With ``through_finish`` the calls may end with the one that finishes
-        the requests it brings to their stop length (not sessions' turns, and
-        not every running request). ``advance_async_decode_steps`` applies
-        such calls.
-        """
-        running = self.running
-        if (
-            not self._async
-            or self._step_does_more()
-            or self._debug
-            or self._enc is not None
-            or self._prefill_interval > 1
-            or self._declined
-            or len(self.waiting)
-            or len(self.holding)
-            or not running
-            or len(running) > self._max_tokens_budget
-        ):
-            return 0
-        k = limit
-        for r in running:
-            if (
-                r.is_prefill_chunk
-                or r.num_tokens != r.num_computed_tokens
-                or r.num_output_placeholders != 1
-                or r.num_in_flight_tokens != 1
-                or r.num_stale_output_tokens
-                or r.spec_token_ids
-                or token_id in r.stop_ids
-                # schedule()'s in-flight skip reads max_tokens: it must be what stops it.
-                or r.stop_length != r.num_prompt_tokens + r.max_tokens
-            ):
-                return 0
-            # Call k applies the step giving token num_tokens + k: stop before it reaches stop_length.
-            left = r.stop_length - r.num_tokens - 1
-            if left < k:
-                k = left
-        if (
-            through_finish
-            and 0 <= k < limit
-            and not any(r.resumable for r in running if r.stop_length - r.num_tokens - 1 == k)
-            and any(r.stop_length - r.num_tokens - 1 > k for r in running)
-        ):
-            k += 1
-        if k <= 0:
-            return 0
-        kv = self.kv
-        need = 0
-        for r in running:
-            need += kv.decode_blocks_needed(r, k)
-        return k if need <= kv.num_free_blocks else 0
-
-    def advance_async_decode_steps(
-        self, num_steps: int, token_id: int, through_finish: bool = False
-    ) -> list[Request]:
-        """Apply ``num_steps`` calls proven plain by ``async_plain_decode_steps``, ``token_id`` sampled.
-
-        Leaves the state those calls' schedule() and update_from_output()
-        would: the last call's step in flight, every request with one
-        placeholder. Returns the requests the last call finished, in running
-        order (only a run ``through_finish`` finishes any).
-        """
-        finished = advance_async_decodes(self.kv, self.running, num_steps, token_id, through_finish)
-        self._finished_ids = []
-        self._step += num_steps
-        self._num_executed_steps += num_steps
-        # What a schedule() with an empty queue sets.
-        self._prefill_capacity_bound = False
-        if finished:
-            # update_from_output's resolution, registration, stop check and removal, in its order.
-            for r in finished:
-                r.num_output_placeholders = 0
-                r.num_in_flight_tokens = 0
-                check_stop(r, token_id)
-                self.kv.cache_blocks(r, r.num_computed_tokens)
-            self._remove_stopped(finished, set())
-        return finished
-
-    # ---- decode cohorts: plain decodes kept lazily across admitting steps --------
-
-    def start_async_cohort(self, token_id: int, in_flight: SchedulerOutput) -> AsyncDecodeCohort | None:
-        """Async: an AsyncDecodeCohort of every running request (``decode_cohort.async_cohort_of``)."""
-        return async_cohort_of(self, token_id, in_flight)
-
-    def async_cohort_schedule(
-        self, cohort: AsyncDecodeCohort
-    ) -> tuple[SchedulerOutput, list[Request], int, int] | None:
-        """schedule() with ``cohort``'s decodes kept lazy (see ``decode_cohort.async_cohort_schedule``)."""
-        return async_cohort_schedule(self, cohort)
-
-    def async_cohort_plain_calls(self, cohort: AsyncDecodeCohort, limit: int) -> int:
-        """How many coming calls are plain decodes of ``cohort`` (``async_cohort_plain_calls``)."""
-        return async_cohort_plain_calls(self, cohort, limit)
-
-    def advance_async_cohort(
-        self, cohort: AsyncDecodeCohort, num_calls: int, finishing: list[Request]
-    ) -> SchedulerOutput:
-        """Apply plain calls of ``cohort``; the last one's step (``decode_cohort.advance_async_cohort``)."""
-        return advance_async_cohort(self, cohort, num_calls, finishing)
-
-    def async_cohort_update(
-        self,
-        cohort: AsyncDecodeCohort,
-        out: SchedulerOutput,
-        result: ModelRunnerOutput,
-        finishing: list[Request],
-        decodes: int,
-    ) -> tuple[list[Request], int, list[Request]]:
-        """update_from_output() of ``out`` in a cohort call (see ``decode_cohort.async_cohort_update``)."""
-        return async_cohort_update(self, cohort, out, result, finishing, decodes)
-
-    def _steps_may_be_plain(self) -> bool:
-        """False where a step always does more than schedule what it is asked (see ``plain_decode_steps``)."""
-        return not (self._async or self._step_does_more())
-
-    def _step_does_more(self) -> bool:
-        """Whether a step does more than schedule decodes (connector, drafts, lookahead, trace, hybrid)."""
-        return (
-            self.connector is not None
-            or self._has_drafts
-            or self._lookahead
-            or self._trace_enabled
-            or self._hybrid
-        )
-
-    def start_cohort(self, token_id: int) -> DecodeCohort | None:
-        """A DecodeCohort of every running request, if ``cohort_step`` can serve the coming steps.
-
-        Besides what plain steps need, admissions must be the plain FCFS
-        kind (no policy that preempts, declines or reorders, no gate, no
-        cadence, no LoRA slots, no encoder inputs), so that a step's decodes
-        stay one token each whatever is admitted behind them. None when any
-        running request is not a plain decode (or could stop on ``token_id``,
-        or is a session).
-        """
-        if (
-            not self._steps_may_be_plain()
-            or self.policy.decides_admission
-            or self.admission_gate is not None
-            or self._prefill_interval > 1
-            or self._max_loras is not None
-            or self._enc is not None
-            or self._mamba_align
-            or self._debug
-            or self._declined
-            or len(self.holding)
-            or len(self.running) > self._max_tokens_budget
-        ):
-            return None
-        for r in self.running:
-            if (
-                r.is_prefill_chunk
-                or r.num_tokens != r.num_computed_tokens + 1
-                or token_id in r.stop_ids
-                or r.resumable
-            ):
-                return None
-        cohort = DecodeCohort(self.kv, token_id)
-        for r in self.running:
-            cohort.join(r)
-        return cohort
-
-    def cohort_plain_steps(self, cohort: DecodeCohort, limit: int) -> int:
-        """How many of the next steps (at most ``limit``) are plain decodes of ``cohort``.
-
-        ``plain_decode_steps`` for a cohort, without a pass over it: every
-        running request must be a member and nothing may wait. The steps run
-        through the one that finishes the next member. A member's table
-        covers its computed tokens, so k more tokens need at most
-        k // block_size + 1 new blocks: while the free blocks cover that for
-        every member, no allocation can fail and nobody is preempted.
-        """
-        d = len(self.running)
-        if not d or d != len(cohort) or len(self.waiting) or len(self.holding):
-            return 0
-        kv = self.kv
-        k = min(
-            limit, int(cohort.next_finish()) - cohort.steps + 1, (kv.num_free_blocks // d) * kv.block_size - 1
-        )
-        return k if k > 0 else 0
-
-    def advance_cohort(self, cohort: DecodeCohort, num_steps: int) -> list[Request]:
-        """Apply ``num_steps`` plain decode steps (see ``cohort_plain_steps``) to ``cohort``.
-
-        Returns the requests the last step finished, freed.
-        """
-        finished = cohort.advance(num_steps)
-        # The first step's finished_req_ids (see plain_decode_steps).
-        self._finished_ids = []
-        self._step += num_steps
-        self._num_executed_steps += num_steps
-        # What an admitting step with an empty queue sets.
-        self._prefill_capacity_bound = False
-        if finished:
-            # update_from_output's stop check and removal, in its order.
-            for r in finished:
-                check_stop(r, cohort.token_id)
-            self._remove_stopped(finished, set())
-        return finished
-
-    def cohort_schedule(self, cohort: DecodeCohort) -> tuple[SchedulerOutput, list[Request]] | None:
-        """schedule() for a step in which ``cohort`` (all that runs) decodes and the queue is admitted.
-
-        The decodes run first, as schedule()'s running phase would give them
-        one token each; admissions are schedule()'s own, with the budget the
-        decodes leave. The output lists the admitted requests only (the
-        executor adds the members). Returns it and the members this step
-        finishes (their token appended), for ``cohort_update``; None when the
-        step may be anything else (the caller then flushes the cohort).
-        """
-        running = self.running
-        d = len(running)
-        if (
-            d != len(cohort)
-            or len(self.holding)
-            or d > self._max_tokens_budget
-            # One new block per member at most (see cohort_plain_steps).
-            or d > self.kv.num_free_blocks
-        ):
-            return None
+    def _open_step(self) -> SchedulerOutput:
+        """The next step's output, numbered, carrying the ids finished since the last step."""
         out = SchedulerOutput(self._step)
         self._step += 1
         out.finished_req_ids, self._finished_ids = self._finished_ids, []
-        finishing = cohort.advance(1)
-        num_waiting = len(self.waiting)
-        threshold = self._threshold if d + num_waiting > 1 else 0
-        budget = self._max_tokens_budget - d
-        if num_waiting:
-            budget = self._admit(out, budget, threshold, False, None)[0]
-        self._prefill_capacity_bound = self.num_waiting > len(self._set_aside)
-        out.total_num_scheduled_tokens = total = self._max_tokens_budget - budget
-        if total:
-            self._num_executed_steps += 1
-        return out, finishing
-
-    def cohort_update(
-        self, cohort: DecodeCohort, out: SchedulerOutput, finishing: list[Request]
-    ) -> tuple[list[Request], list[Request]]:
-        """update_from_output() for a ``cohort_schedule`` step, every sampler given the cohort's token.
-
-        Admitted requests that sampled a token and decode plainly from now
-        on join the cohort. Returns the admitted requests that sampled, and
-        every request the step finished, in update order (members first).
-        """
-        token = cohort.token_id
-        finished = finishing
-        for r in finished:
-            check_stop(r, token)
-        samplers = []
-        for req in out.scheduled:
-            if req.num_computed_tokens < req.num_tokens:
-                continue  # a partial prefill chunk
-            samplers.append(req)
-            req.token_ids.append(token)
-            req.num_tokens += 1
-            if (req.num_tokens >= req.stop_length or token in req.stop_ids) and check_stop(req, token):
-                finished.append(req)
-            elif not req.resumable and token not in req.stop_ids:
-                cohort.join(req)
-        if finished:
-            self._remove_stopped(finished, set())
-        return samplers, finished
-
-    def _mark_in_flight(self, out: SchedulerOutput) -> None:
-        """Async mode: count the batch in flight and give each sampling request its placeholders."""
-        spec = out.spec_decode_tokens
-        drafts = self._draft_placeholders
-        for req, n in zip(out.scheduled, out.num_scheduled_tokens):
-            req.num_in_flight_tokens += n
-            if req.is_prefill_chunk:
-                continue
-            req.num_output_placeholders += 1 + len(spec.get(req.request_id, ())) if spec else 1
-            if drafts:
-                req.spec_token_ids = drafts
+        return out
 
     # ---- the phases of a step ------------------------------------------------
 
@@ -829,11 +423,11 @@ class Scheduler:
             if req.spec_token_ids:
                 _schedule_drafts(out, req, computed + n - req.num_tokens - placeholders)
             if trace is not None:
-                self._trace_scheduled(trace, req, computed, n, wanted, budget, threshold, held=held)
+                trace_scheduled(trace, req, computed, n, wanted, budget, threshold, max_len, held)
             budget -= n
             i += 1
         if trace is not None:
-            _trace_unreached(trace, running[i:])
+            trace_unreached(trace, running[i:])
         return budget, prefill_scheduled
 
     def _fit_running(
@@ -932,11 +526,13 @@ class Scheduler:
         if why_gated is not None:
             if trace is not None:
                 reason = getattr(gate, "reason", Reason.ADMISSION_GATED)
-                self._trace_waiting(trace, None, reason, why_gated, whole_queue=True)
+                trace_waiting(trace, self.waiting, None, reason, why_gated, whole_queue=True)
             return budget, False
         prefill_admitted = False
         if num_waiting:
-            budget, prefill_admitted = self._admit(out, budget, threshold, defer, trace, prefill_running)
+            budget, prefill_admitted = self._admission.admit(
+                out, budget, threshold, defer, trace, prefill_running
+            )
         if not defer:
             # An admitting step that left requests queued for lack of
             # room stops the cadence from throttling: holding back a
@@ -968,281 +564,17 @@ class Scheduler:
         if self._debug:
             self._check_invariants(out)
 
-    def _admit(
-        self,
-        out: SchedulerOutput,
-        budget: int,
-        threshold: int,
-        defer: bool,
-        trace: StepTrace | None,
-        prefill_running: bool = False,
-    ) -> tuple[int, bool]:
-        """Admit waiting requests in policy order; returns the budget left and
-        whether an admission carried prefill work. ``prefill_running``: a
-        running request continued its prefill this step."""
-        waiting = self.waiting
-        holding = self.holding
-        running = self.running
-        sessions = self.sessions
-        max_num_seqs = self._max_num_seqs
-        decides = self.policy.decides_admission
-        loras = {r.lora_id for r in running if r.lora_id} if self._max_loras is not None else None
-        a = _Admissions(out, trace, budget, threshold, defer, prefill_running, loras, [], [])
-        while a.budget > 0:
-            # Requests holding blocks (sessions, connector loads) go first.
-            queue = holding if len(holding) else waiting
-            if not len(queue):
-                break
-            req = queue.peek()
-            # Sessions waiting for input keep their sequence slot.
-            if len(running) + sessions.num_waiting_for_input >= max_num_seqs:
-                freed = self._preempt_for(out, req, trace) if decides else None
-                if freed is None:
-                    a.stop, a.detail = Reason.MAX_NUM_SEQS, f"{len(running)} running"
-                    break
-                a.budget += freed
-            if not self._admit_head(a, queue, req):
-                break
-        if a.set_aside:
-            waiting.requeue(a.set_aside)
-        if a.held_aside:
-            holding.requeue(a.held_aside)
-        if trace is not None and len(waiting):
-            stop, detail = a.stop, a.detail
-            if stop is None:
-                stop, detail = Reason.BUDGET, f"all {self._max_tokens_budget} tokens of the step are used"
-            self._trace_waiting(trace, a.set_aside, stop, detail)
-        return a.budget, a.prefill_admitted
-
-    def _admit_head(self, a: _Admissions, queue: WaitingQueue, req: Request) -> bool:
-        """Admit or set aside ``req``, the head of ``queue``; False when admissions stop at it."""
-        remote = self._remote
-        why = (
-            self._why_set_aside(req, a.loras, self._max_loras)
-            if remote is not None
-            or req.num_stale_output_tokens
-            or a.loras is not None
-            or req.status is _WAITING_FOR_GRAMMAR
-            or req.status is _WAITING_FOR_INPUT
-            else None
-        )
-        if why is None and self.policy.decides_admission:
-            refusal = self._policy_refusal(a.out, req, None, queue, a.set_aside, a.held_aside, a.trace)
-            if refusal is not None:
-                if refusal[0] is Verdict.STOP:
-                    a.stop, a.detail = refusal[1], refusal[2]
-                    return False
-                return True
-        hit_blocks, hit, ext, load_async = _NO_BLOCKS, -1, 0, False
-        if why is None:
-            hit_blocks, hit = self._lookup_prefix(req)
-            if remote is not None and hit >= 0:
-                # The connector: tokens it can load beyond the local hit.
-                ext, load_async = remote.lookup(req, hit)
-                if ext is None:
-                    why = Reason.REMOTE_KV, 0, "the connector cannot tell yet"
-        if why is not None:
-            self._put_aside(a, queue, req, why)
-            return True
-        computed = hit + ext if hit >= 0 else req.num_computed_tokens
-        chunk = (0, None, "") if load_async else self._admission_size(a, queue, req, computed)
-        if chunk is None:
-            return a.stop is None
-        n, plan, held = chunk
-        blocks = self._allocate_admission(a, queue, req, n, hit_blocks, hit, ext, load_async)
-        if blocks is None:
-            return a.stop is None
-        if load_async:
-            self._start_load(a, queue, req, computed, ext)
-        else:
-            self._start_running(a, queue, req, blocks, computed, n, hit, plan, held)
-        return True
-
-    def _lookup_prefix(self, req: Request) -> tuple[list, int]:
-        """The prefix-cache hit for the head: (blocks, tokens); tokens -1 for no lookup."""
-        if req.num_computed_tokens == 0:
-            return self.kv.get_computed_blocks(req)
-        # Its blocks hold KV loaded by the connector; nothing to look up.
-        return _NO_BLOCKS, -1
-
-    def _put_aside(
-        self, a: _Admissions, queue: WaitingQueue, req: Request, why: tuple[Reason, int, str]
-    ) -> None:
-        """Set the head aside for a reason of its own: those behind it may still go."""
-        queue.pop()
-        self._set_aside.add(req)
-        (a.held_aside if _holds_blocks(req) else a.set_aside).append(req)
-        if a.trace is not None:
-            a.trace.add(req.request_id, *why)
-
-    def _admission_size(
-        self, a: _Admissions, queue: WaitingQueue, req: Request, computed: int
-    ) -> tuple[int, EncoderPlan | None, str] | None:
-        """Tokens to admit the head with: (n, encoder plan, what held it short).
-
-        None when it is not admitted now; ``a.stop`` then says whether
-        admissions stop at it.
-        """
-        out = a.out
-        # With drafts, vLLM pads a one-token admission to a full draft
-        # step (keeps the batch uniform) unless prefill runs in it.
-        # After a sync KV load too (computed includes the loaded part).
-        pad = (
-            self._has_drafts
-            and self.config.pad_draft_admissions
-            and not a.prefill_running
-            and (computed > 0 or len(out.scheduled) > len(out.admitted))
-        )
-        n, stop, detail = self._admission_chunk(req, computed, a.budget, a.threshold, a.defer, pad)
-        if stop is not None:
-            self._blocked(a, queue, req, stop, detail)
-            return None
-        if self._mamba_align:
-            n = self._aligned_chunk(req, computed, n)
-            if n == 0:
-                a.stop, a.detail = Reason.MAMBA_ALIGNMENT, f"{a.budget} tokens left"
-                return None
-        enc = self._enc
-        if enc is not None and req.mm_items:
-            n, plan, held = enc.try_schedule(req, computed, n)
-            if n == 0:
-                # An item it reaches cannot be encoded this step:
-                # set aside, so those behind it may still go (as vLLM).
-                self._put_aside(a, queue, req, (Reason.ENCODER_HELD, 0, held))
-                return None
-            return n, plan, held
-        return n, None, ""
-
-    def _allocate_admission(
-        self,
-        a: _Admissions,
-        queue: WaitingQueue,
-        req: Request,
-        n: int,
-        hit_blocks: list,
-        hit: int,
-        ext: int,
-        load_async: bool,
-    ) -> list | None:
-        """KV blocks to admit the head, preempting for them where the policy decides.
-
-        None when they cannot be had; ``a.stop`` then says whether
-        admissions stop at it.
-        """
-        kv = self.kv
-        remote = self._remote
-        decides = self.policy.decides_admission
-        lookahead = self._lookahead
-        while True:
-            reserved = self._watermark_blocks if self.running else 0
-            if remote is None:
-                if hit < 0:
-                    # A session resuming: its blocks hold the KV computed so far.
-                    blocks = kv.allocate_held(req, n, lookahead, self._reserve_full, reserved)
-                else:
-                    blocks = kv.allocate_new(req, n, hit_blocks, lookahead, self._reserve_full, reserved)
-            else:
-                blocks = remote.allocate(
-                    req, n, hit_blocks, ext, load_async, lookahead, self._reserve_full, reserved
-                )
-            if blocks is not None or not decides:
-                break
-            freed = self._preempt_for(a.out, req, a.trace)
-            if freed is None:
-                break
-            a.budget += freed
-        if blocks is None:
-            if self._enc is not None and req.mm_items:
-                self._enc.release(req)
-            stop, detail = self._why_no_blocks(req, hit_blocks, ext + n, reserved)
-            self._blocked(a, queue, req, stop, detail)
-            return None
-        if remote is not None:
-            remote.allocated(req, ext)
-        if hit >= 0:
-            kv.record_admission(req, hit)
-        return blocks
-
-    def _start_load(self, a: _Admissions, queue: WaitingQueue, req: Request, computed: int, ext: int) -> None:
-        """Start the connector's asynchronous load for the head; it waits in the holding queue meanwhile."""
-        self._remote.start_load(req, computed)
-        queue.pop()
-        self._set_aside.add(req)
-        a.held_aside.append(req)
-        if a.trace is not None:
-            a.trace.add(req.request_id, Reason.REMOTE_KV, detail=f"load of {ext} tokens started")
-
-    def _policy_refusal(
-        self,
-        out: SchedulerOutput,
-        req: Request,
-        blocked: tuple[Reason, str] | None,
-        queue: WaitingQueue,
-        set_aside: list[Request],
-        held_aside: list[Request],
-        trace: StepTrace | None,
-    ) -> tuple[Verdict, Reason, str] | None:
-        """Ask the policy about the head ``req``; apply a skip or a decline and return the refusal."""
-        if out.preempted and req in out.preempted:
-            # Preempted for a waiting request this step: it may not come back in the same step.
-            refusal = (Verdict.SKIP, Reason.PREEMPTED_FOR_WAITING, "preempted this step")
-        else:
-            refusal = self.policy.admit(req, blocked)
-            if refusal is None:
-                return None
-        verdict, reason, detail = refusal
-        if verdict is not Verdict.STOP:
-            queue.pop()
-            if verdict is Verdict.SKIP:
-                remote = self._remote
-                (held_aside if remote is not None and remote.holds_blocks(req) else set_aside).append(req)
-            else:
-                self._decline(req)
-        if trace is not None and verdict is not Verdict.STOP:
-            # A stop is traced with the rest of the queue, when admissions end.
-            trace.add(req.request_id, reason, detail=detail)
-        return refusal
-
-    def _blocked(self, a: _Admissions, queue: WaitingQueue, req: Request, stop: Reason, detail: str) -> None:
-        """The head did not fit: admissions stop at it (``a.stop``) unless the policy skips or declines it."""
-        if self.policy.decides_admission:
-            refusal = self._policy_refusal(
-                a.out, req, (stop, detail), queue, a.set_aside, a.held_aside, a.trace
-            )
-            if refusal is not None:
-                if refusal[0] is Verdict.STOP:
-                    stop, detail = refusal[1], refusal[2]
-                else:
-                    a.stop, a.detail = None, ""
-                    return
-        a.stop, a.detail = stop, detail
-
-    def _preempt_for(self, out: SchedulerOutput, req: Request, trace: StepTrace | None) -> int | None:
-        """Preempt the running request the policy picks to make room for waiting ``req``.
-
-        Returns the tokens the victim had been given this step, or None when
-        the policy picks none. Requests admitted this step are never victims.
-        """
-        admitted = out.admitted
-        candidates = [r for r in self.running if r not in admitted] if admitted else list(self.running)
-        victim = self.policy.select_victim(candidates, req) if candidates else None
-        if victim is None or (self._remote is not None and not self._remote.can_preempt(victim)):
-            return None
-        self.running.remove(victim)
-        freed = self._unschedule(out, victim)
-        self._preempt(victim)
-        out.preempted.append(victim)
-        if trace is not None:
-            trace.add(victim.request_id, Reason.PREEMPTED_FOR_WAITING, detail=f"for {req.request_id}")
-        return freed
-
-    def _decline(self, req: Request) -> None:
-        """Finish a waiting request (already out of its queue) that the policy will not serve."""
-        self._set_aside.discard(req)
-        req.status = RequestStatus.FINISHED_ABORTED
-        req.stop_reason = "declined"
-        self._release(req)
-        self._declined.append(req)
+    def _mark_in_flight(self, out: SchedulerOutput) -> None:
+        """Async mode: count the batch in flight and give each sampling request its placeholders."""
+        spec = out.spec_decode_tokens
+        drafts = self._draft_placeholders
+        for req, n in zip(out.scheduled, out.num_scheduled_tokens):
+            req.num_in_flight_tokens += n
+            if req.is_prefill_chunk:
+                continue
+            req.num_output_placeholders += 1 + len(spec.get(req.request_id, ())) if spec else 1
+            if drafts:
+                req.spec_token_ids = drafts
 
     def _aligned_chunk(self, req: Request, start: int, n: int) -> int:
         """``n`` cut to end on a block boundary where a Mamba state is cached (0: not this step)."""
@@ -1261,118 +593,6 @@ class Scheduler:
         rekey = getattr(self.holding, "rekey", None)
         if rekey is not None:
             rekey(req)
-
-    def _admission_chunk(
-        self, req: Request, computed: int, budget: int, threshold: int, defer: bool, pad: bool = False
-    ) -> tuple[int, Reason | None, str]:
-        """Tokens to admit ``req`` with beyond ``computed``, or why admissions stop at it.
-
-        ``pad``: a one-token admission is padded with placeholder drafts to
-        a full draft step, where max_model_len leaves room for it.
-        """
-        if defer and computed < req.num_tokens - 1:
-            return 0, Reason.PREFILL_DEFERRED, "prompt held to a cadence step"
-        n = req.num_tokens - computed
-        if pad and n == 1:
-            padded = 1 + self.config.num_speculative_tokens
-            # Not where the padded step could never be scheduled (vLLM would
-            # wait forever) or the threshold would cut it (vLLM fails).
-            if (
-                computed + padded + 1 <= self._max_model_len
-                and padded <= self._max_tokens_budget
-                and not 0 < threshold < padded
-            ):
-                if padded > budget:
-                    # vLLM would rather not admit than admit unpadded.
-                    return 0, Reason.BUDGET, f"a padded draft step needs {padded} tokens, {budget} left"
-                n = padded
-        if 0 < threshold < n:
-            n = threshold
-        if not self._chunked and n > budget:
-            return 0, Reason.NO_CHUNKING, f"needs {n} tokens, {budget} left"
-        return min(n, budget), None, ""
-
-    def _why_set_aside(
-        self, req: Request, loras: set[int] | None, max_loras: int | None
-    ) -> tuple[Reason, int, str] | None:
-        """Why the head of the queue must wait while those behind it may go, or None."""
-        if req.status is _WAITING_FOR_INPUT:
-            return Reason.WAITING_FOR_INPUT, 0, "its turn ended; it holds its KV until the next input"
-        if req.status is _REMOTE and not self._remote.ready(req):
-            return Reason.REMOTE_KV, 0, "load in progress"
-        if req.status is _WAITING_FOR_GRAMMAR:
-            if not req.grammar.ready:
-                # Skipped, not blocking: those behind it may run (as vLLM).
-                return Reason.GRAMMAR_COMPILING, 0, ""
-            req.status = _WAITING
-        if req.num_stale_output_tokens and not (self._drop_stale_output or req.drop_stale_output):
-            # Preempted while a step of its was in flight (async mode):
-            # resumed now, it could sample a position that output still
-            # fills. Within the pipeline depth it drains.
-            return Reason.OUTPUT_IN_FLIGHT, 0, ""
-        if loras is not None and req.lora_id and req.lora_id not in loras and len(loras) >= max_loras:
-            # Set aside, not stop: requests behind it may use a loaded adapter.
-            return Reason.LORA_SLOTS, 0, f"{len(loras)} adapters in use"
-        return None
-
-    def _start_running(
-        self,
-        a: _Admissions,
-        queue: WaitingQueue,
-        req: Request,
-        blocks: list,
-        computed: int,
-        n: int,
-        hit: int,
-        plan: EncoderPlan | None,
-        held: str,
-    ) -> None:
-        """Admit the head with ``n`` tokens after ``computed`` (``hit`` < 0: no lookup)."""
-        queue.pop()
-        self._set_aside.discard(req)
-        self.running.append(req)
-        if computed < req.num_tokens - 1:
-            a.prefill_admitted = True
-        out = a.out
-        kv = self.kv
-        if req.num_cached_tokens < 0:
-            req.num_cached_tokens = computed
-        req.status = _RUNNING
-        req.num_computed_tokens = computed + n
-        req.is_prefill_chunk = computed + n < req.num_tokens
-        if self._remote is not None and req.is_prefill_chunk:
-            self._remote.inflight_prefills.add(req)
-        out.scheduled.append(req)
-        out.num_scheduled_tokens.append(n)
-        out.admitted.append(req)
-        out.admitted_block_ids.append([b.block_id for b in blocks] if self.list_block_ids else [])
-        out.admitted_num_cached_tokens.append(computed)
-        out.admitted_resumed.append(req.num_preemptions > 0)
-        if kv.pool.unwritten and hit > 0:
-            start = kv.claim_unwritten(blocks[: hit // kv.block_size])
-            if start is not None:
-                out.recompute_from[req.request_id] = start
-        if n > 1 and computed + 1 == req.num_tokens:
-            # Padded: drafts that no proposer made, so none is accepted.
-            out.spec_decode_tokens[req.request_id] = [-1] * (n - 1)
-        if plan is not None:
-            self._enc.commit(req, plan)
-        if a.loras is not None and req.lora_id:
-            a.loras.add(req.lora_id)
-        if a.trace is not None:
-            wanted = req.num_tokens - computed
-            self._trace_scheduled(a.trace, req, computed, n, wanted, a.budget, a.threshold, True, held)
-        a.budget -= n
-
-    def _why_no_blocks(self, req: Request, hit_blocks: list, n: int, reserved: int) -> tuple[Reason, str]:
-        kv = self.kv
-        need = kv.blocks_to_admit(req, hit_blocks, n, self._lookahead)
-        if self._reserve_full:
-            need = max(need, kv.blocks_to_admit(req, hit_blocks, 0, full_sequence=True))
-        free = kv.num_free_blocks
-        if need <= free:
-            return Reason.WATERMARK, f"needs {need} blocks, {free} free, {reserved} kept free"
-        return Reason.KV_SHORT, f"needs {need} blocks, {free} free"
 
     def _unschedule(self, out: SchedulerOutput, victim: Request) -> int:
         """Take back a request met earlier in this step; returns the tokens it had been given."""
@@ -1431,130 +651,7 @@ class Scheduler:
         In async mode ``out`` is the oldest step in flight, and the scheduler
         has planned a later step since: its placeholders are resolved here.
         """
-        sampled = result.sampled_token_ids
-        if len(sampled) != len(out.scheduled):
-            raise ValueError(
-                f"executor returned {len(sampled)} results for {len(out.scheduled)} scheduled requests"
-            )
-        remote = self._remote
-        kv_out = result.kv_connector_output
-        # Requests whose KV failed to load: their output is void (see RemoteKV.begin_update).
-        failed = remote.begin_update(out, kv_out, self.running) if remote is not None else None
-        res = StepOutputs()
-        stopped_waiting = self._apply_sampled(out, result, failed, res)
-        self._close_update(res, stopped_waiting, failed, kv_out)
-        return res
-
-    @staticmethod
-    def _voided(req: Request, failed: set[str], drafts: Sequence[Sequence[int]] | None, k: int) -> bool:
-        """Whether a failed KV load voided ``req``'s output; its drafts still reach it."""
-        if req.request_id not in failed:
-            return False
-        if drafts is not None and not req.is_prefill_chunk:
-            # vLLM hands the proposer's drafts over after the update, void output or not.
-            req.spec_token_ids = list(drafts[k])
-        return True
-
-    def _apply_sampled(
-        self, out: SchedulerOutput, result: ModelRunnerOutput, failed: set[str] | None, res: StepOutputs
-    ) -> set[Request]:
-        """Give each scheduled request its sampled tokens; returns those that stopped while waiting."""
-        updated, finished, sampled = res.updated, res.finished, result.sampled_token_ids
-        async_mode, has_drafts, enc = self._async, self._has_drafts, self._enc
-        drafts = None if async_mode else result.draft_token_ids
-        spec_sched = out.spec_decode_tokens
-        stopped_waiting: set[Request] = set()
-        for k, req in enumerate(out.scheduled):
-            toks = sampled[k]
-            status = req.status
-            stale = False
-            if async_mode:
-                if status >= _FINISHED:
-                    continue
-                n = out.num_scheduled_tokens[k]
-                req.num_in_flight_tokens -= n
-                if req.num_stale_output_tokens:
-                    stale = True
-                    req.num_stale_output_tokens -= n
-                    if self._drop_stale_output or req.drop_stale_output:
-                        continue
-            if failed and self._voided(req, failed, drafts, k):
-                continue
-            mm = enc is not None and req.mm_items
-            if mm and not (spec_sched and toks):
-                enc.release_passed(req)  # items its confirmed progress passed: no longer needed by it
-            # No tokens: a partial prefill chunk. Not running (nor stale output): aborted meanwhile.
-            if not toks or (status is not _RUNNING and not stale):
-                continue
-            if spec_sched:
-                self._settle_drafts(req, spec_sched.get(req.request_id), len(toks), stale, bool(mm))
-            if len(toks) == 1:
-                t = toks[0]
-                req.token_ids.append(t)
-                req.num_tokens += 1
-                stopped = (req.num_tokens >= req.stop_length or t in req.stop_ids) and check_stop(req, t)
-            else:
-                stopped = _append_tokens(req, toks, stale)
-            if not stale:
-                placeholders = req.num_output_placeholders
-                if placeholders:
-                    # Every returned token resolves one, those cut at a stop too.
-                    req.num_output_placeholders = placeholders - len(toks)
-                if placeholders or has_drafts:
-                    # Tokens ran ahead of known values (placeholders, drafts), so allocation
-                    # registered fewer blocks than are computed: register those now complete.
-                    self.kv.cache_blocks(req, req.num_computed_tokens - req.num_in_flight_tokens)
-            updated.append(req)
-            if stopped:
-                if mm:
-                    # Released here, in output order: it decides the eviction order.
-                    enc.release(req)
-                finished.append(req)
-                if stale:
-                    stopped_waiting.add(req)
-            elif drafts is not None and not req.is_prefill_chunk:
-                req.spec_token_ids = list(drafts[k])
-        return stopped_waiting
-
-    def _settle_drafts(
-        self, req: Request, scheduled_drafts: list[int] | None, num_sampled: int, stale: bool, mm: bool
-    ) -> None:
-        """Take back the positions (and placeholders) of the drafts a step rejected; release passed items."""
-        if scheduled_drafts and not stale:
-            rejected = len(scheduled_drafts) - (num_sampled - 1)
-            if rejected > 0:
-                req.num_computed_tokens -= rejected
-                if req.num_output_placeholders:
-                    req.num_output_placeholders -= rejected
-        if mm:
-            # Only now: its confirmed progress is known once rejected drafts are taken back.
-            self._enc.release_passed(req)  # type: ignore[union-attr]
-
-    def _close_update(
-        self,
-        res: StepOutputs,
-        stopped_waiting: set[Request],
-        failed: set[str] | None,
-        kv_out: KVConnectorOutput | None,
-    ) -> None:
-        """Free what finished: stopped, declined by the policy, mismatched encoder inputs, failed loads."""
-        finished = res.finished
-        if finished:
-            self._remove_stopped(finished, stopped_waiting)
-        if self._declined:
-            finished.extend(self._declined)
-            self._declined = []
-        enc = self._enc
-        if enc is not None and enc.mismatched:
-            mismatched, enc.mismatched = enc.mismatched, set()
-            finished.extend(self.finish_requests(mismatched, RequestStatus.FINISHED_ERROR))
-        remote = self._remote
-        if remote is not None:
-            if failed and not remote.recompute_failures:
-                finished.extend(self.finish_requests(failed, RequestStatus.FINISHED_ERROR))
-            remote.end_update(kv_out)
-        if self._debug:
-            self._check_kv_invariants()
+        return self._update.apply(out, result)
 
     def _remove_stopped(self, finished: list[Request], stopped_waiting: set[Request]) -> None:
         """Take requests that stopped out of their queues and free them."""
@@ -1573,79 +670,37 @@ class Scheduler:
         for req in finished:
             if req.resumable and not self.sessions.on_stopped(req):
                 # A session's turn ended: it keeps its KV for the next input.
-                (self.holding if _holds_blocks(req) else self.waiting).add(req)
+                (self.holding if holds_blocks(req) else self.waiting).add(req)
             else:
                 self._release(req)
 
-    # ---- decision trace --------------------------------------------------------
+    # ---- steps decided outside schedule() (core.plain_decodes) ---------------
 
-    def _trace_scheduled(
-        self,
-        trace: StepTrace,
-        req: Request,
-        start: int,
-        n: int,
-        wanted: int,
-        budget: int,
-        threshold: int,
-        admitted: bool = False,
-        held: str = "",
-    ) -> None:
-        if start >= req.num_tokens - 1:
-            what = "decode" if n == 1 else f"decode with {n - 1} draft tokens"
-        else:
-            what = (
-                f"{'recompute' if req.num_preemptions else 'prefill'} {start}-{start + n} of {req.num_tokens}"
-            )
-        if admitted:
-            what = (
-                ("resumed" if req.num_preemptions else "admitted")
-                + (f" with a prefix-cache hit of {start} tokens, " if start else ", ")
-                + what
-            )
-            if req.skip_prefix_cache and self.kv.enable_caching:
-                what += f", {PREFIX_CACHE_NOT_READ}"
-        if n < wanted:
-            if threshold and n == threshold:
-                what += f", capped by long_prefill_token_threshold={threshold}"
-            elif n == budget:
-                what += ", capped by the token budget"
-            elif held:
-                what += f", stopped before {held}"
-            else:
-                what += f", capped by max_model_len={self._max_model_len}"
-        trace.add(req.request_id, Reason.SCHEDULED, n, what)
+    def _admit_behind(self, out: SchedulerOutput, num_running: int, num_scheduled: int) -> int:
+        """Admit the queue into ``out``, a step whose running requests took ``num_scheduled`` tokens.
 
-    def _trace_waiting(
-        self,
-        trace: StepTrace,
-        set_aside: list[Request] | None,
-        head_reason: Reason,
-        detail: str,
-        whole_queue: bool = False,
-    ) -> None:
-        """Explain the waiting requests this step did not admit.
-
-        ``whole_queue``: the reason applies to every waiting request (a gate,
-        a preempting step), not only to the head the others queue behind.
+        As schedule() admits in a step that neither preempts nor defers
+        (no cadence), and closes the step's totals; returns its tokens.
         """
-        head: Request | None = None
-        listed = 0
-        skip = set(set_aside or ())
-        for req in self.waiting:
-            if req in skip:
-                continue
-            if head is None:
-                head = req
-                trace.add(req.request_id, head_reason, detail=detail)
-            elif listed < MAX_LISTED_WAITING:
-                listed += 1
-                if whole_queue:
-                    trace.add(req.request_id, head_reason, detail=detail)
-                else:
-                    trace.add(req.request_id, Reason.QUEUED, detail=f"behind {head.request_id}")
-            else:
-                trace.num_unlisted_waiting += 1
+        num_waiting = len(self.waiting)
+        threshold = self._threshold if num_running + num_waiting > 1 else 0
+        budget = self._max_tokens_budget - num_scheduled
+        if num_waiting:
+            budget = self._admission.admit(out, budget, threshold, False, None)[0]
+        self._prefill_capacity_bound = self.num_waiting > len(self._set_aside)
+        out.total_num_scheduled_tokens = total = self._max_tokens_budget - budget
+        if total:
+            self._num_executed_steps += 1
+        return total
+
+    def _steps_applied(self, num_steps: int) -> None:
+        """Count ``num_steps`` steps of decodes alone, applied outside schedule() with nothing waiting."""
+        # The first one's finished_req_ids go with it, unread.
+        self._finished_ids = []
+        self._step += num_steps
+        self._num_executed_steps += num_steps
+        # What a schedule() with an empty queue sets.
+        self._prefill_capacity_bound = False
 
     # ---- invariants ----------------------------------------------------------
 

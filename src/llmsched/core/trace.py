@@ -7,7 +7,12 @@ decision point costs one identity test; nothing here is allocated.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llmsched.core.request import Request
 
 # Waiting requests the scheduler never looked at in a step are listed up to
 # this many; the rest are only counted, so a deep queue cannot bloat a step.
@@ -143,3 +148,83 @@ class StepTrace:
         if self.num_unlisted_waiting:
             lines.append(f"  ... and {self.num_unlisted_waiting} more waiting")
         return "\n".join(lines)
+
+
+def trace_unreached(trace: StepTrace, reqs: list[Request]) -> None:
+    """Trace the running requests the loop never reached: the budget ran out first."""
+    for req in reqs:
+        trace.add(req.request_id, Reason.BUDGET, detail="reached after the budget ran out")
+
+
+def trace_scheduled(
+    trace: StepTrace,
+    req: Request,
+    start: int,
+    n: int,
+    wanted: int,
+    budget: int,
+    threshold: int,
+    max_model_len: int,
+    held: str = "",
+    admitted: bool = False,
+    caching: bool = False,
+) -> None:
+    """Record ``req``'s chunk of ``n`` tokens after ``start`` (``wanted``: its want), and what capped it.
+
+    ``held``: what held the chunk short; ``admitted``: an admission, for which
+    ``caching`` (prefix caching on) says whether skipping the cache is told.
+    """
+    if start >= req.num_tokens - 1:
+        what = "decode" if n == 1 else f"decode with {n - 1} draft tokens"
+    else:
+        what = f"{'recompute' if req.num_preemptions else 'prefill'} {start}-{start + n} of {req.num_tokens}"
+    if admitted:
+        what = (
+            ("resumed" if req.num_preemptions else "admitted")
+            + (f" with a prefix-cache hit of {start} tokens, " if start else ", ")
+            + what
+        )
+        if req.skip_prefix_cache and caching:
+            what += f", {PREFIX_CACHE_NOT_READ}"
+    if n < wanted:
+        if threshold and n == threshold:
+            what += f", capped by long_prefill_token_threshold={threshold}"
+        elif n == budget:
+            what += ", capped by the token budget"
+        elif held:
+            what += f", stopped before {held}"
+        else:
+            what += f", capped by max_model_len={max_model_len}"
+    trace.add(req.request_id, Reason.SCHEDULED, n, what)
+
+
+def trace_waiting(
+    trace: StepTrace,
+    waiting: Iterable[Request],
+    set_aside: list[Request] | None,
+    head_reason: Reason,
+    detail: str,
+    whole_queue: bool = False,
+) -> None:
+    """Explain the waiting requests this step did not admit.
+
+    ``whole_queue``: the reason applies to every waiting request (a gate,
+    a preempting step), not only to the head the others queue behind.
+    """
+    head: Request | None = None
+    listed = 0
+    skip = set(set_aside or ())
+    for req in waiting:
+        if req in skip:
+            continue
+        if head is None:
+            head = req
+            trace.add(req.request_id, head_reason, detail=detail)
+        elif listed < MAX_LISTED_WAITING:
+            listed += 1
+            if whole_queue:
+                trace.add(req.request_id, head_reason, detail=detail)
+            else:
+                trace.add(req.request_id, Reason.QUEUED, detail=f"behind {head.request_id}")
+        else:
+            trace.num_unlisted_waiting += 1

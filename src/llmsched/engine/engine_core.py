@@ -198,7 +198,7 @@ class EngineCore:
         """Put ``so`` (executed: ``result``) in flight instead of the sole step there.
 
         For a simulator that applied the calls between them itself (see
-        ``Scheduler.advance_async_decode_steps``); ``so`` is the last step those
+        ``PlainDecodes.advance_async_decode_steps``); ``so`` is the last step those
         calls scheduled.
         """
         if self.sole_in_flight() is None:

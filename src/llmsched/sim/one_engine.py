@@ -11,7 +11,7 @@ them for an async workload.
 
 Sync steps in which every running request decodes one token and nothing
 else can happen are applied without building their batches (see
-``Scheduler.plain_decode_steps``): the same steps, trace and figures.
+``PlainDecodes.plain_decode_steps``): the same steps, trace and figures.
 Without a trace or series, plainly decoding requests are moreover kept as
 a ``DecodeCohort`` across steps that admit others, so such steps cost
 their admissions and block events, not a pass over the batch.
@@ -19,7 +19,7 @@ their admissions and block events, not a pass over the batch.
 With async scheduling, and without a trace or series, engine calls that
 schedule one token for every running request and apply the plain decode
 step in flight before them are run together likewise (see
-``Scheduler.async_plain_decode_steps`` and ``SimExecutor.run_async_decodes``):
+``PlainDecodes.async_plain_decode_steps`` and ``SimExecutor.run_async_decodes``):
 the same calls, clock and figures, the last step they schedule left in flight.
 Plainly decoding requests are moreover kept as an ``AsyncDecodeCohort``
 across the calls that admit others (and the cohort runs its own plain
@@ -40,6 +40,7 @@ from llmsched.core.config import SchedulerConfig
 from llmsched.core.decode_cohort import AsyncDecodeCohort, DecodeCohort
 from llmsched.core.errors import RequestRejected
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput
+from llmsched.core.plain_decodes import PlainDecodes
 from llmsched.core.scheduler import Scheduler
 from llmsched.engine.engine_core import EngineCore
 from llmsched.engine.spec_stats import SpecDecodingStats
@@ -82,6 +83,8 @@ class OneEngine:
         self.sched.clock = self.clock
         if tally.explain:
             self.sched.enable_trace()
+        # Proves steps plain decodes and applies them without building their batches.
+        self.decodes = PlainDecodes(self.sched)
         self.arrivals = arrivals
         self.tally = tally
         self.costs = StepCosts(sched_config.async_scheduling)
@@ -257,7 +260,9 @@ class OneEngine:
         token = ex.sample_token_id
         # The simulated executor keeps no per-request state, so it never reads finished ids.
         # Without a trace or series, a run may end with the step that finishes requests.
-        k = sched.plain_decode_steps(token, limit, finished_ids_unread=True, through_finish=not self.keep)
+        k = self.decodes.plain_decode_steps(
+            token, limit, finished_ids_unread=True, through_finish=not self.keep
+        )
         if not k:
             return 0
         running = sched.running
@@ -280,12 +285,12 @@ class OneEngine:
         self.costs.add_serial(run.hosts, run.models)
         finished = None
         if not self.keep:
-            finished = sched.advance_decode_steps(n, token)
+            finished = self.decodes.advance_decode_steps(n, token)
         else:
             t = StepTiming()
             for j in range(n):
                 t0 = time.perf_counter_ns()
-                sched.advance_decode_steps(1, token)
+                self.decodes.advance_decode_steps(1, token)
                 ns = time.perf_counter_ns() - t0
                 t.step = first + j
                 t.duration = run.totals[j]
@@ -335,7 +340,7 @@ class OneEngine:
             ctx += r.num_computed_tokens
         limit = self.max_steps - self.turns if self.max_steps is not None else _PLAIN_RUN
         token = ex.sample_token_id
-        k = sched.async_plain_decode_steps(token, limit, through_finish=True)
+        k = self.decodes.async_plain_decode_steps(token, limit, through_finish=True)
         if not k:
             return 0
         # Does the last call finish some (and so schedule only the rest)?
@@ -349,7 +354,7 @@ class OneEngine:
         n = len(run)
         if not n:
             return 0
-        finished = sched.advance_async_decode_steps(n, token, through_finish=n == k)
+        finished = self.decodes.advance_async_decode_steps(n, token, through_finish=n == k)
         running = sched.running
         d_now = len(running)
         last = SchedulerOutput(first + n - 1, list(running), [1] * d_now, d_now)
@@ -367,7 +372,7 @@ class OneEngine:
 
         While every running request decodes plainly, a step costs only its
         admissions, finishes and block events, not a pass over the batch
-        (see ``Scheduler.cohort_schedule``); with nothing waiting, the steps
+        (see ``PlainDecodes.cohort_schedule``); with nothing waiting, the steps
         up to the next finish or arrival run at once. 0 when the step may be
         anything else: the caller then catches the cohort up and builds it.
         """
@@ -389,7 +394,7 @@ class OneEngine:
         for r in self.sched.running:
             if r.last_token_time != prev_end:
                 return None
-        self.cohort = self.sched.start_cohort(ex.sample_token_id)
+        self.cohort = self.decodes.start_cohort(ex.sample_token_id)
         return self.cohort
 
     def stop_cohort(self) -> None:
@@ -405,7 +410,7 @@ class OneEngine:
         sched, ex, tally = self.sched, self.ex, self.tally
         d = len(cohort)
         limit = self.max_steps - self.turns if self.max_steps is not None else _PLAIN_RUN
-        k = sched.cohort_plain_steps(cohort, limit)
+        k = self.decodes.cohort_plain_steps(cohort, limit)
         if not k:
             return 0
         run = ex.run_decodes(sched.next_step, d, cohort.context(), k, self.arrivals.next_due_time())
@@ -414,7 +419,7 @@ class OneEngine:
             return 0
         self.prev_end = end = tally.metrics.add_steps(run.ends, self.prev_end, d)
         self.costs.add_serial(run.hosts, run.models)
-        self._count_plain_run(n, d, sched.advance_cohort(cohort, n), end)
+        self._count_plain_run(n, d, self.decodes.advance_cohort(cohort, n), end)
         return n
 
     def _count_plain_run(self, n: int, d: int, finished: Iterable[SimRequest], end: float) -> None:
@@ -437,7 +442,7 @@ class OneEngine:
             return 0
         d = len(cohort)
         context = cohort.context()
-        got = sched.cohort_schedule(cohort)
+        got = self.decodes.cohort_schedule(cohort)
         if got is None:
             return 0
         out, finishing = got
@@ -446,7 +451,7 @@ class OneEngine:
         end = timing.end
         if timing.batch.num_tokens:
             self.costs.add(timing)
-        samplers, finished = sched.cohort_update(cohort, out, finishing)
+        samplers, finished = self.decodes.cohort_update(cohort, out, finishing)
         self._count_tokens(samplers, end, members=d)
         for r in finished:
             r.last_token_time = end
@@ -465,7 +470,7 @@ class OneEngine:
         While requests wait, or the ones admitted last call take their first
         decodes behind the members, a call costs those requests, the
         members' block events and finishes, not a pass over the batch (see
-        ``Scheduler.async_cohort_schedule``). 0 when the call may be anything
+        ``PlainDecodes.async_cohort_schedule``). 0 when the call may be anything
         else, or nothing waits and all that runs is the cohort (plain calls
         come, which ``_async_plain_decodes`` runs): the caller then catches
         the cohort up.
@@ -482,7 +487,7 @@ class OneEngine:
             return self._async_cohort_plain_run(cohort)
         if self.max_steps is not None and self.turns >= self.max_steps:
             return 0
-        got = sched.async_cohort_schedule(cohort)
+        got = self.decodes.async_cohort_schedule(cohort)
         if got is None:
             return 0
         out, finishing, decodes, context = got
@@ -490,7 +495,9 @@ class OneEngine:
         counts = (len(sched.running), sched.num_waiting, sched.kv.usage)
         result = ex.execute_after_decodes(out, decodes, context)
         so, prev_result, num_running = engine.swap_in_flight(out, result, *counts)
-        samplers, members, finished = sched.async_cohort_update(cohort, so, prev_result, finishing, decodes)
+        samplers, members, finished = self.decodes.async_cohort_update(
+            cohort, so, prev_result, finishing, decodes
+        )
         # As step() counts the step applied.
         timing = ex.timing(so.step)
         if timing is not None:
@@ -516,7 +523,7 @@ class OneEngine:
         """Plain decode calls of the cohort until an arrival is due, counted as ``_async_plain_decodes``."""
         sched, ex, tally = self.sched, self.ex, self.tally
         limit = self.max_steps - self.turns if self.max_steps is not None else _PLAIN_RUN
-        k = sched.async_cohort_plain_calls(cohort, limit)
+        k = self.decodes.async_cohort_plain_calls(cohort, limit)
         if not k:
             return 0
         d = len(cohort)
@@ -532,7 +539,7 @@ class OneEngine:
         n = len(run)
         if not n:
             return 0
-        last = sched.advance_async_cohort(cohort, n, finishing if n == k else [])
+        last = self.decodes.advance_async_cohort(cohort, n, finishing if n == k else [])
         d_now = len(last.scheduled)
         self.engine.replace_in_flight(
             last, ModelRunnerOutput(sampled_token_ids=[(ex.sample_token_id,)] * d_now)
@@ -554,7 +561,7 @@ class OneEngine:
         for r in self.sched.running:
             if r.last_token_time != prev_end:
                 return None
-        self.async_cohort = self.sched.start_async_cohort(ex.sample_token_id, so)
+        self.async_cohort = self.decodes.start_async_cohort(ex.sample_token_id, so)
         return self.async_cohort
 
     def result_fields(self) -> dict:

@@ -62,7 +62,7 @@ def simulate(
     and how a step's host path and model time combine (see SimExecutor).
     With ``dp`` the ranks are simulated behind one router, ``sync_s`` being
     their per-step exchange. ``fast_forward`` applies a single engine's
-    plain decode steps (see ``Scheduler.plain_decode_steps``) without
+    plain decode steps (see ``PlainDecodes.plain_decode_steps``) without
     building their batches: the same steps, trace and figures. ``frontend``
     puts API servers between the client and the engine (see ``Frontend``);
     without it every request reaches the engine when it is sent. ``vision``

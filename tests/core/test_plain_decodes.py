@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from llmsched.core import SamplingParams
+from llmsched.core import SamplingParams, Scheduler
+from llmsched.core.plain_decodes import PlainDecodes
 from support.decode_state import feed, snapshot
 from support.scheduling import make_req, make_sched, run_step
 
@@ -37,7 +38,9 @@ def test_plain_decode_steps_equal_scheduled_steps(seed, overrides, mode):
             feed([stepped, skipped], random.Random(rng.random()), rng.randrange(1, 4), shared)
         limit = rng.randrange(1, 30)
         had_finished = bool(skipped._finished_ids)
-        k = skipped.plain_decode_steps(7, limit, finished_ids_unread=unread, through_finish=through)
+        k = PlainDecodes(skipped).plain_decode_steps(
+            7, limit, finished_ids_unread=unread, through_finish=through
+        )
         assert k <= limit
         if had_finished and not unread:
             assert k == 0
@@ -48,7 +51,7 @@ def test_plain_decode_steps_equal_scheduled_steps(seed, overrides, mode):
                 # (but the last one of a run through a finish).
                 assert out.num_scheduled_tokens == [1] * len(out.scheduled) and not out.admitted
                 assert not out.preempted and (not res.finished or (through and j == k - 1))
-            finished = skipped.advance_decode_steps(k, 7)
+            finished = PlainDecodes(skipped).advance_decode_steps(k, 7)
             assert [r.request_id for r in finished] == [r.request_id for r in res.finished]
             assert all(r.status == res.finished[i].status for i, r in enumerate(finished))
             num_finishing += bool(finished)
@@ -67,18 +70,20 @@ def test_plain_decode_steps_equal_scheduled_steps(seed, overrides, mode):
 def test_no_plain_steps_while_anything_else_may_happen():
     s = make_sched()
     s.add_request(make_req("a", 10, max_tokens=5))
-    assert s.plain_decode_steps(7, 100) == 0  # waiting
+    assert PlainDecodes(s).plain_decode_steps(7, 100) == 0  # waiting
     run_step(s)
-    assert s.plain_decode_steps(7, 100) == 3  # the 5th token finishes it: 4 samples to go, the last not plain
+    assert (
+        PlainDecodes(s).plain_decode_steps(7, 100) == 3
+    )  # the 5th token finishes it: 4 samples to go, the last not plain
     s.add_request(make_req("b", 10, max_tokens=5))
-    assert s.plain_decode_steps(7, 100) == 0
+    assert PlainDecodes(s).plain_decode_steps(7, 100) == 0
     run_step(s)
     run_step(s)
     stop = make_sched()
     stop.add_request(make_req("c", 10, params=SamplingParams(max_tokens=9, stop_token_ids=[7])))
     run_step(stop, token=8)
-    assert stop.plain_decode_steps(7, 100) == 0  # would sample its stop token
-    assert stop.plain_decode_steps(8, 100) == 7
+    assert PlainDecodes(stop).plain_decode_steps(7, 100) == 0  # would sample its stop token
+    assert PlainDecodes(stop).plain_decode_steps(8, 100) == 7
     # A finish is reported in the next batch: not plain, unless nobody reads it.
     both = make_sched()
     both.add_request(make_req("e", 10, max_tokens=2))
@@ -86,11 +91,17 @@ def test_no_plain_steps_while_anything_else_may_happen():
     run_step(both)
     run_step(both)
     assert both._finished_ids == ["e"]
-    assert both.plain_decode_steps(7, 100) == 0
-    assert both.plain_decode_steps(7, 100, finished_ids_unread=True) == 5
-    both.advance_decode_steps(5, 7)
+    assert PlainDecodes(both).plain_decode_steps(7, 100) == 0
+    assert PlainDecodes(both).plain_decode_steps(7, 100, finished_ids_unread=True) == 5
+    PlainDecodes(both).advance_decode_steps(5, 7)
     assert both._finished_ids == []
     async_sched = make_sched(async_scheduling=True)
     async_sched.add_request(make_req("d", 10))
     run_step(async_sched)
-    assert async_sched.plain_decode_steps(7, 100) == 0
+    assert PlainDecodes(async_sched).plain_decode_steps(7, 100) == 0
+
+
+def test_the_scheduler_class_holds_no_shortcut():
+    shortcuts = [name for name in vars(PlainDecodes) if not name.startswith("__")]
+    assert "plain_decode_steps" in shortcuts and "async_cohort_update" in shortcuts
+    assert not [name for name in shortcuts if hasattr(Scheduler, name)]
