@@ -14,16 +14,13 @@ not fit.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from llmsched.core.encoder_inputs import EncoderPlan
 from llmsched.core.output import SchedulerOutput
 from llmsched.core.policy import Verdict, WaitingQueue
 from llmsched.core.request import Request, RequestStatus
+from llmsched.core.scheduler_host import SchedulerHost
 from llmsched.core.trace import Reason, StepTrace, trace_scheduled, trace_waiting
-
-if TYPE_CHECKING:
-    from llmsched.core.scheduler import Scheduler
 
 _RUNNING = RequestStatus.RUNNING
 _WAITING = RequestStatus.WAITING
@@ -72,7 +69,7 @@ class Admission:
     ``_aligned_chunk``, and adds declined requests to its ``_declined``.
     """
 
-    def __init__(self, s: Scheduler) -> None:
+    def __init__(self, s: SchedulerHost) -> None:
         self.sched = s
         self.kv = s.kv
         self.policy = s.policy

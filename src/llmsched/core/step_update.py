@@ -11,14 +11,11 @@ mismatched encoder inputs, failed KV loads) is freed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from llmsched.core.connector import KVConnectorOutput
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput, StepOutputs
 from llmsched.core.request import Request, RequestStatus, check_stop
-
-if TYPE_CHECKING:
-    from llmsched.core.scheduler import Scheduler
+from llmsched.core.scheduler_host import SchedulerHost
 
 _RUNNING = RequestStatus.RUNNING
 _FINISHED = RequestStatus.FINISHED_STOPPED  # this and every later status are terminal
@@ -48,7 +45,7 @@ class StepUpdate:
     ``_remove_stopped`` and ``_check_kv_invariants``.
     """
 
-    def __init__(self, s: Scheduler) -> None:
+    def __init__(self, s: SchedulerHost) -> None:
         self.sched = s
         self.kv = s.kv
         self._remote = s._remote
