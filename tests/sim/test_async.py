@@ -270,7 +270,7 @@ def test_sync_figures_are_unchanged_bit_for_bit(spec, workload, expected):
 
 
 def test_step_parts_sum_to_the_sync_price_of_every_step():
-    dep = build_deployment(DeploymentSpec(model="qwen3-0.6b", max_num_seqs=32))
+    dep = build_deployment(DeploymentSpec(model="qwen3-0.6b", max_num_seqs=32, hardware="h100-roofline"))
     wl = synthetic_workload(100, 600, 20, request_rate=200.0, range_ratio=0.5, seed=3)
     res = simulate(dep, wl, record_series=True)
     s = res.series
