@@ -292,6 +292,14 @@ def run_llmsched(model_dir: Path, wl: Workload, warmup: list, args: argparse.Nam
     }
 
 
+def warm_up_core(warm: EngineCore, warmup: list) -> None:
+    """A few tokens of other prompts: first calls build oneDNN kernels and grow buffers."""
+    for i, prompt in enumerate(warmup):
+        warm.add_request(Request(f"w{i}", prompt, greedy(4)))
+    while warm.has_requests():
+        warm.step()
+
+
 def run_enginecore(model_dir: Path, wl: Workload, warmup: list, args: argparse.Namespace) -> dict:
     """The configuration this benchmark used to report: EngineCore in sync mode, bfloat16, 8,192 tokens."""
     kw = {} if args.block_size is None else {"block_size": args.block_size}
@@ -311,12 +319,7 @@ def run_enginecore(model_dir: Path, wl: Workload, warmup: list, args: argparse.N
             max_num_batched_tokens=ENGINECORE_BUDGET,
             max_num_seqs=ENGINECORE_SEQS,
         )
-        # Warm-up on other prompts: first calls build oneDNN kernels and grow buffers.
-        warm = EngineCore(config, ex)
-        for i, prompt in enumerate(warmup):
-            warm.add_request(Request(f"w{i}", prompt, greedy(4)))
-        while warm.has_requests():
-            warm.step()
+        warm_up_core(EngineCore(config, ex), warmup)
         engine = EngineCore(config, ex)
         reqs = [Request(str(i), p, greedy(o)) for i, (p, o) in enumerate(zip(wl.prompts, wl.output_lens))]
         steps = []

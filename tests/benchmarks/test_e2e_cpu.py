@@ -7,11 +7,11 @@ from pathlib import Path
 import e2e_cpu
 import e2e_cpu_peers as peers
 import pytest
+from small_llama import Workload
 
 from llmsched import LLM
 from llmsched.engine.args import EngineArgs
 from llmsched.executor.platform import Platform
-from small_llama import Workload
 
 
 def _engines(tmp_path: Path, *flags: str) -> list[e2e_cpu.Engine]:
