@@ -208,22 +208,52 @@ def agreement(ours: list[list[int]], theirs: list[list[int]]) -> dict:
 # ---------------------------------------------------------------- children
 
 
+def vllm_kwargs(spec: dict) -> dict:
+    """``LLM(...)``'s keyword arguments: the spec's few, everything else vLLM's own default.
+
+    A spec names only what the workload needs (its model, ``max_model_len``,
+    token-id prompts) and, for the non-default rows e2e_cpu.py can add,
+    ``enforce_eager`` and ``max_num_batched_tokens``.
+    """
+    kw = {
+        "model": spec["model"],
+        "max_model_len": spec["max_model_len"],
+        "skip_tokenizer_init": True,  # token-id prompts; the small model's folder has no tokenizer
+    }
+    if spec.get("enforce_eager"):
+        kw["enforce_eager"] = True
+    if spec.get("max_num_batched_tokens"):
+        kw["max_num_batched_tokens"] = spec["max_num_batched_tokens"]
+    return kw
+
+
+def vllm_resolved(llm: object) -> dict:
+    """The configuration vLLM resolved: dtype, batch limits, compiled or eager, scheduling, threads."""
+    cfg = llm.llm_engine.vllm_config  # type: ignore[attr-defined]
+    comp = cfg.compilation_config
+    eager = bool(cfg.model_config.enforce_eager)
+    mode = getattr(comp.mode, "name", str(comp.mode))
+    return {
+        "dtype": str(cfg.model_config.dtype).removeprefix("torch."),
+        "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
+        "max_num_seqs": cfg.scheduler_config.max_num_seqs,
+        "max_model_len": cfg.model_config.max_model_len,
+        "block_size": cfg.cache_config.block_size,
+        "enforce_eager": eager,
+        "compiled": mode != "NONE" and not eager,
+        "compilation": f"{mode} ({comp.backend or 'no backend'})",
+        "async_scheduling": bool(cfg.scheduler_config.async_scheduling),
+        "omp_threads_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),
+        "kvcache_space_gib": os.environ.get("VLLM_CPU_KVCACHE_SPACE"),
+    }
+
+
 def child_vllm(spec: dict) -> dict:
     """Child (vLLM's venv): the workload through ``LLM.generate()``, timed alone, as bench_vllm.py does."""
     import vllm
     from vllm import LLM, SamplingParams
 
-    kw = {
-        "model": spec["model"],
-        "dtype": spec["dtype"],
-        "max_model_len": spec["max_model_len"],
-        "max_num_seqs": spec["max_num_seqs"],
-        "skip_tokenizer_init": True,  # token-id prompts
-        "enforce_eager": True,
-        "seed": 0,
-    }
-    if spec.get("max_num_batched_tokens"):
-        kw["max_num_batched_tokens"] = spec["max_num_batched_tokens"]
+    kw = vllm_kwargs(spec)
     t0 = time.perf_counter()
     llm = LLM(**kw)
     load_s = time.perf_counter() - t0
@@ -242,15 +272,14 @@ def child_vllm(spec: dict) -> dict:
     end = cpu_sample()
     elapsed = end[0] - start[0]
     produced = sum(len(o.outputs[0].token_ids) for o in outs)
-    sched = llm.llm_engine.vllm_config.scheduler_config
+    passed = {k: v for k, v in kw.items() if k != "model"}
     return {
         "version": vllm.__version__,
         "load_s": load_s,
         "elapsed_s": elapsed,
         "useful_tokens": produced,
         "tokens_per_s": produced / elapsed,
-        "max_num_batched_tokens": sched.max_num_batched_tokens,
-        "max_num_seqs": sched.max_num_seqs,
+        "config": {"api": "vllm.LLM(...).generate()", "passed": passed, **vllm_resolved(llm)},
         "first_tokens": [list(o.outputs[0].token_ids[:AGREE_TOKENS]) for o in outs],
         **contention(start, end),
     }
