@@ -76,10 +76,10 @@ def test_unknown_device():
             torch.bfloat16,
             "checkpoint float16 -> bfloat16 (vLLM keeps float16;",
         ),
-        # Without bf16 matmuls float32 stays (vLLM would still pick bfloat16).
+        # Without bf16 matmuls everything runs float32 (vLLM would pick bfloat16, emulated).
         ("float32", False, torch.float32, "checkpoint float32 kept (this CPU has no bfloat16 matmuls"),
         (None, False, torch.float32, "checkpoint float32 (none declared) kept (this CPU has no bfloat16"),
-        ("bfloat16", False, torch.bfloat16, "checkpoint bfloat16 kept (as vLLM does on CPU)"),
+        ("bfloat16", False, torch.float32, "checkpoint bfloat16 -> float32 (this CPU has no bfloat16"),
         ("float16", False, torch.float32, "checkpoint float16 -> float32 (vLLM keeps float16"),
     ],
 )
