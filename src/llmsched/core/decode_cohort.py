@@ -264,6 +264,26 @@ class AsyncDecodeCohort(_Cohort):
         found.sort(key=lambda e: e[0])
         return [r for _, r in found]
 
+    def events_due(self) -> int:
+        """An upper bound on the members whose allocation event falls on the coming call.
+
+        Only those can take a new block in it; entries of members gone and
+        events that merely register a full block are counted too.
+        """
+        now = self.steps
+        heap = self._events
+        n = 0
+        stack = [0] if heap else []
+        while stack:
+            i = stack.pop()
+            if heap[i][0] > now:
+                continue
+            n += 1
+            for j in (2 * i + 1, 2 * i + 2):
+                if j < len(heap):
+                    stack.append(j)
+        return n
+
     def schedule(self, finishing: list[Request]) -> int:
         """Apply the coming call's schedule to the members; their summed computed counts after it.
 

@@ -438,8 +438,10 @@ class PlainDecodes:
         if (
             len(sched.holding)
             or d > self._budget
-            # One new block per running request at most: no allocation fails, nobody is preempted.
-            or d > sched.kv.num_free_blocks
+            # A new block at most for each member whose event falls on this
+            # call and for each request behind them: no allocation fails,
+            # nobody is preempted.
+            or cohort.events_due() + d - m > sched.kv.num_free_blocks
         ):
             return None
         tail = running[m:]
