@@ -554,8 +554,12 @@ def min_gpu_blocks(workload: dict, prompts: list[list[int]], mml: int) -> int:
     """Fewest num_gpu_blocks (null block included) with which every request can finish."""
     cfg = workload["config"]
     bs = int(cfg.get("block_size", 16))
-    # The KV of every token but the last sampled one, and the draft slots past it.
+    # The KV of every token but the last sampled one. Draft slots past it count
+    # only from a block's worth on (llmsched's add_request, and vLLM's padded
+    # resume): fewer that do not fit preempt the request, which resumes without.
     k = int(cfg.get("num_speculative_tokens") or 0)
+    if k < bs:
+        k = 0
     need = max(
         _cdiv(min(min(total_len(r, p), mml) - 1 + k, mml), bs) for p, r in zip(prompts, workload["requests"])
     )
