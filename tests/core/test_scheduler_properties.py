@@ -381,7 +381,11 @@ class Harness:
         elif kind == "too_big":
             # A prompt that fits max_model_len but could never finish in the whole cache.
             plen, mt = self.mml - 1, self.mml
-            slots = min(plen + mt, self.mml) - 1 + cfg.num_speculative_tokens + cfg.num_lookahead_tokens
+            # Drafts count from a block's worth on (with the lookahead).
+            drafts = cfg.num_speculative_tokens
+            if drafts + cfg.num_lookahead_tokens < self.bs:
+                drafts = 0
+            slots = min(plen + mt, self.mml) - 1 + drafts + cfg.num_lookahead_tokens
             if cdiv(min(slots, self.mml), self.bs) > self.usable:
                 obj = Request("rejected-big", [1] * plen, SamplingParams(max_tokens=mt))
         if obj is None and kind == "empty":

@@ -227,16 +227,37 @@ def test_lookahead_slots_do_not_count_as_scheduled_tokens() -> None:
     assert s.requests["A"].num_computed_tokens == 8
 
 
-def test_add_request_counts_draft_and_lookahead_slots() -> None:
+def test_add_request_counts_lookahead_slots_and_drafts_from_a_block_on() -> None:
     # 4 usable blocks = 16 slots. 8 + 8 tokens needs 15 slots (the last
-    # sampled token is never computed): fits; with 2 draft slots, 17 do not.
+    # sampled token is never computed): fits; with 2 lookahead slots, 17 do not.
     fits = make_sched(num_gpu_blocks=5, num_speculative_tokens=0)
     fits.add_request(make_req("A", 8, max_tokens=8))
-    for spec, ahead in ((2, 0), (0, 2)):
+    # Drafts count only when they and the lookahead reach a block (4 slots):
+    # a padded resume after a hit of all but one token needs them.
+    for spec, ahead in ((0, 2), (4, 0), (2, 2)):
         s = make_sched(num_gpu_blocks=5, num_speculative_tokens=spec, num_lookahead_tokens=ahead)
         with pytest.raises(RequestRejected, match="KV blocks"):
             s.add_request(make_req("A", 8, max_tokens=8))
         assert len(s.waiting) == 0 and s.requests == {}
+
+
+def test_drafts_past_the_cache_preempt_the_request_which_finishes_without_them() -> None:
+    # 15 slots fit the 16 of the cache; 3 drafts past them do not. vLLM runs
+    # such a request: the step that cannot hold its drafts preempts it, which
+    # drops them, and it resumes without.
+    s = make_sched(num_gpu_blocks=5, num_speculative_tokens=3)
+    s.add_request(make_req("A", 8, max_tokens=8))
+    a = s.requests["A"]
+    preempted = False
+    for _ in range(40):
+        out = s.schedule()
+        preempted = preempted or a in out.preempted
+        # Every draft rejected: one token a step.
+        sampled = [[7] if r.num_computed_tokens >= r.num_tokens else [] for r in out.scheduled]
+        if update(s, out, sampled, [[1, 2, 3]] * len(sampled)).finished:
+            break
+    assert preempted
+    assert a.status is RequestStatus.FINISHED_LENGTH_CAPPED and len(a.output_token_ids) == 8
 
 
 def test_priority_victim_scheduled_with_drafts_loses_them() -> None:

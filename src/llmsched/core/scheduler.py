@@ -192,9 +192,16 @@ class Scheduler:
             )
         stop_length = min(n + request.max_tokens, max_len)
         # The last sampled token is never computed, so KV holds stop_length - 1
-        # tokens at most (plus draft and lookahead slots).
+        # tokens at most, plus lookahead slots (a prefill reserves them too).
+        # Draft slots count only when they and the lookahead reach a block: a
+        # step whose drafts do not fit preempts the request, which drops them
+        # and resumes without (as vLLM does), but a resume padded to 1 + K
+        # tokens after a hit of all but its last token could then never fit.
         cfg = self.config
-        max_slots = min(stop_length - 1 + cfg.num_speculative_tokens + cfg.num_lookahead_tokens, max_len)
+        drafts = cfg.num_speculative_tokens
+        if drafts + cfg.num_lookahead_tokens < cfg.block_size:
+            drafts = 0
+        max_slots = min(stop_length - 1 + drafts + cfg.num_lookahead_tokens, max_len)
         need = cdiv(max_slots, cfg.block_size)
         usable = cfg.num_gpu_blocks - 1
         if need > usable:
