@@ -11,6 +11,7 @@ from llmsched.core import (
     Scheduler,
     SchedulerOutput,
 )
+from llmsched.core.policy import FCFSPolicy
 from support.scheduling import make_req, make_sched, ran, run_step, running_ids, waiting_ids
 
 # ---- order and budget ----------------------------------------------------------
@@ -416,3 +417,35 @@ def test_everything_finishes_and_each_request_gets_exactly_max_tokens() -> None:
         assert r.status is RequestStatus.FINISHED_LENGTH_CAPPED
         assert r.num_output_tokens == m
         assert r.num_tokens == p + m
+
+
+# ---- a policy that preempts for a waiting request --------------------------------
+
+
+class _PreemptForNewcomers(FCFSPolicy):
+    """FCFS's queue (preempted requests go back first); a waiting request may take a running one's slot."""
+
+    decides_admission = True
+
+    def select_victim(self, running: list[Request], for_request: Request | None = None) -> Request | None:
+        return running[-1] if running else None
+
+
+def test_a_victim_put_back_ahead_of_the_newcomer_does_not_take_its_admission() -> None:
+    s = Scheduler(make_sched(max_num_seqs=1).config, policy=_PreemptForNewcomers())
+    s.add_request(make_req("A", 8, max_tokens=4))
+    run_step(s)
+    s.add_request(make_req("B", 8, max_tokens=4))
+    out, _ = run_step(s)
+    # B takes A's slot; A waits at the head of the queue, as a preempted request does.
+    assert [r.request_id for r in out.preempted] == ["A"]
+    assert [r.request_id for r in out.admitted] == ["B"]
+    assert running_ids(s) == ["B"] and waiting_ids(s) == ["A"]
+    assert s.requests["A"].status is RequestStatus.PREEMPTED
+    # Both finish; nothing is lost or left holding blocks.
+    for _ in range(40):
+        if not s.has_unfinished_requests():
+            break
+        run_step(s)
+    assert not s.has_unfinished_requests()
+    assert s.kv_usage == 0.0

@@ -13,7 +13,7 @@ not fit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llmsched.core.encoder_inputs import EncoderPlan
 from llmsched.core.output import SchedulerOutput
@@ -52,6 +52,10 @@ class _Admissions:
     # order: those holding KV blocks into the holding queue.
     set_aside: list[Request]
     held_aside: list[Request]
+    # Requests preempted for a waiting one that their queue put back ahead
+    # of it (a queue that puts preempted requests first): out of the way
+    # until the pass ends, then back at the head.
+    victims: list[Request] = field(default_factory=list)
     # Why admissions stop at a request (None: they did not).
     stop: Reason | None = None
     detail: str = ""
@@ -120,15 +124,15 @@ class Admission:
             req = queue.peek()
             # Sessions waiting for input keep their sequence slot.
             if len(running) + sessions.num_waiting_for_input >= max_num_seqs:
-                freed = self._preempt_for(out, req, trace) if decides else None
+                freed = self._preempt_for(a, queue, req) if decides else None
                 if freed is None:
                     a.stop, a.detail = Reason.MAX_NUM_SEQS, f"{len(running)} running"
                     break
                 a.budget += freed
             if not self._admit_head(a, queue, req):
                 break
-        if a.set_aside:
-            waiting.requeue(a.set_aside)
+        if a.set_aside or a.victims:
+            waiting.requeue(a.victims + a.set_aside)
         if a.held_aside:
             holding.requeue(a.held_aside)
         if trace is not None and len(waiting):
@@ -271,7 +275,7 @@ class Admission:
                 )
             if blocks is not None or not decides:
                 break
-            freed = self._preempt_for(a.out, req, a.trace)
+            freed = self._preempt_for(a, queue, req)
             if freed is None:
                 break
             a.budget += freed
@@ -341,12 +345,13 @@ class Admission:
                     return
         a.stop, a.detail = stop, detail
 
-    def _preempt_for(self, out: SchedulerOutput, req: Request, trace: StepTrace | None) -> int | None:
-        """Preempt the running request the policy picks to make room for waiting ``req``.
+    def _preempt_for(self, a: _Admissions, queue: WaitingQueue, req: Request) -> int | None:
+        """Preempt the running request the policy picks to make room for ``req``, the head of ``queue``.
 
         Returns the tokens the victim had been given this step, or None when
         the policy picks none. Requests admitted this step are never victims.
         """
+        out, trace = a.out, a.trace
         admitted = out.admitted
         candidates = (
             [r for r in self.sched.running if r not in admitted] if admitted else list(self.sched.running)
@@ -357,6 +362,9 @@ class Admission:
         self.sched.running.remove(victim)
         freed = self.sched._unschedule(out, victim)
         self.sched._preempt(victim)
+        if queue.peek() is victim:
+            # The victim went back ahead of req: req is admitted first.
+            a.victims.append(queue.pop())
         out.preempted.append(victim)
         if trace is not None:
             trace.add(victim.request_id, Reason.PREEMPTED_FOR_WAITING, detail=f"for {req.request_id}")
