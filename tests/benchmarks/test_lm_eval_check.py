@@ -19,7 +19,8 @@ def test_local_completions_matches_the_hf_backend(smollm2_gguf: Path, tmp_path: 
     out = tmp_path / "check.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     # A 16-token budget: every echoed prompt runs in several prefill chunks.
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "serving" / "lm_eval_check.py"), "--out", str(out), "--limit", "2"]
+    script = ROOT / "benchmarks" / "serving" / "lm_eval_check.py"
+    cmd = [sys.executable, str(script), "--out", str(out), "--limit", "2"]
     cmd += ["--serve-arg", "--max-num-batched-tokens 16"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
