@@ -377,7 +377,7 @@ def test_plain_decode_steps_leave_trace_series_and_figures_unchanged(spec, workl
 @pytest.mark.parametrize(
     ("spec", "workload", "cohort_share"),
     [
-        ({}, {"request_rate": 20.0}, 0.9),
+        ({}, {"request_rate": 30.0}, 0.9),
         # Prompts often chunked: fewer steps keep their decodes lazy.
         ({"max_num_batched_tokens": 2048}, {"request_rate": 40.0, "range_ratio": 0.5}, 0.3),
         # KV-bound: preemptions, and queues held back by the watermark.
@@ -481,9 +481,9 @@ def test_async_trace_and_series_take_every_call():
     ("spec", "workload", "share"),
     [
         ({}, {"request_rate": 4.0}, 0.03),
-        ({}, {"request_rate": 20.0}, 0.3),
+        ({}, {"request_rate": 30.0}, 0.3),
         # Prompts often chunked: their calls go through schedule().
-        ({"max_num_batched_tokens": 2048}, {"request_rate": 27.0, "range_ratio": 0.5}, 0.05),
+        ({"max_num_batched_tokens": 2048}, {"request_rate": 40.0, "range_ratio": 0.5}, 0.05),
         # KV-bound: preemptions, and queues held back by the watermark.
         (
             {"num_gpu_blocks": 400, "max_num_seqs": 24, "max_model_len": 2048},
