@@ -31,7 +31,7 @@ ELEMENTWISE_KNOTS = (18.0, 22.0, 26.0, 30.0)
 PREFILL_KNOTS = (12.0, 14.0, 16.0, 18.0)
 # Decode attention bandwidth knots in log2(requests in the kernel): 1 to 128.
 DECODE_KNOTS = (0.0, 2.0, 4.0, 6.0, 7.0)
-TRUSTED_VERSION = {"a100": "7d47513", "h100": "acb95f6"}
+TRUSTED_VERSION = {"a100": "7d47513", "h100": "7d47513"}
 
 
 def _np():
