@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import os
-
 from llmsched.core.errors import ConfigError
+from llmsched.executor.platform import usable_cores
 
 # A model whose layers hold fewer weights than this takes about as long per
 # step as the HTTP side's streaming of that step's tokens (the embedded demo
@@ -25,7 +24,7 @@ def serving_threads(model_config: dict | None = None) -> int:
     streaming of their tokens, so every parallel region would wait for the
     core the HTTP side holds, and one CPU is left to that side.
     """
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cpus = usable_cores()
     if cpus > 1 and model_config is not None and 0 < layer_params(model_config) < SMALL_LAYER_PARAMS:
         return cpus - 1
     return cpus

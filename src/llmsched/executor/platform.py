@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 
 GiB = 1 << 30
@@ -23,3 +25,30 @@ class Platform:
         if self.kind == "cpu":
             return "cpu"
         return f"cuda ({self.device_name or 'unknown device'}, {self.total_memory / GiB:.1f} GiB)"
+
+
+def cgroup_cpu_limit(path: str = "/sys/fs/cgroup/cpu.max") -> float | None:
+    """The container's CPU quota in cores (cgroup v2 ``cpu.max``), or None when unlimited or unknown."""
+    try:
+        with open(path) as f:
+            quota, period = f.read().split()[:2]
+    except (OSError, ValueError):
+        return None
+    if quota == "max":
+        return None
+    try:
+        return int(quota) / int(period)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def usable_cores() -> int:
+    """Cores this process may use: its affinity, capped by a container's CPU quota."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    limit = cgroup_cpu_limit()
+    if limit is not None:
+        cores = min(cores, max(1, math.floor(limit)))
+    return cores

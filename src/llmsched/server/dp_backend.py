@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import sys
 import threading
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from llmsched.core.errors import ConfigError
 from llmsched.engine.args import EngineArgs
 from llmsched.engine.dp.router import SNAPSHOT_INTERVAL_S, ApiServerRouter
+from llmsched.executor.platform import usable_cores
 from llmsched.server.dp_args import DPLayout
 from llmsched.server.dp_link import AUTHKEY_ENV, authkey_from_env, listen
 from llmsched.server.dp_remote import RemoteRank, accept_ranks
@@ -72,7 +72,7 @@ class _Gather:
 
 def threads_per_rank(num_ranks: int) -> int:
     """Torch CPU threads for each rank: the usable CPUs shared out, at least one each."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cpus = usable_cores()
     return max(1, cpus // num_ranks)
 
 

@@ -9,11 +9,11 @@ import time
 import pytest
 import torch
 
+from llmsched.executor.platform import cgroup_cpu_limit
 from llmsched.executor.torch import TorchExecutor
 from llmsched.executor.torch.contention import (
     CHECK_EVERY_S,
     ThreadGovernor,
-    cgroup_cpu_limit,
     governor_for,
     read_busy_seconds,
 )
@@ -164,9 +164,12 @@ def test_the_executor_follows_its_governor_only_when_the_count_is_its_own(tiny_m
 
 
 def test_a_cpu_quota_caps_the_default_thread_count(monkeypatch):
-    from llmsched.executor.torch import contention
+    from llmsched.engine.serve_threads import serving_threads
+    from llmsched.executor import platform
+    from llmsched.server.dp_backend import threads_per_rank
 
-    monkeypatch.setattr(contention, "cgroup_cpu_limit", lambda path="": 1.5)
-    assert contention.usable_cores() == 1
-    monkeypatch.setattr(contention, "cgroup_cpu_limit", lambda path="": None)
-    assert contention.usable_cores() == len(os.sched_getaffinity(0))
+    monkeypatch.setattr(platform, "cgroup_cpu_limit", lambda path="": 1.5)
+    # The executor's default, the served engine's and each DP rank's all see the quota.
+    assert platform.usable_cores() == 1 and serving_threads() == 1 and threads_per_rank(1) == 1
+    monkeypatch.setattr(platform, "cgroup_cpu_limit", lambda path="": None)
+    assert platform.usable_cores() == len(os.sched_getaffinity(0)) == serving_threads()

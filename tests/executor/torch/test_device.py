@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from llmsched.core.errors import ConfigError
+from llmsched.executor.platform import usable_cores
 from llmsched.executor.torch import device as device_module
 from llmsched.executor.torch.config import ModelConfig
-from llmsched.executor.torch.contention import usable_cores
 from llmsched.executor.torch.device import (
     auto_dtype,
     available_host_memory,

@@ -22,6 +22,8 @@ import os
 import time
 from collections.abc import Callable
 
+from llmsched.executor.platform import cgroup_cpu_limit
+
 logger = logging.getLogger(__name__)
 
 # How often the cores are looked at (seconds of wall time between steps).
@@ -32,33 +34,6 @@ IDLE_SHARE = 0.35
 # Windows in a row that must agree before the count changes (no flapping
 # on one burst).
 AGREE = 2
-
-
-def cgroup_cpu_limit(path: str = "/sys/fs/cgroup/cpu.max") -> float | None:
-    """The container's CPU quota in cores (cgroup v2 ``cpu.max``), or None when unlimited or unknown."""
-    try:
-        with open(path) as f:
-            quota, period = f.read().split()[:2]
-    except (OSError, ValueError):
-        return None
-    if quota == "max":
-        return None
-    try:
-        return int(quota) / int(period)
-    except (ValueError, ZeroDivisionError):
-        return None
-
-
-def usable_cores() -> int:
-    """Cores this process may use: its affinity, capped by a container's CPU quota."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    limit = cgroup_cpu_limit()
-    if limit is not None:
-        cores = min(cores, max(1, math.floor(limit)))
-    return cores
 
 
 def read_busy_seconds(cpus: frozenset[int], path: str = "/proc/stat") -> float | None:

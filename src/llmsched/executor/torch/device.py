@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import torch
 
 from llmsched.core.errors import ConfigError
+from llmsched.executor.platform import usable_cores
 from llmsched.executor.torch.config import ModelConfig
-from llmsched.executor.torch.contention import usable_cores
 
 _DTYPES = {
     "float32": torch.float32,
