@@ -68,24 +68,34 @@ def test_every_step_equals_vllm_032s_own_scheduler_with_a_fabricated_runner() ->
     assert runs["spec_drafts/sync"]["seen"]["draft_tokens"] > 0
 
 
-@pytest.mark.slow
-def test_real_engine_gives_vllms_tokens_and_steps(tmp_path: Path) -> None:
+def _run_real_tool(tool: str, args: list[str], out: Path, what: str, timeout: float) -> dict:
+    """A tools/ script run in vLLM's CPU environment on SmolLM2 (opt-in: skips saying why); its JSON."""
     if os.environ.get("LLMSCHED_VLLM_REAL") != "1":
-        pytest.skip("the real-engine check runs SmolLM2 five times (~10 min): make test-vllm-real runs it")
+        pytest.skip(f"{what}: make test-vllm-real runs it")
     py = _vllm_cpu_python()
     if not (SMOLLM2 / "model.safetensors").is_file():
         pytest.skip(f"SmolLM2 float32 folder not found at {SMOLLM2} (make test-vllm-real builds it)")
-    out = tmp_path / "real.json"
     proc = subprocess.run(
-        [py, str(ROOT / "tools" / "vllm_plugin_real.py"), "--control", "--json", str(out)],
+        [py, str(ROOT / "tools" / tool), *args, "--json", str(out)],
         capture_output=True,
         text=True,
         env=_env(),
-        timeout=7200,
+        timeout=timeout,
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_real_engine_gives_vllms_tokens_and_steps(tmp_path: Path) -> None:
+    report = _run_real_tool(
+        "vllm_plugin_real.py",
+        ["--control"],
+        tmp_path / "real.json",
+        "the real-engine check runs SmolLM2 five times (~10 min)",
+        timeout=7200,
+    )
     assert report["num_prompts"] >= 64
     for mode in ("sync", "async"):
         run = report["runs"][mode]
@@ -100,22 +110,13 @@ def test_real_engine_gives_vllms_tokens_and_steps(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_fair_policy_inside_vllm_serves_the_light_tenant_first(tmp_path: Path) -> None:
-    if os.environ.get("LLMSCHED_VLLM_REAL") != "1":
-        pytest.skip("runs SmolLM2 twice in vLLM (~2 min): make test-vllm-real runs it")
-    py = _vllm_cpu_python()
-    if not (SMOLLM2 / "model.safetensors").is_file():
-        pytest.skip(f"SmolLM2 float32 folder not found at {SMOLLM2} (make test-vllm-real builds it)")
-    out = tmp_path / "fair.json"
-    proc = subprocess.run(
-        [py, str(ROOT / "tools" / "vllm_plugin_fair.py"), "--model", str(SMOLLM2), "--json", str(out)],
-        capture_output=True,
-        text=True,
-        env=_env(),
+    report = _run_real_tool(
+        "vllm_plugin_fair.py",
+        ["--model", str(SMOLLM2)],
+        tmp_path / "fair.json",
+        "the fair-share check runs SmolLM2 twice in vLLM (~2 min)",
         timeout=3600,
-        cwd=ROOT,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(out.read_text())
     fcfs = report["vllm_fcfs"]["median_first_token_step"]
     fair = report["llmsched_fair"]["median_first_token_step"]
     # Under vLLM's FCFS the light tenant waits behind the heavy one; fair share serves it early.
