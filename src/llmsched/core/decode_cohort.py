@@ -18,9 +18,24 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Iterator
 
 from llmsched.core.kv.manager import KVCacheManager
 from llmsched.core.request import Request
+
+
+def _entries_due(heap: list[tuple[int, int, Request]], bound: int) -> Iterator[tuple[int, int, Request]]:
+    """A heap's entries keyed at most ``bound``: they form a subtree at its root, so only that is walked."""
+    stack = [0] if heap else []
+    while stack:
+        i = stack.pop()
+        entry = heap[i]
+        if entry[0] > bound:
+            continue
+        yield entry
+        for j in (2 * i + 1, 2 * i + 2):
+            if j < len(heap):
+                stack.append(j)
 
 
 def catch_up(r: Request, computed: int, token_id: int, ahead: int = 1) -> None:
@@ -246,21 +261,11 @@ class AsyncDecodeCohort(_Cohort):
     def finishing(self, ahead: int = 0) -> list[Request]:
         """The members the coming call (or the one ``ahead`` after it) finishes, in running order."""
         now = self.steps + ahead
-        heap = self._finishes
         found: list[tuple[int, Request]] = []
-        # A heap's entries below a bound form a subtree at its root: walk only that.
-        stack = [0] if heap else []
-        while stack:
-            i = stack.pop()
-            s, seq, r = heap[i]
-            if s > now:
-                continue
+        for s, seq, r in _entries_due(self._finishes, now):
             if s < now:
                 raise AssertionError(f"{r.request_id} passed its stop length among lazy decodes")
             found.append((seq, r))
-            for j in (2 * i + 1, 2 * i + 2):
-                if j < len(heap):
-                    stack.append(j)
         found.sort(key=lambda e: e[0])
         return [r for _, r in found]
 
@@ -270,19 +275,7 @@ class AsyncDecodeCohort(_Cohort):
         Only those can take a new block in it; entries of members gone and
         events that merely register a full block are counted too.
         """
-        now = self.steps
-        heap = self._events
-        n = 0
-        stack = [0] if heap else []
-        while stack:
-            i = stack.pop()
-            if heap[i][0] > now:
-                continue
-            n += 1
-            for j in (2 * i + 1, 2 * i + 2):
-                if j < len(heap):
-                    stack.append(j)
-        return n
+        return sum(1 for _ in _entries_due(self._events, self.steps))
 
     def schedule(self, finishing: list[Request]) -> int:
         """Apply the coming call's schedule to the members; their summed computed counts after it.
