@@ -186,24 +186,9 @@ class OneEngine:
             accepted = self.spec_stats.num_accepted_tokens
             self.spec_stats.observe(so, es.model_output)
             accepted = self.spec_stats.num_accepted_tokens - accepted
-        # The applied step's own timing (async: not the batch just
-        # scheduled); None when it ran nothing and skipped the executor.
-        timing = self.ex.timing(so.step)
-        if timing is not None:
-            end = timing.end
-            # Async: the engine waited for this step's output.
-            self.ex.advance_to(end)
-            if timing.batch.num_tokens:
-                self.costs.add(timing)
-        else:
-            end = self.ex.now
+        timing, end = self._applied_end(so.step)
         self._count_tokens(es.outputs.updated, end, accepted)
-        for r in es.outputs.finished:
-            tally.finished(r, end)
-        if so.total_num_scheduled_tokens:
-            tally.num_busy += 1
-        if es.num_running > tally.max_running:
-            tally.max_running = es.num_running
+        self._tally_finish(es.outputs.finished, end, so.total_num_scheduled_tokens, es.num_running)
         if self.keep:
             at, added_then, held, in_frontend = self.scheduled_at.pop(so.step)
             t = timing if timing is not None else _IDLE
@@ -219,6 +204,31 @@ class OneEngine:
                     # Sent, but still being tokenized or passed on by an API server.
                     rec["in_frontend"] = in_frontend
                 write_step(tally.trace_out, rec, t, end)
+
+    def _applied_end(self, step: int) -> tuple[StepTiming | None, float]:
+        """The applied step's own timing (async: not the batch just scheduled) and when it ended.
+
+        None and the clock's time when it ran nothing and skipped the
+        executor; otherwise the engine waited for its output (async) and its
+        costs are counted.
+        """
+        timing = self.ex.timing(step)
+        if timing is None:
+            return None, self.ex.now
+        self.ex.advance_to(timing.end)
+        if timing.batch.num_tokens:
+            self.costs.add(timing)
+        return timing, timing.end
+
+    def _tally_finish(self, finished: Iterable, end: float, num_scheduled: int, num_running: int) -> None:
+        """A step's finishes, whether it was busy, and the running high-water mark."""
+        tally = self.tally
+        for r in finished:
+            tally.finished(r, end)
+        if num_scheduled:
+            tally.num_busy += 1
+        if num_running > tally.max_running:
+            tally.max_running = num_running
 
     def _count_tokens(self, samplers: list, end: float, accepted: int = 0, members: int = 0) -> None:
         """Count the tokens of the requests a step gave one (plus ``accepted`` drafts kept).
@@ -455,13 +465,9 @@ class OneEngine:
         self._count_tokens(samplers, end, members=d)
         for r in finished:
             r.last_token_time = end
-            tally.finished(r, end)
         self.turns += 1
         tally.num_steps += 1
-        if out.total_num_scheduled_tokens:
-            tally.num_busy += 1
-        if num_running > tally.max_running:
-            tally.max_running = num_running
+        self._tally_finish(finished, end, out.total_num_scheduled_tokens, num_running)
         return 1
 
     def _async_cohort_call(self) -> int:
@@ -499,24 +505,13 @@ class OneEngine:
             cohort, so, prev_result, finishing, decodes
         )
         # As step() counts the step applied.
-        timing = ex.timing(so.step)
-        if timing is not None:
-            end = timing.end
-            ex.advance_to(end)
-            if timing.batch.num_tokens:
-                self.costs.add(timing)
-        else:
-            end = ex.now
+        _, end = self._applied_end(so.step)
         self._count_tokens(samplers, end, members=members)
         for r in finished:
             r.last_token_time = end
-            tally.finished(r, end)
         self.turns += 1
         tally.num_steps += 1
-        if so.total_num_scheduled_tokens:
-            tally.num_busy += 1
-        if num_running > tally.max_running:
-            tally.max_running = num_running
+        self._tally_finish(finished, end, so.total_num_scheduled_tokens, num_running)
         return 1
 
     def _async_cohort_plain_run(self, cohort: AsyncDecodeCohort) -> int:
