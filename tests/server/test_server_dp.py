@@ -20,7 +20,7 @@ from llmsched.engine.args import EngineArgs
 from llmsched.server.args import ServerArgs
 from llmsched.server.dp_args import dp_layout
 from llmsched.server.launch import ServerThread
-from support.dp_serving import ENGINE, HANG_S, PROMPTS, REPORT_S, complete, metric_samples
+from support.dp_serving import ENGINE, HANG_S, PROMPTS, REPORT_S, complete, metric_samples, stream_lines
 
 
 def dp_args(**kw: object) -> ServerArgs:
@@ -172,15 +172,7 @@ def test_a_killed_rank_fails_every_request_in_flight_and_the_server_goes_unhealt
     started = [threading.Event() for _ in range(6)]
 
     def stream(i: int) -> list[str]:
-        body = {"prompt": PROMPTS[i], "max_tokens": 900, "ignore_eos": True, "stream": True}
-        lines = []
-        with httpx.stream("POST", s.base_url + "/v1/completions", json=body, timeout=HANG_S) as r:
-            assert r.status_code == 200
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    lines.append(line[6:])
-                    started[i].set()
-        return lines
+        return stream_lines(s.base_url, PROMPTS[i], started[i])
 
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         futures = [pool.submit(stream, i) for i in range(6)]

@@ -27,7 +27,7 @@ from llmsched.server.dp_link import AUTHKEY_ENV, accept, listen
 from llmsched.server.dp_remote import accept_ranks
 from llmsched.server.launch import ServerThread
 from llmsched.server.state import make_backend
-from support.dp_serving import ENGINE, HANG_S, PROMPTS, REPORT_S, complete, metric_samples
+from support.dp_serving import ENGINE, HANG_S, PROMPTS, REPORT_S, complete, metric_samples, stream_lines
 
 ENGINE_FLAGS = ["--max-model-len", "1024", "--num-gpu-blocks-override", "256", "--block-size", "16"]
 ENGINE_FLAGS += ["--num-threads", "1", "--no-prefault-kv-cache"]
@@ -126,15 +126,7 @@ def test_a_killed_headless_host_fails_every_request_in_flight(
     started = [threading.Event() for _ in range(4)]
 
     def stream(i: int) -> list[str]:
-        body = {"prompt": PROMPTS[i], "max_tokens": 900, "ignore_eos": True, "stream": True}
-        lines = []
-        with httpx.stream("POST", server.base_url + "/v1/completions", json=body, timeout=HANG_S) as r:
-            assert r.status_code == 200
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    lines.append(line[6:])
-                    started[i].set()
-        return lines
+        return stream_lines(server.base_url, PROMPTS[i], started[i])
 
     engines = children(headless.pid)
     assert engines, "the headless process runs its rank in a child process"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import httpx
 
 # Upper bounds on waits only catch a hang: a loaded host may be slow, never this slow.
@@ -28,3 +30,16 @@ def metric_samples(base: str, name: str) -> dict[str, float]:
             engine = line.split('engine="', 1)[1].split('"', 1)[0]
             out[engine] = float(line.rsplit(" ", 1)[1])
     return out
+
+
+def stream_lines(base: str, prompt: str, started: threading.Event) -> list[str]:
+    """A long streaming completion's data lines; ``started`` is set at the first one."""
+    body = {"prompt": prompt, "max_tokens": 900, "ignore_eos": True, "stream": True}
+    lines = []
+    with httpx.stream("POST", base + "/v1/completions", json=body, timeout=HANG_S) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                lines.append(line[6:])
+                started.set()
+    return lines
