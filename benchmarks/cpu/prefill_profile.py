@@ -39,7 +39,7 @@ from llmsched.executor.torch import TorchExecutor  # noqa: E402
 from llmsched.executor.torch.model import DecoderModel  # noqa: E402
 
 LINEAR = ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "aten::linear")
-ATTENTION = ("scaled_dot_product", "flash_attention", "aten::bmm", "aten::_softmax")
+ATTENTION = ("scaled_dot_product", "flash_attention", "prefill_attention", "aten::bmm", "aten::_softmax")
 CACHE_WRITES = ("aten::_index_put_impl_", "aten::index_copy_")
 ELEMENTWISE = (
     "aten::silu",

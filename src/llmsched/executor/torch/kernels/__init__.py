@@ -5,6 +5,8 @@
 - ``prefill_attention()``: the causal prefill attention kernel
   (prefill_attention.c), 3-4x faster than PyTorch's SDPA on bfloat16
   chunks, with bits of its own; it needs a CPU with AVX-512 BF16;
+- ``prefill_attention_f32()``: its float32 twin (prefill_attention_f32.c),
+  for CPUs with AVX2 and FMA, faster than PyTorch's SDPA on float32 chunks;
 - ``rms_norm_kernels()``: bfloat16 RMSNorm, alone or after the residual
   add, in one pass with the PyTorch chain's bits (rms_norm.c), checked
   against this PyTorch's sums when loaded.
@@ -18,7 +20,11 @@ from __future__ import annotations
 
 from llmsched.executor.torch.kernels.decode import DecodeAttentionKernels, decode_attention
 from llmsched.executor.torch.kernels.library import enabled, library
-from llmsched.executor.torch.kernels.prefill import PrefillAttentionKernel, prefill_attention
+from llmsched.executor.torch.kernels.prefill import (
+    PrefillAttentionKernel,
+    prefill_attention,
+    prefill_attention_f32,
+)
 from llmsched.executor.torch.kernels.rms_norm import MAX_NORM_WIDTH, RMSNormKernels, rms_norm_kernels
 
 __all__ = [
@@ -31,11 +37,12 @@ __all__ = [
     "enabled",
     "library",
     "prefill_attention",
+    "prefill_attention_f32",
     "rms_norm_kernels",
 ]
 
 
 def clear_caches() -> None:
     """Forget the loaded library and kernels, so the next call looks again (the environment, the compiler)."""
-    for cached in (library, decode_attention, prefill_attention, rms_norm_kernels):
+    for cached in (library, decode_attention, prefill_attention, prefill_attention_f32, rms_norm_kernels):
         cached.cache_clear()

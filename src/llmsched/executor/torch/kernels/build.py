@@ -21,7 +21,13 @@ from pathlib import Path
 from llmsched.executor.torch.embedded import cache_dir
 
 SOURCES = tuple(
-    Path(__file__).with_name(name) for name in ("decode_attention.c", "prefill_attention.c", "rms_norm.c")
+    Path(__file__).with_name(name)
+    for name in (
+        "decode_attention.c",
+        "prefill_attention.c",
+        "prefill_attention_f32.c",
+        "rms_norm.c",
+    )
 )
 HEADERS = (Path(__file__).with_name("bf16.h"),)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")

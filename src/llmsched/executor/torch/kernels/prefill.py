@@ -1,4 +1,5 @@
-"""The causal prefill attention kernel (prefill_attention.c): bfloat16 chunks, bits of its own."""
+"""The causal prefill attention kernels: bfloat16 chunks (prefill_attention.c) and float32 chunks
+(prefill_attention_f32.c), each with bits of its own."""
 
 from __future__ import annotations
 
@@ -14,20 +15,29 @@ from llmsched.executor.torch.kernels.library import library
 
 
 class PrefillAttentionKernel:
-    """Causal attention of a prefill chunk's bfloat16 queries over its context's keys and values."""
+    """Causal attention of a prefill chunk's queries over its context's keys and values, in one dtype."""
 
-    __slots__ = ("_attend", "max_head_dim")
+    __slots__ = ("_attend", "dtype", "head_dim_step", "max_head_dim")
 
-    def __init__(self, lib: ctypes.CDLL, max_head_dim: int) -> None:
-        self._attend = lib.llmsched_prefill_attention
+    def __init__(
+        self,
+        attend: ctypes._CFuncPtr,
+        dtype: torch.dtype,
+        max_head_dim: int,
+        head_dim_step: int,
+    ) -> None:
+        self._attend = attend
         # q, k, v and out (each a pointer and two strides), sizes, scale, threads.
         self._attend.argtypes = [*[_P, _L, _L] * 4, _I, _I, _I, _I, _I, ctypes.c_float, _I]
         self._attend.restype = _I
+        self.dtype = dtype
         self.max_head_dim = max_head_dim
+        # Head sizes run in multiples of this (the kernel's vector blocking).
+        self.head_dim_step = head_dim_step
 
     def supports(self, dtype: torch.dtype, head_dim: int) -> bool:
         """Whether this kernel runs a layer of this dtype and head size."""
-        return dtype == torch.bfloat16 and head_dim % 64 == 0 and head_dim <= self.max_head_dim
+        return dtype == self.dtype and head_dim % self.head_dim_step == 0 and head_dim <= self.max_head_dim
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, out: torch.Tensor
@@ -52,9 +62,23 @@ class PrefillAttentionKernel:
 
 @functools.cache
 def prefill_attention() -> PrefillAttentionKernel | None:
-    """The prefill attention kernel; None when the library is off or unbuilt or the CPU lacks AVX-512 BF16."""
+    """The bfloat16 prefill kernel; None when the library is off or unbuilt or the CPU lacks AVX-512 BF16."""
     lib = library()
     if lib is None:
         return None
     max_head_dim = lib.llmsched_prefill_supported()
-    return PrefillAttentionKernel(lib, max_head_dim) if max_head_dim > 0 else None
+    if max_head_dim <= 0:
+        return None
+    return PrefillAttentionKernel(lib.llmsched_prefill_attention, torch.bfloat16, max_head_dim, 64)
+
+
+@functools.cache
+def prefill_attention_f32() -> PrefillAttentionKernel | None:
+    """The float32 prefill kernel; None when the library is off or unbuilt or the CPU lacks AVX2 and FMA."""
+    lib = library()
+    if lib is None:
+        return None
+    max_head_dim = lib.llmsched_prefill_f32_supported()
+    if max_head_dim <= 0:
+        return None
+    return PrefillAttentionKernel(lib.llmsched_prefill_attention_f32, torch.float32, max_head_dim, 16)
