@@ -88,8 +88,8 @@ def add_prompts(engine: EngineCore, vocab: int, batch: int, prompt_len: int, see
         engine.add_request(core.Request(f"p{seed}-{i}", prompt, params))
 
 
-def prefill_step(ex: TorchExecutor, batch: int, prompt_len: int, seed: int) -> tuple[float, float]:
-    """(wall s, process CPU s) of one step prefilling ``batch`` fresh prompts whole."""
+def prefill_step(ex: TorchExecutor, batch: int, prompt_len: int, seed: int) -> tuple[float, float, float]:
+    """(wall s, process CPU s, model forward's CPU s) of a step prefilling ``batch`` fresh prompts whole."""
     config = core.SchedulerConfig(
         block_size=ex.block_size,
         num_gpu_blocks=ex.num_gpu_blocks,
@@ -99,15 +99,28 @@ def prefill_step(ex: TorchExecutor, batch: int, prompt_len: int, seed: int) -> t
     )
     engine = EngineCore(config, ex)
     add_prompts(engine, ex.model.config.vocab_size, batch, prompt_len, seed)
-    c0, t0 = time.process_time(), time.perf_counter()
-    step = engine.step()
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    # The forward runs on the executor's thread: its CPU time is taken there.
+    forward, forward_cpu = DecoderModel.forward, []
+
+    def timed(model: DecoderModel, *args: object, **kw: object) -> torch.Tensor:
+        c = time.thread_time()
+        out = forward(model, *args, **kw)
+        forward_cpu.append(time.thread_time() - c)
+        return out
+
+    DecoderModel.forward = timed
+    try:
+        c0, t0 = time.process_time(), time.perf_counter()
+        step = engine.step()
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    finally:
+        DecoderModel.forward = forward
     done = step.scheduler_output.total_num_scheduled_tokens
     if done != batch * prompt_len:
         raise SystemExit(f"the step prefilled {done} tokens, not {batch * prompt_len}")
     while engine.has_requests():
         engine.step()
-    return wall, cpu
+    return wall, cpu, sum(forward_cpu)
 
 
 def use_sdpa(ex: TorchExecutor, on: bool, kernel: PrefillAttentionKernel | None) -> None:
@@ -134,7 +147,7 @@ def profiled_step(ex: TorchExecutor, batch: int, prompt_len: int) -> dict[str, f
 
     DecoderModel.forward, PrefillAttentionKernel.attend = traced_forward, traced_attend
     try:
-        wall, cpu = prefill_step(ex, batch, prompt_len, 999)
+        wall, cpu, _ = prefill_step(ex, batch, prompt_len, 999)
     finally:
         DecoderModel.forward, PrefillAttentionKernel.attend = forward, attend
     events = found["prof"].key_averages()
@@ -152,12 +165,15 @@ def profiled_step(ex: TorchExecutor, batch: int, prompt_len: int) -> dict[str, f
     }
 
 
-def summarise(label: str, runs: list[tuple[float, float]], floor: dict[str, float]) -> dict[str, float]:
+def summarise(
+    label: str, runs: list[tuple[float, float, float]], floor: dict[str, float]
+) -> dict[str, float]:
     """Median and best wall and CPU seconds of ``runs``, and the medians' ratios to the floors; printed."""
-    wall, cpu = [w for w, _ in runs], [c for _, c in runs]
+    wall, cpu = [r[0] for r in runs], [r[1] for r in runs]
     out = {
         "wall_s": statistics.median(wall),
         "cpu_s": statistics.median(cpu),
+        "forward_cpu_s": statistics.median(r[2] for r in runs),
         "best_wall_s": min(wall),
         "best_cpu_s": min(cpu),
         "runs": [list(r) for r in runs],
@@ -166,7 +182,8 @@ def summarise(label: str, runs: list[tuple[float, float]], floor: dict[str, floa
     out["ratio_wall"] = out["wall_s"] / floor["wall_s"]
     print(
         f"{label}: CPU {out['cpu_s']:.2f} s (best {out['best_cpu_s']:.2f}) = {out['ratio_cpu']:.3f}x floor,"
-        f"  wall {out['wall_s']:.2f} s (best {out['best_wall_s']:.2f}) = {out['ratio_wall']:.3f}x"
+        f"  wall {out['wall_s']:.2f} s (best {out['best_wall_s']:.2f}) = {out['ratio_wall']:.3f}x;"
+        f"  of the CPU time {out['forward_cpu_s']:.2f} s in the model forward, the rest host work"
     )
     return out
 
@@ -243,14 +260,15 @@ def measure(args: argparse.Namespace) -> dict:
     print(f"{ex.dtype}, {args.batch} x {args.prompt_len} tokens, 1 thread; {total / 1e12:.4f} TFLOP", flops)
     print(f"matmul peak: {peak['cpu_gflops']:.1f} GFLOP/s by CPU time, {peak['wall_gflops']:.1f} by wall")
     print(f"floor: {floor['cpu_s']:.2f} s (CPU time), {floor['wall_s']:.2f} s (wall)")
-    runs: dict[str, list[tuple[float, float]]] = {p: [] for p in paths}
+    runs: dict[str, list[tuple[float, float, float]]] = {p: [] for p in paths}
     for i in range(args.warmup + args.repeats):
         for p in paths:
             use_sdpa(ex, p == "sdpa", kernel)
             r = prefill_step(ex, args.batch, args.prompt_len, i)
             if i >= args.warmup:
                 runs[p].append(r)
-            print(f"  {p} step: {r[1]:.2f} s CPU, {r[0]:.2f} s wall{' (warm-up)' if i < args.warmup else ''}")
+            note = " (warm-up)" if i < args.warmup else ""
+            print(f"  {p} step: {r[1]:.2f} s CPU ({r[2]:.2f} s forward), {r[0]:.2f} s wall{note}", flush=True)
     load.append(os.getloadavg())
     results = {p: summarise(p, runs[p], floor) for p in paths}
     use_sdpa(ex, paths[0] == "sdpa", kernel)
@@ -291,8 +309,15 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"breakdown of one profiled step ({b['step_wall_ms']:.0f} ms wall; self times of the forward's ops):"
     )
+    # The profiled times move with the load; each bucket's share of the
+    # timed steps' forward CPU time is the estimate to read.
+    first = out["paths"][next(iter(out["paths"]))]
+    b["cpu_ms_estimate"] = {k: v / total * 1e3 * first["forward_cpu_s"] for k, v in b["buckets_ms"].items()}
+    host = 1e3 * (first["cpu_s"] - first["forward_cpu_s"])
     for label, ms in sorted(b["buckets_ms"].items(), key=lambda kv: -kv[1]):
-        print(f"  {label:>13}: {ms:8.1f} ms  {100 * ms / total:5.1f}%")
+        est = b["cpu_ms_estimate"][label]
+        print(f"  {label:>13}: {ms:8.1f} ms  {100 * ms / total:5.1f}%  ~{est:7.1f} ms of the step's CPU time")
+    print(f"  {'host work':>13}: ~{host:.1f} ms of the step's CPU time (outside the model forward)")
     for name, ms in b["ops_ms"].items():
         print(f"    {name:<52} {ms:8.1f} ms")
     print("load average (1, 5, 15 min) before / after:", out["loadavg_before_after"])

@@ -5,8 +5,8 @@
  * the chunk) and sees keys 0..off + i. The query heads that share a KV head
  * are taken together as one list of rows, (token, head) token-major, and
  * work is split into (KV head, tile of ROWS such rows). A tile takes the
- * keys KB at a time with an online softmax: scores from a 6 x 16
- * register-blocked product, exp in float32, float32 accumulators, one
+ * keys KB at a time with an online softmax: scores of the scaled queries
+ * from a 6 x 16 register-blocked product, exp in float32, float32 accumulators, one
  * division by the row sum at the end. Blocks past the tile's last row are
  * never computed, so a causal prefill does about half the work of a square
  * one. The arithmetic is the flash kernel's kind but not its order (nor its
@@ -143,27 +143,32 @@ static inline __m256 visible(int c, int seen) {
     return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(seen - c), lane));
 }
 
-/* One row's online-softmax step over nk raw scores s (a multiple of 16), of
- * which the first `seen` are visible: scales them, updates the running max
- * m and sum l, leaves the probabilities in s (0 where not visible) and
- * rescales the row's output accumulators o by how far the max moved. */
-static void softmax_block(float *s, int nk, int seen, float scale, float *m, float *l, float *o, int d) {
+/* One row's online-softmax step over nk scores s (a multiple of 16), of
+ * which the first `seen` are visible: updates the running max m and sum l,
+ * leaves the probabilities in s (0 where not visible) and rescales the
+ * row's output accumulators o by how far the max moved. */
+static void softmax_block(float *s, int nk, int seen, float *m, float *l, float *o, int d) {
     if (seen <= 0) { /* the row sees none of this block */
         memset(s, 0, sizeof(float) * nk);
         return;
     }
-    __m256 mx = _mm256_set1_ps(-INFINITY), vs = _mm256_set1_ps(scale);
-    for (int c = 0; c < nk; c += 8) {
-        __m256 x = _mm256_mul_ps(_mm256_loadu_ps(s + c), vs);
-        _mm256_storeu_ps(s + c, x);
-        mx = _mm256_max_ps(mx, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, visible(c, seen)));
-    }
+    /* Whole vectors of visible keys first, then the one a row's last key falls in, masked. */
+    int whole = seen & ~7;
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    for (int c = 0; c < whole; c += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + c));
+    if (whole < seen)
+        mx = _mm256_max_ps(mx, _mm256_blendv_ps(mx, _mm256_loadu_ps(s + whole), visible(whole, seen)));
     float mnew = hmax(mx);
     if (mnew < *m) mnew = *m;
     float alpha = expf(*m - mnew);
     *m = mnew;
     __m256 vm = _mm256_set1_ps(mnew), sum = _mm256_setzero_ps();
-    for (int c = 0; c < nk; c += 8) {
+    for (int c = 0; c < whole; c += 8) {
+        __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s + c), vm));
+        sum = _mm256_add_ps(sum, e);
+        _mm256_storeu_ps(s + c, e);
+    }
+    for (int c = whole; c < nk; c += 8) {
         __m256 e = _mm256_and_ps(visible(c, seen), exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s + c), vm)));
         sum = _mm256_add_ps(sum, e);
         _mm256_storeu_ps(s + c, e);
@@ -188,7 +193,8 @@ static void attend_tile(const float *q, int64_t q_tok, int64_t q_head, const flo
         if (r < rows) {
             l[r] = 0.0f;
             int t = (r0 + r) / group, h = (r0 + r) % group;
-            memcpy(qb + r * MAX_HEAD_DIM, q + t * q_tok + h * q_head, sizeof(float) * d);
+            const float *src = q + t * q_tok + h * q_head;
+            for (int c = 0; c < d; c++) qb[r * MAX_HEAD_DIM + c] = src[c] * scale;
         } else {
             memset(qb + r * MAX_HEAD_DIM, 0, sizeof(float) * d);
         }
@@ -207,7 +213,7 @@ static void attend_tile(const float *q, int64_t q_tok, int64_t q_head, const flo
                 continue;
             }
             int seen = off + (r0 + r) / group + 1 - k0;
-            softmax_block(s + r * KB, nb * 16, seen < kn ? seen : kn, scale, &m[r], &l[r], o + r * MAX_HEAD_DIM, d);
+            softmax_block(s + r * KB, nb * 16, seen < kn ? seen : kn, &m[r], &l[r], o + r * MAX_HEAD_DIM, d);
         }
         const float *vblk = vp + (int64_t)k0 * d;
         for (int c = 0; c < d; c += 16)
