@@ -1,7 +1,8 @@
 """The decoder's elementwise pieces (RMSNorm, SwiGLU) and the prepacked CPU linear.
 
 On CPU, bfloat16 RMSNorm (alone or after the residual add) runs one C pass
-with the same bits as the chain of PyTorch ops below (kernels/rms_norm.c).
+with the same bits as the chain of PyTorch ops below (kernels/rms_norm.c),
+and so does float32 SwiGLU (kernels/swiglu.c).
 
 On CPU, F.linear with a bf16 weight has oneDNN reorder that weight into its
 blocked layout on every call. Reordering once at load and calling the
@@ -15,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from llmsched.executor.torch.kernels import RMSNormKernels, rms_norm_kernels
+from llmsched.executor.torch.kernels import RMSNormKernels, rms_norm_kernels, swiglu_kernel
 
 
 def _cpu_norm(x: torch.Tensor, weight: torch.Tensor) -> RMSNormKernels | None:
@@ -56,6 +57,11 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for the fused [tokens, 2 * intermediate] projection."""
+    # On CPU, float32 rows run one C pass with the same bits (kernels/swiglu.c).
+    if gate_up.dtype == torch.float32 and gate_up.device.type == "cpu":
+        kern = swiglu_kernel()
+        if kern is not None and kern.takes(gate_up):
+            return kern.swiglu(gate_up)
     half = gate_up.shape[-1] // 2
     out = F.silu(gate_up[..., :half])
     return out.mul_(gate_up[..., half:])

@@ -27,6 +27,7 @@ SOURCES = tuple(
         "prefill_attention.c",
         "prefill_attention_f32.c",
         "rms_norm.c",
+        "swiglu.c",
     )
 )
 HEADERS = (Path(__file__).with_name("bf16.h"),)
