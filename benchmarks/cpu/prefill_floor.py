@@ -11,13 +11,16 @@ best of several single-thread torch.mm runs at a few sizes, measured in
 the same run. Times are taken twice: wall and the process's CPU time; on
 a shared machine the CPU-time ratio is the figure to read (a descheduled
 thread adds wall time, not CPU time), and the load average is printed.
-``--compare-sdpa`` also runs the steps with attention on PyTorch's SDPA
-(the float32 path before prefill_attention_f32.c), interleaved with the
-kernel's. One more step runs under torch.profiler for the breakdown by
-kind of op (prefill_profile.py's buckets); the C kernel shows as
-``llmsched::prefill_attention``. Prints all of it, writes JSON.
+``--compare-pytorch`` also runs the steps on the PyTorch ops the float32
+path ran before its C kernels (SDPA for prefill_attention_f32.c, F.silu
+and a multiply for swiglu.c), interleaved with the kernels' steps. One
+more step runs under torch.profiler for the breakdown by kind of op
+(prefill_profile.py's buckets); the C kernels show as
+``llmsched::prefill_attention`` and ``llmsched::swiglu``. ``--accuracy`` then compares each path's
+prompt logprobs and greedy tokens with transformers' float32 model on the
+same folder. Prints all of it, writes JSON.
 
-    python benchmarks/cpu/prefill_floor.py --model DIR --compare-sdpa --json results/prefill_floor.json
+    python benchmarks/cpu/prefill_floor.py --model DIR --compare-pytorch --accuracy --json results/pf.json
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ from hostcpu import record_cpu  # noqa: E402
 
 from llmsched import core  # noqa: E402
 from llmsched.engine import EngineCore  # noqa: E402
-from llmsched.executor.torch import TorchExecutor  # noqa: E402
+from llmsched.executor.torch import TorchExecutor, kernels, layers  # noqa: E402
+from llmsched.executor.torch.attention import PagedAttention  # noqa: E402
 from llmsched.executor.torch.config import ModelConfig  # noqa: E402
 from llmsched.executor.torch.kernels import PrefillAttentionKernel  # noqa: E402
 from llmsched.executor.torch.model import DecoderModel  # noqa: E402
@@ -123,19 +127,24 @@ def prefill_step(ex: TorchExecutor, batch: int, prompt_len: int, seed: int) -> t
     return wall, cpu, sum(forward_cpu)
 
 
-def use_sdpa(ex: TorchExecutor, on: bool, kernel: PrefillAttentionKernel | None) -> None:
-    """Route float32 prefill attention to PyTorch's SDPA (``on``) or back to the C kernel."""
-    ex.model.attention.prefill_kernel_f32 = None if on else kernel
+def use_pytorch(attention: PagedAttention, on: bool, kernel: PrefillAttentionKernel | None) -> None:
+    """Run float32 prefill attention and SwiGLU on PyTorch's ops (``on``) or on the C kernels."""
+    attention.prefill_kernel_f32 = None if on else kernel
+    layers.swiglu_kernel = (lambda: None) if on else kernels.swiglu_kernel
 
 
 def profiled_step(ex: TorchExecutor, batch: int, prompt_len: int) -> dict[str, float]:
     """Self CPU ms per bucket of one prefill step's forward (torch.profiler), plus the step's own times."""
     forward, found = DecoderModel.forward, {}
-    attend = PrefillAttentionKernel.attend
+    attend, swiglu = PrefillAttentionKernel.attend, kernels.SwiGLUKernel.swiglu
 
     def traced_attend(kern: PrefillAttentionKernel, *args: object) -> None:
         with record_function("llmsched::prefill_attention"):
             attend(kern, *args)
+
+    def traced_swiglu(kern: kernels.SwiGLUKernel, gate_up: torch.Tensor) -> torch.Tensor:
+        with record_function("llmsched::swiglu"):
+            return swiglu(kern, gate_up)
 
     def traced_forward(
         model: DecoderModel, input_ids: torch.Tensor, *rest: object, **kw: object
@@ -146,10 +155,12 @@ def profiled_step(ex: TorchExecutor, batch: int, prompt_len: int) -> dict[str, f
         return out
 
     DecoderModel.forward, PrefillAttentionKernel.attend = traced_forward, traced_attend
+    kernels.SwiGLUKernel.swiglu = traced_swiglu
     try:
         wall, cpu, _ = prefill_step(ex, batch, prompt_len, 999)
     finally:
         DecoderModel.forward, PrefillAttentionKernel.attend = forward, attend
+        kernels.SwiGLUKernel.swiglu = swiglu
     events = found["prof"].key_averages()
     buckets: dict[str, float] = defaultdict(float)
     ops = sorted(((e.key, e.self_cpu_time_total / 1e3) for e in events), key=lambda r: -r[1])
@@ -223,8 +234,8 @@ def accuracy(folder: str, prompt_len: int, new_tokens: int = 8) -> dict[str, dic
     kernel = attention.prefill_kernel_f32
     params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True, prompt_logprobs=0)
     found = {}
-    for path in ("kernel", "sdpa") if kernel is not None else ("sdpa",):
-        attention.prefill_kernel_f32 = kernel if path == "kernel" else None
+    for path in ("kernels", "pytorch"):
+        use_pytorch(attention, path == "pytorch", kernel)
         out = llm.generate([{"prompt_token_ids": prompt}], params)[0]
         diff = torch.tensor(
             [abs(out.prompt_logprobs[i][t].logprob - ref[i - 1, t].item()) for i, t in enumerate(prompt) if i]
@@ -249,9 +260,7 @@ def measure(args: argparse.Namespace) -> dict:
         max_num_batched_tokens=args.batch * args.prompt_len,
     )
     kernel = ex.model.attention.prefill_kernel_f32
-    paths = (
-        ["kernel", "sdpa"] if args.compare_sdpa and kernel is not None else ["kernel" if kernel else "sdpa"]
-    )
+    paths = ["kernels", "pytorch"] if args.compare_pytorch else ["kernels"]
     flops = step_flops(ex.model.config, args.batch, args.prompt_len)
     total = sum(flops.values())
     load = [os.getloadavg()]
@@ -263,7 +272,7 @@ def measure(args: argparse.Namespace) -> dict:
     runs: dict[str, list[tuple[float, float, float]]] = {p: [] for p in paths}
     for i in range(args.warmup + args.repeats):
         for p in paths:
-            use_sdpa(ex, p == "sdpa", kernel)
+            use_pytorch(ex.model.attention, p == "pytorch", kernel)
             r = prefill_step(ex, args.batch, args.prompt_len, i)
             if i >= args.warmup:
                 runs[p].append(r)
@@ -271,7 +280,7 @@ def measure(args: argparse.Namespace) -> dict:
             print(f"  {p} step: {r[1]:.2f} s CPU ({r[2]:.2f} s forward), {r[0]:.2f} s wall{note}", flush=True)
     load.append(os.getloadavg())
     results = {p: summarise(p, runs[p], floor) for p in paths}
-    use_sdpa(ex, paths[0] == "sdpa", kernel)
+    use_pytorch(ex.model.attention, False, kernel)
     breakdown = profiled_step(ex, args.batch, args.prompt_len)
     ex.close()
     return {
@@ -292,7 +301,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=2048)
     p.add_argument("--repeats", type=int, default=3, help="timed steps per path (the median is reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps per path first")
-    p.add_argument("--compare-sdpa", action="store_true", help="also time attention on PyTorch's SDPA")
+    p.add_argument(
+        "--compare-pytorch",
+        action="store_true",
+        help="also time the steps on PyTorch's ops instead of the C kernels",
+    )
     p.add_argument(
         "--accuracy",
         action="store_true",

@@ -42,6 +42,7 @@ LINEAR = ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "aten::linear"
 ATTENTION = ("scaled_dot_product", "flash_attention", "prefill_attention", "aten::bmm", "aten::_softmax")
 CACHE_WRITES = ("aten::_index_put_impl_", "aten::index_copy_")
 ELEMENTWISE = (
+    "llmsched::swiglu",
     "aten::silu",
     "aten::mul",
     "aten::add",
