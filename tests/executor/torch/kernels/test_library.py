@@ -21,9 +21,11 @@ def test_switched_off_by_the_environment(monkeypatch):
         assert kernels.library() is None
         assert kernels.decode_attention() is None
         assert kernels.prefill_attention() is None
+        assert kernels.prefill_attention_f32() is None
         assert kernels.rms_norm_kernels() is None
+        assert kernels.swiglu_kernel() is None
         attn = PagedAttention(4, 2, 64, 16, keys_transposed=True)
-        assert attn.kernels is None and attn.prefill_kernel is None
+        assert attn.kernels is None and attn.prefill_kernel is None and attn.prefill_kernel_f32 is None
     finally:
         kernels.clear_caches()
 
