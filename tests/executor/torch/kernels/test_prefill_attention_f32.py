@@ -97,6 +97,17 @@ def test_a_row_that_is_exactly_one_key_copies_its_value():
     assert torch.equal(kernel(q, k, v), v.repeat_interleave(2, dim=1))
 
 
+def test_rows_whose_head_dim_values_are_strided_are_refused():
+    q, k, v = inputs(8, 8, 4, 2, 64, seed=1)
+    keys = k.transpose(0, 2).contiguous().transpose(0, 2)  # the same values, head_dim strided
+    with pytest.raises(
+        ValueError, match=r"k must be torch\.float32 with each row's head_dim values contiguous"
+    ):
+        kernel(q, keys, v)
+    with pytest.raises(ValueError, match=r"q must be torch\.float32"):
+        kernel(q.double(), k, v)
+
+
 def test_supports_float32_with_head_dims_in_16s_only():
     assert KERNEL.supports(torch.float32, 16) and KERNEL.supports(torch.float32, 64)
     assert not KERNEL.supports(torch.float32, 24) and not KERNEL.supports(torch.bfloat16, 64)
@@ -106,9 +117,14 @@ def test_supports_float32_with_head_dims_in_16s_only():
     assert PagedAttention(4, 2, 64, 16, keys_transposed=False).prefill_kernel_f32 is None
 
 
-def test_paged_attention_runs_fresh_and_cached_float32_chunks_through_the_kernel():
-    """A fresh chunk, one after 40 cached tokens and another fresh one in a step: each the kernel's."""
-    heads, kv_heads, d, bs, num_blocks = 9, 3, 64, 16, 64
+@pytest.mark.parametrize("bs", [16, 128], ids=["blocks", "one-block-contexts"])
+def test_paged_attention_runs_fresh_and_cached_float32_chunks_through_the_kernel(bs):
+    """A fresh chunk, one after 40 cached tokens and another fresh one in a step: each the kernel's.
+
+    With 128-token blocks each context fits one block, whose gathered K
+    comes back as a transposed view.
+    """
+    heads, kv_heads, d, num_blocks = 9, 3, 64, 32
     g = torch.Generator().manual_seed(5)
     cache = torch.zeros(2, kv_heads, num_blocks, bs, d)
     keys = cache[0].view(kv_heads, num_blocks, d, bs)  # K blocks are stored transposed
@@ -140,9 +156,10 @@ def test_paged_attention_runs_fresh_and_cached_float32_chunks_through_the_kernel
         assert torch.equal(out[c.start : c.end], kernel(q[c.start : c.end], ctx_k, ctx_v))
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_a_float32_engine_on_the_kernel_matches_transformers(tiny_models, monkeypatch, threads):
-    """Llama's 16-wide heads run the kernel: greedy tokens equal transformers', whole prompts and chunks."""
+@pytest.mark.parametrize("threads,block_size", [(1, 4), (2, 4), (1, 128)])
+def test_a_float32_engine_on_the_kernel_matches_transformers(tiny_models, monkeypatch, threads, block_size):
+    """Llama's 16-wide heads run the kernel: greedy tokens equal transformers', whole prompts and chunks
+    (after contexts of many blocks and of one)."""
     calls = []
     attend = kernels.PrefillAttentionKernel.attend
     monkeypatch.setattr(kernels.PrefillAttentionKernel, "attend", lambda *a: calls.append(1) or attend(*a))
@@ -150,7 +167,14 @@ def test_a_float32_engine_on_the_kernel_matches_transformers(tiny_models, monkey
     prompts = prompts_of([12, 12, 30, 5, 61, 9], seed=8)
     saved = torch.get_num_threads()
     try:
-        run = run_engine(model.path, prompts, greedy(6), num_threads=threads, max_num_batched_tokens=32)
+        run = run_engine(
+            model.path,
+            prompts,
+            greedy(6),
+            num_threads=threads,
+            max_num_batched_tokens=32,
+            block_size=block_size,
+        )
     finally:
         torch.set_num_threads(saved)
     assert calls

@@ -49,6 +49,12 @@ class PrefillAttentionKernel:
         """
         lq, nh, d = q.shape
         lk, kvh, _ = k.shape
+        for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
+            if t.stride(-1) != 1 or t.dtype != self.dtype:
+                raise ValueError(
+                    f"prefill attention: {name} must be {self.dtype} with each row's head_dim values "
+                    f"contiguous, got {t.dtype} with strides {tuple(t.stride())}"
+                )
         failed = self._attend(
             q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0), k.stride(1),
             v.data_ptr(), v.stride(0), v.stride(1), out.data_ptr(), out.stride(0), out.stride(1),
