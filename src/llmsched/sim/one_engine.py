@@ -360,8 +360,8 @@ class OneEngine:
             d_last = len(stays)
             last_shape = (d_last, sum(r.num_computed_tokens for r in stays) + d_last * k)
         first = sched.next_step
-        run = ex.run_async_decodes(first, d, ctx, k, self.arrivals.next_due_time(), last_shape)
-        n = len(run)
+        ends = ex.run_async_decodes(first, d, ctx, k, self.arrivals.next_due_time(), last_shape, self.costs)
+        n = len(ends)
         if not n:
             return 0
         finished = self.decodes.advance_async_decode_steps(n, token, through_finish=n == k)
@@ -370,8 +370,7 @@ class OneEngine:
         last = SchedulerOutput(first + n - 1, list(running), [1] * d_now, d_now)
         engine.replace_in_flight(last, ModelRunnerOutput(sampled_token_ids=[(token,)] * d_now))
         tally = self.tally
-        self.prev_end = end = tally.metrics.add_steps(run.ends, prev_end, d)
-        self.costs.add_pipelined(run.hosts, run.models, run.totals)
+        self.prev_end = end = tally.metrics.add_steps(ends, prev_end, d)
         for r in running:
             r.last_token_time = end
         self._count_plain_run(n, d, finished, end)
@@ -530,8 +529,10 @@ class OneEngine:
             d_last = d - len(finishing)
             stays = cohort.sum_offset - sum(cohort.offset_of(r) for r in finishing)
             last_shape = (d_last, stays + d_last * (steps + k))
-        run = ex.run_async_decodes(sched.next_step, d, context, k, self.arrivals.next_due_time(), last_shape)
-        n = len(run)
+        ends = ex.run_async_decodes(
+            sched.next_step, d, context, k, self.arrivals.next_due_time(), last_shape, self.costs
+        )
+        n = len(ends)
         if not n:
             return 0
         last = self.decodes.advance_async_cohort(cohort, n, finishing if n == k else [])
@@ -539,8 +540,7 @@ class OneEngine:
         self.engine.replace_in_flight(
             last, ModelRunnerOutput(sampled_token_ids=[(ex.sample_token_id,)] * d_now)
         )
-        self.prev_end = end = tally.metrics.add_steps(run.ends, self.prev_end, d)
-        self.costs.add_pipelined(run.hosts, run.models, run.totals)
+        self.prev_end = end = tally.metrics.add_steps(ends, self.prev_end, d)
         self._count_plain_run(n, d, finishing if n == k else (), end)
         return n
 
