@@ -360,7 +360,19 @@ class OneEngine:
             d_last = len(stays)
             last_shape = (d_last, sum(r.num_computed_tokens for r in stays) + d_last * k)
         first = sched.next_step
-        ends = ex.run_async_decodes(first, d, ctx, k, self.arrivals.next_due_time(), last_shape, self.costs)
+        tally = self.tally
+        metrics = tally.metrics
+        ends = ex.run_async_decodes(
+            first,
+            d,
+            ctx,
+            k,
+            self.arrivals.next_due_time(),
+            last_shape,
+            self.costs,
+            metrics.itl_counts(),
+            prev_end,
+        )
         n = len(ends)
         if not n:
             return 0
@@ -369,8 +381,8 @@ class OneEngine:
         d_now = len(running)
         last = SchedulerOutput(first + n - 1, list(running), [1] * d_now, d_now)
         engine.replace_in_flight(last, ModelRunnerOutput(sampled_token_ids=[(token,)] * d_now))
-        tally = self.tally
-        self.prev_end = end = tally.metrics.add_steps(ends, prev_end, d)
+        metrics.add_step_tokens(ends, d)
+        self.prev_end = end = ends[-1]
         for r in running:
             r.last_token_time = end
         self._count_plain_run(n, d, finished, end)
@@ -529,8 +541,17 @@ class OneEngine:
             d_last = d - len(finishing)
             stays = cohort.sum_offset - sum(cohort.offset_of(r) for r in finishing)
             last_shape = (d_last, stays + d_last * (steps + k))
+        metrics = tally.metrics
         ends = ex.run_async_decodes(
-            sched.next_step, d, context, k, self.arrivals.next_due_time(), last_shape, self.costs
+            sched.next_step,
+            d,
+            context,
+            k,
+            self.arrivals.next_due_time(),
+            last_shape,
+            self.costs,
+            metrics.itl_counts(),
+            self.prev_end,
         )
         n = len(ends)
         if not n:
@@ -540,7 +561,8 @@ class OneEngine:
         self.engine.replace_in_flight(
             last, ModelRunnerOutput(sampled_token_ids=[(ex.sample_token_id,)] * d_now)
         )
-        self.prev_end = end = tally.metrics.add_steps(ends, self.prev_end, d)
+        metrics.add_step_tokens(ends, d)
+        self.prev_end = end = ends[-1]
         self._count_plain_run(n, d, finishing if n == k else (), end)
         return n
 

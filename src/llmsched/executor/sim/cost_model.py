@@ -386,20 +386,23 @@ def _unrolled_decode_run(
 
 
 # run(ctx, now, device_free, until, num_steps, same, last_host, last_model, pending, ends, gaps,
-#     host_s, model_s, gap_s) -> (calls, now, device_free, host_s, model_s, gap_s, last, before)
+#     host_s, model_s, gap_s, itl, count, sampled_at)
+#   -> (calls, now, device_free, host_s, model_s, gap_s, last, before)
 AsyncDecodeRunFn = Callable[..., tuple]
 
 # An async decode-run clock: each call prices its step (decode_run's
 # arithmetic, term by term), pipelines it as SimExecutor._pipeline does and
 # applies the step before it (its end and host gap appended, its parts
-# summed into the running totals in StepCosts.add_pipelined's order). A
+# summed into the running totals in StepCosts.add_pipelined's order, and
+# ``count`` gaps from the step before it, ``sampled_at`` at first, added to
+# the inter-token histogram ``itl`` as MetricsCollector.add_steps adds them). A
 # step is (start, idle_from, end, host, model, host_gap); ``pending`` is the
 # one in flight before the run, ``last`` and ``before`` the last two scheduled.
 _ASYNC_RUN_SOURCE = """
 def make(d, head, host, m, pair_flops, kv_bytes, qo, rate, kv_rate, overlaps, {names}):
     def run(ctx, now, free, until, num_steps, same, last_host, last_model, pending, ends, gaps,
-            host_s, model_s, gap_s):
-        end_at, gap_at = ends.append, gaps.append
+            host_s, model_s, gap_s, itl, count, sampled_at):
+        end_at, gap_at, itl_get = ends.append, gaps.append, itl.get
         last = before = pending
         _, _, p_end, p_host, p_model, p_gap = pending
         n = 0
@@ -423,6 +426,9 @@ def make(d, head, host, m, pair_flops, kv_bytes, qo, rate, kv_rate, overlaps, {n
             gap = host_end - idle_from if host_end > idle_from else 0.0
             end_at(p_end)
             gap_at(p_gap)
+            g = p_end - sampled_at
+            itl[g] = itl_get(g, 0) + count
+            sampled_at = p_end
             host_s += p_host
             model_s += p_model
             gap_s += p_gap
@@ -491,6 +497,9 @@ def async_decode_run_of(cost_model: StepCostModel, num_decodes: int, overlaps: b
         host_s: float,
         model_s: float,
         gap_s: float,
+        itl: dict[float, int],
+        count: int,
+        sampled_at: float,
     ) -> tuple:
         last = before = pending
         _, _, p_end, p_host, p_model, p_gap = pending
@@ -511,6 +520,9 @@ def async_decode_run_of(cost_model: StepCostModel, num_decodes: int, overlaps: b
             gap = host_end - idle_from if host_end > idle_from else 0.0
             ends.append(p_end)
             gaps.append(p_gap)
+            g = p_end - sampled_at
+            itl[g] = itl.get(g, 0) + count
+            sampled_at = p_end
             host_s += p_host
             model_s += p_model
             gap_s += p_gap

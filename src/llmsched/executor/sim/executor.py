@@ -31,6 +31,7 @@ one call later.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice
@@ -43,8 +44,10 @@ from llmsched.executor.sim.cost_model import (
     BatchShape,
     DecodeRunFn,
     StepCostModel,
+    StepParts,
     async_decode_run_of,
     decode_run_of,
+    decode_step_parts_of,
     step_parts_of,
 )
 
@@ -112,6 +115,7 @@ class SimExecutor:
         self._parts = step_parts_of(cost_model)
         self._decode_runs: dict[int, DecodeRunFn] = {}
         self._async_runs: dict[int, AsyncDecodeRunFn] = {}
+        self._decode_parts: dict[int, Callable[[int], StepParts]] = {}
         # Only a cost model with a LoRA rank prices adapter tokens (a second pass over the batch).
         self.prices_lora = bool(getattr(cost_model, "lora_rank", 0))
         self.now = start_time
@@ -262,6 +266,15 @@ class SimExecutor:
         if enc and self.vision is not None:
             extra = self.vision.seconds(sum(len(v) for v in enc.values()))
             self.vision_seconds += extra
+        d = batch.num_decodes
+        if d and d == batch.num_tokens == batch.num_sampled and not batch.lora_tokens and not extra:
+            # One-token decodes only: the per-size price of their context
+            # (decode_step_parts: step_parts' figures bit for bit, a fraction of the work).
+            parts = self._decode_parts.get(d)
+            if parts is None:
+                parts = self._decode_parts[d] = decode_step_parts_of(self.cost_model, d)
+            total, host, model = parts(batch.decode_context)
+            return self._clock(so.step, batch, total, host, model)
         return self._run(so.step, batch, extra)
 
     def run_decodes(
@@ -311,6 +324,8 @@ class SimExecutor:
         until: float,
         last_shape: tuple[int, int] | None,
         costs: PipelinedCosts,
+        itl: dict[float, int],
+        sampled_at: float,
     ) -> array:
         """Clock up to ``num_steps`` async calls of the same one-token decodes, each begun before ``until``.
 
@@ -322,8 +337,11 @@ class SimExecutor:
         must be the last one executed. ``last_shape``: the last call's
         (decodes, summed context) when it schedules fewer (some finish).
         The applied steps are counted into ``costs`` as its
-        ``add_pipelined`` would count them; returns their forward ends. The
-        last two steps scheduled are kept for ``timing()``.
+        ``add_pipelined`` would count them, and each one's gap from the one
+        before (``sampled_at``: the end of the step before the first) into
+        the inter-token histogram ``itl``, ``num_decodes`` times each;
+        returns their forward ends. The last two steps scheduled are kept
+        for ``timing()``.
         """
         if not self.async_scheduling:
             raise ValueError("run_async_decodes() clocks async steps only")
@@ -344,7 +362,7 @@ class SimExecutor:
         pending = (prev.start, 0.0, prev.end, prev.host, prev.model, prev.host_gap)
         n, now, _, host_s, model_s, gap_s, last, before = clock(
             decode_context, self.now, self.device_free_at, until, num_steps, same, last_host, last_model,
-            pending, ends, costs.host_gaps, costs.host_s, costs.model_s, costs.host_gap_s,
+            pending, ends, costs.host_gaps, costs.host_s, costs.model_s, costs.host_gap_s, itl, d, sampled_at,
         )  # fmt: skip
         if n:
             costs.num_steps += n
