@@ -270,12 +270,16 @@ class SimExecutor:
         if d and d == batch.num_tokens == batch.num_sampled and not batch.lora_tokens and not extra:
             # One-token decodes only: the per-size price of their context
             # (decode_step_parts: step_parts' figures bit for bit, a fraction of the work).
-            parts = self._decode_parts.get(d)
-            if parts is None:
-                parts = self._decode_parts[d] = decode_step_parts_of(self.cost_model, d)
-            total, host, model = parts(batch.decode_context)
+            total, host, model = self._decode_parts_of(d)(batch.decode_context)
             return self._clock(so.step, batch, total, host, model)
         return self._run(so.step, batch, extra)
+
+    def _decode_parts_of(self, d: int) -> Callable[[int], StepParts]:
+        """``decode_step_parts`` of ``d`` one-token decodes (``step_parts``' figures bit for bit), kept per size."""
+        parts = self._decode_parts.get(d)
+        if parts is None:
+            parts = self._decode_parts[d] = decode_step_parts_of(self.cost_model, d)
+        return parts
 
     def run_decodes(
         self, first_step: int, num_decodes: int, decode_context: int, num_steps: int, until: float
@@ -357,7 +361,7 @@ class SimExecutor:
         if last_shape is not None:
             same -= 1
             dl, cl = last_shape
-            _, last_host, last_model = self._parts(BatchShape(dl, dl, 0, 0, 0, dl, cl, 0))
+            _, last_host, last_model = self._decode_parts_of(dl)(cl)
         ends = _doubles()
         pending = (prev.start, 0.0, prev.end, prev.host, prev.model, prev.host_gap)
         n, now, _, host_s, model_s, gap_s, last, before = clock(
