@@ -275,7 +275,7 @@ class SimExecutor:
         return self._run(so.step, batch, extra)
 
     def _decode_parts_of(self, d: int) -> Callable[[int], StepParts]:
-        """``decode_step_parts`` of ``d`` one-token decodes (``step_parts``' figures bit for bit), kept per size."""
+        """``decode_step_parts`` of ``d`` one-token decodes (step_parts' figures exactly), kept per size."""
         parts = self._decode_parts.get(d)
         if parts is None:
             parts = self._decode_parts[d] = decode_step_parts_of(self.cost_model, d)
