@@ -495,12 +495,10 @@ class OneEngine:
         sched = self.sched
         cohort = self.async_cohort
         if cohort is None:
-            if not len(sched.waiting):
-                return 0
             cohort = self._start_async_cohort()
             if cohort is None:
                 return 0
-        elif not len(sched.waiting) and len(sched.running) == len(cohort):
+        if not len(sched.waiting) and len(sched.running) == len(cohort):
             return self._async_cohort_plain_run(cohort)
         if self.max_steps is not None and self.turns >= self.max_steps:
             return 0
