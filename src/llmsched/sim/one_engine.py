@@ -482,15 +482,15 @@ class OneEngine:
         return 1
 
     def _async_cohort_call(self) -> int:
-        """Async: one engine call with the running requests kept as an AsyncDecodeCohort; 1 if it ran.
+        """Async: one engine call, or a run of plain calls, with the running requests kept as an AsyncDecodeCohort.
 
         While requests wait, or the ones admitted last call take their first
         decodes behind the members, a call costs those requests, the
         members' block events and finishes, not a pass over the batch (see
-        ``PlainDecodes.async_cohort_schedule``). 0 when the call may be anything
-        else, or nothing waits and all that runs is the cohort (plain calls
-        come, which ``_async_plain_decodes`` runs): the caller then catches
-        the cohort up.
+        ``PlainDecodes.async_cohort_schedule``); when nothing waits and all
+        that runs is the cohort, its plain calls run together
+        (``_async_cohort_plain_run``). Returns the calls run; 0 when the
+        call may be anything else: the caller then catches the cohort up.
         """
         sched = self.sched
         cohort = self.async_cohort
