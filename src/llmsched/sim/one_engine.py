@@ -482,7 +482,7 @@ class OneEngine:
         return 1
 
     def _async_cohort_call(self) -> int:
-        """Async: one engine call, or a run of plain calls, with the running requests kept as an AsyncDecodeCohort.
+        """Async: one engine call, or a run of plain calls, with the running requests kept as a cohort.
 
         While requests wait, or the ones admitted last call take their first
         decodes behind the members, a call costs those requests, the
