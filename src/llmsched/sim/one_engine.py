@@ -110,6 +110,7 @@ class OneEngine:
         self.async_cohort: AsyncDecodeCohort | None = None
         self.use_async_cohort = self.async_plain and not self.keep
         self.scheduled_at: dict[int, tuple[int, list | None, int, int]] = {}
+        self._decode_results: dict[int, ModelRunnerOutput] = {}
         self.turns = 0
         self.prev_end = -1.0
         self.spec_stats: SpecDecodingStats | None = None
@@ -380,7 +381,7 @@ class OneEngine:
         running = sched.running
         d_now = len(running)
         last = SchedulerOutput(first + n - 1, list(running), [1] * d_now, d_now)
-        engine.replace_in_flight(last, ModelRunnerOutput(sampled_token_ids=[(token,)] * d_now))
+        engine.replace_in_flight(last, self._decoded(d_now))
         metrics.add_step_tokens(ends, d)
         self.prev_end = end = ends[-1]
         for r in running:
@@ -556,13 +557,20 @@ class OneEngine:
             return 0
         last = self.decodes.advance_async_cohort(cohort, n, finishing if n == k else [])
         d_now = len(last.scheduled)
-        self.engine.replace_in_flight(
-            last, ModelRunnerOutput(sampled_token_ids=[(ex.sample_token_id,)] * d_now)
-        )
+        self.engine.replace_in_flight(last, self._decoded(d_now))
         metrics.add_step_tokens(ends, d)
         self.prev_end = end = ends[-1]
         self._count_plain_run(n, d, finishing if n == k else (), end)
         return n
+
+    def _decoded(self, d: int) -> ModelRunnerOutput:
+        """The executor's output for ``d`` one-token decodes (read-only, so one per size is kept)."""
+        result = self._decode_results.get(d)
+        if result is None:
+            result = self._decode_results[d] = ModelRunnerOutput(
+                sampled_token_ids=[(self.ex.sample_token_id,)] * d
+            )
+        return result
 
     def _start_async_cohort(self) -> AsyncDecodeCohort | None:
         """A cohort of the running requests, if the step in flight decodes them all and all sampled last."""
