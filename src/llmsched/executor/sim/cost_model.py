@@ -393,7 +393,7 @@ AsyncDecodeRunFn = Callable[..., tuple]
 # An async decode-run clock: each call prices its step (decode_run's
 # arithmetic, term by term), pipelines it as SimExecutor._pipeline does and
 # applies the step before it (its end and host gap appended, its parts
-# summed into the running totals in StepCosts.add_pipelined's order, and
+# added to the running totals one by one, as StepCosts.add adds them, and
 # ``count`` gaps from the step before it, ``sampled_at`` at first, added to
 # the inter-token histogram ``itl`` as MetricsCollector.add_steps adds them). A
 # step is (start, idle_from, end, host, model, host_gap); ``pending`` is the

@@ -340,8 +340,8 @@ class SimExecutor:
         for, as the simulator's engine loop does. Step ``first_step - 1``
         must be the last one executed. ``last_shape``: the last call's
         (decodes, summed context) when it schedules fewer (some finish).
-        The applied steps are counted into ``costs`` as its
-        ``add_pipelined`` would count them, and each one's gap from the one
+        The applied steps are counted into ``costs`` as its ``add``
+        counts an executed step, one by one, and each one's gap from the one
         before (``sampled_at``: the end of the step before the first) into
         the inter-token histogram ``itl``, ``num_decodes`` times each;
         returns their forward ends. The last two steps scheduled are kept
