@@ -29,7 +29,6 @@ LONG: dict[str, str] = {
     "sim/cli.py::run_simulate": "the simulate command end to end: deployment, workload, run, report",
     "sim/workload.py::load_trace_workload": "reads and checks every field of a JSONL trace line in one pass",
     "bench/throughput.py::run_throughput": "the offline bench loop and its latency and throughput summary",
-    "executor/sim/executor.py::SimExecutor.run_async_decodes": "the async decode fast path, one loop",
     "executor/torch/input_batch.py::InputBatch.prepare": "flattens a step's chunks into input tensors",
     "sim/deployment.py::_build": "sizes a deployment: parallelism, memory plan and cost model together",
     "sim/runner.py::simulate": "the simulator's main loop over arrivals, steps and data-parallel ranks",

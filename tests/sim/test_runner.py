@@ -515,3 +515,40 @@ def test_async_cohort_calls_leave_every_figure_and_request_unchanged(spec, workl
     assert spec.get("num_gpu_blocks") is None or runs[0][0]["simulation"]["num_preemptions"]
     assert len(calls) > share * runs[0][0]["simulation"]["num_steps"], len(calls)
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("overlaps", [True, False])
+def test_async_decode_runs_under_preemption_leave_every_figure_and_request_unchanged(overlaps, monkeypatch):
+    # A KV-bound run (preemptions, queues) with async scheduling: the plain
+    # runs' one-loop clock (pricing, pipelining, costs, inter-token gaps) gives
+    # the per-call path's figures and per-request lists, host overlapping or not.
+    from llmsched.executor.sim.executor import SimExecutor
+
+    calls = []
+    run = SimExecutor.run_async_decodes
+
+    def counted(ex, *args):
+        ends = run(ex, *args)
+        calls.append(len(ends))
+        return ends
+
+    monkeypatch.setattr(SimExecutor, "run_async_decodes", counted)
+    dep, wl = _llama_run(
+        {"async_scheduling": True, "num_gpu_blocks": 250, "max_num_seqs": 8, "max_model_len": 2048},
+        {"request_rate": 4.0, "range_ratio": 0.9},
+        300,
+        seed=7,
+        num_prefix_groups=1,
+    )
+    dep.cost_model.host_overlaps_model = overlaps
+    runs = []
+    for fast in (False, True):
+        res = simulate(dep, wl, fast_forward=fast, record_requests=True, detailed=True)
+        data = res.to_json()
+        data["simulation"].pop("wall_s")
+        data["simulation"].pop("wall_us_per_request")
+        runs.append((data, res.requests))
+    assert runs[0][0]["simulation"]["num_preemptions"] > 0
+    # The per-call path ran alone first; then most calls ran in plain runs.
+    assert sum(calls) > 0.5 * runs[0][0]["simulation"]["num_steps"], sum(calls)
+    assert runs[0] == runs[1]

@@ -200,15 +200,7 @@ class MetricsCollector:
         """
         if not ends:
             return prev_end
-        origin = self.origin
-        buckets = self._token_buckets
-        k = int(ends[0] - origin)
-        if count and k == int(ends[-1] - origin):
-            # Ends only grow (and so do their buckets): a run within one
-            # second, the usual case, is one addition.
-            buckets[k] = buckets.get(k, 0) + count * len(ends)
-        else:
-            self._add_step_tokens(ends, count)
+        self.add_step_tokens(ends, count)
         itl = self._itl
         gaps = itl.get
         for end in ends:
@@ -216,6 +208,22 @@ class MetricsCollector:
             itl[gap] = gaps(gap, 0) + count
             prev_end = end
         return prev_end
+
+    def add_step_tokens(self, ends: Sequence[float], count: int) -> None:
+        """``count`` tokens at each of ``ends`` (ascending, not empty), for the peak tokens/s figure."""
+        origin = self.origin
+        k = int(ends[0] - origin)
+        if count and k == int(ends[-1] - origin):
+            # Ends only grow (and so do their buckets): a run within one
+            # second, the usual case, is one addition.
+            buckets = self._token_buckets
+            buckets[k] = buckets.get(k, 0) + count * len(ends)
+        else:
+            self._add_step_tokens(ends, count)
+
+    def itl_counts(self) -> dict[float, int]:
+        """The inter-token gaps counted so far (gap seconds -> count), for adders that count in bulk."""
+        return self._itl
 
     def _add_step_tokens(self, ends: Iterable[float], count: int) -> None:
         """``count`` tokens at each of ``ends`` (ascending), added once per one-second bucket."""

@@ -261,6 +261,9 @@ class AsyncDecodeCohort(_Cohort):
     def finishing(self, ahead: int = 0) -> list[Request]:
         """The members the coming call (or the one ``ahead`` after it) finishes, in running order."""
         now = self.steps + ahead
+        finishes = self._finishes
+        if not finishes or finishes[0][0] > now:
+            return []  # the usual case: no entry is due
         found: list[tuple[int, Request]] = []
         for s, seq, r in _entries_due(self._finishes, now):
             if s < now:
@@ -275,7 +278,10 @@ class AsyncDecodeCohort(_Cohort):
         Only those can take a new block in it; entries of members gone and
         events that merely register a full block are counted too.
         """
-        return sum(1 for _ in _entries_due(self._events, self.steps))
+        events = self._events
+        if not events or events[0][0] > self.steps:
+            return 0  # the usual case: no entry is due
+        return sum(1 for _ in _entries_due(events, self.steps))
 
     def schedule(self, finishing: list[Request]) -> int:
         """Apply the coming call's schedule to the members; their summed computed counts after it.

@@ -110,6 +110,7 @@ class OneEngine:
         self.async_cohort: AsyncDecodeCohort | None = None
         self.use_async_cohort = self.async_plain and not self.keep
         self.scheduled_at: dict[int, tuple[int, list | None, int, int]] = {}
+        self._decode_results: dict[int, ModelRunnerOutput] = {}
         self.turns = 0
         self.prev_end = -1.0
         self.spec_stats: SpecDecodingStats | None = None
@@ -360,18 +361,29 @@ class OneEngine:
             d_last = len(stays)
             last_shape = (d_last, sum(r.num_computed_tokens for r in stays) + d_last * k)
         first = sched.next_step
-        run = ex.run_async_decodes(first, d, ctx, k, self.arrivals.next_due_time(), last_shape)
-        n = len(run)
+        tally = self.tally
+        metrics = tally.metrics
+        ends = ex.run_async_decodes(
+            first,
+            d,
+            ctx,
+            k,
+            self.arrivals.next_due_time(),
+            last_shape,
+            self.costs,
+            metrics.itl_counts(),
+            prev_end,
+        )
+        n = len(ends)
         if not n:
             return 0
         finished = self.decodes.advance_async_decode_steps(n, token, through_finish=n == k)
         running = sched.running
         d_now = len(running)
         last = SchedulerOutput(first + n - 1, list(running), [1] * d_now, d_now)
-        engine.replace_in_flight(last, ModelRunnerOutput(sampled_token_ids=[(token,)] * d_now))
-        tally = self.tally
-        self.prev_end = end = tally.metrics.add_steps(run.ends, prev_end, d)
-        self.costs.add_pipelined(run.hosts, run.models, run.totals)
+        engine.replace_in_flight(last, self._decoded(d_now))
+        metrics.add_step_tokens(ends, d)
+        self.prev_end = end = ends[-1]
         for r in running:
             r.last_token_time = end
         self._count_plain_run(n, d, finished, end)
@@ -471,25 +483,23 @@ class OneEngine:
         return 1
 
     def _async_cohort_call(self) -> int:
-        """Async: one engine call with the running requests kept as an AsyncDecodeCohort; 1 if it ran.
+        """Async: one engine call, or a run of plain calls, with the running requests kept as a cohort.
 
         While requests wait, or the ones admitted last call take their first
         decodes behind the members, a call costs those requests, the
         members' block events and finishes, not a pass over the batch (see
-        ``PlainDecodes.async_cohort_schedule``). 0 when the call may be anything
-        else, or nothing waits and all that runs is the cohort (plain calls
-        come, which ``_async_plain_decodes`` runs): the caller then catches
-        the cohort up.
+        ``PlainDecodes.async_cohort_schedule``); when nothing waits and all
+        that runs is the cohort, its plain calls run together
+        (``_async_cohort_plain_run``). Returns the calls run; 0 when the
+        call may be anything else: the caller then catches the cohort up.
         """
         sched = self.sched
         cohort = self.async_cohort
         if cohort is None:
-            if not len(sched.waiting):
-                return 0
             cohort = self._start_async_cohort()
             if cohort is None:
                 return 0
-        elif not len(sched.waiting) and len(sched.running) == len(cohort):
+        if not len(sched.waiting) and len(sched.running) == len(cohort):
             return self._async_cohort_plain_run(cohort)
         if self.max_steps is not None and self.turns >= self.max_steps:
             return 0
@@ -530,19 +540,37 @@ class OneEngine:
             d_last = d - len(finishing)
             stays = cohort.sum_offset - sum(cohort.offset_of(r) for r in finishing)
             last_shape = (d_last, stays + d_last * (steps + k))
-        run = ex.run_async_decodes(sched.next_step, d, context, k, self.arrivals.next_due_time(), last_shape)
-        n = len(run)
+        metrics = tally.metrics
+        ends = ex.run_async_decodes(
+            sched.next_step,
+            d,
+            context,
+            k,
+            self.arrivals.next_due_time(),
+            last_shape,
+            self.costs,
+            metrics.itl_counts(),
+            self.prev_end,
+        )
+        n = len(ends)
         if not n:
             return 0
         last = self.decodes.advance_async_cohort(cohort, n, finishing if n == k else [])
         d_now = len(last.scheduled)
-        self.engine.replace_in_flight(
-            last, ModelRunnerOutput(sampled_token_ids=[(ex.sample_token_id,)] * d_now)
-        )
-        self.prev_end = end = tally.metrics.add_steps(run.ends, self.prev_end, d)
-        self.costs.add_pipelined(run.hosts, run.models, run.totals)
+        self.engine.replace_in_flight(last, self._decoded(d_now))
+        metrics.add_step_tokens(ends, d)
+        self.prev_end = end = ends[-1]
         self._count_plain_run(n, d, finishing if n == k else (), end)
         return n
+
+    def _decoded(self, d: int) -> ModelRunnerOutput:
+        """The executor's output for ``d`` one-token decodes (read-only, so one per size is kept)."""
+        result = self._decode_results.get(d)
+        if result is None:
+            result = self._decode_results[d] = ModelRunnerOutput(
+                sampled_token_ids=[(self.ex.sample_token_id,)] * d
+            )
+        return result
 
     def _start_async_cohort(self) -> AsyncDecodeCohort | None:
         """A cohort of the running requests, if the step in flight decodes them all and all sampled last."""

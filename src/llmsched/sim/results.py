@@ -57,17 +57,6 @@ class StepCosts:
         self.num_steps += len(hosts)
         self.host_gaps.extend(hosts)
 
-    def add_pipelined(self, hosts: Sequence[float], models: Sequence[float], gaps: Sequence[float]) -> None:
-        """Count executed async steps by their parts and host gaps, as ``add`` would one by one."""
-        host_s, model_s, gap_s = self.host_s, self.model_s, self.host_gap_s
-        for h, m, g in zip(hosts, models, gaps):
-            host_s += h
-            model_s += m
-            gap_s += g
-        self.host_s, self.model_s, self.host_gap_s = host_s, model_s, gap_s
-        self.num_steps += len(hosts)
-        self.host_gaps.extend(gaps)
-
     def add(self, t: StepTiming) -> None:
         """Count one executed step with tokens."""
         self.num_steps += 1

@@ -94,3 +94,99 @@ def test_empty_batch_costs_nothing():
     ex.advance_to(5.0)
     ex.advance_to(2.0)
     assert ex.now == 5.0
+
+
+def _async_calls_one_by_one(ex, first, d, ctx, k, until, last_shape, sampled_at):
+    """What the per-call path does for ``k`` async decode calls: execute each, then apply the step before."""
+    from array import array
+
+    ends, gaps, itl = [], array("d"), {}
+    sums = [0.0, 0.0, 0.0]
+    for j in range(k):
+        if ex.now >= until:
+            break
+        if j == k - 1 and last_shape is not None:
+            dl, cl = last_shape
+            batch = BatchShape(dl, dl, 0, 0, 0, dl, cl, 0)
+        else:
+            batch = BatchShape(d, d, 0, 0, 0, d, ctx + d * (j + 1), 0)
+        ex._run(first + j, batch)
+        prev = ex.timing(first + j - 1)
+        ex.advance_to(prev.end)
+        ends.append(prev.end)
+        gaps.append(prev.host_gap)
+        sums[0] += prev.host
+        sums[1] += prev.model
+        sums[2] += prev.host_gap
+        gap = prev.end - sampled_at
+        itl[gap] = itl.get(gap, 0) + d
+        sampled_at = prev.end
+    return ends, list(gaps), itl, sums
+
+
+def _after(ex, first, n):
+    """The executor's clock and the two timings it keeps after ``n`` calls from ``first``."""
+    kept = []
+    for step in (first + n - 2, first + n - 1):
+        t = ex.timing(step)
+        kept.append(
+            None if t is None else (t.step, t.start, t.end, t.host, t.model, t.host_gap, t.duration, t.batch)
+        )
+    return ex.now, ex.device_free_at, ex.last_duration, kept
+
+
+@pytest.mark.parametrize("unrolled", [True, False])
+@pytest.mark.parametrize("overlaps", [True, False])
+@pytest.mark.parametrize("model", ["llama-3-8b", "bamba-9b", "constant"])
+def test_async_decode_runs_clock_and_count_as_the_calls_one_by_one(model, overlaps, unrolled, monkeypatch):
+    # run_async_decodes (one loop: price, pipeline, apply, count) against the
+    # per-call path's execute-then-apply, on every clock it may generate.
+    from array import array
+    from types import SimpleNamespace
+
+    from llmsched.executor.sim import cost_model as cost_model_module
+
+    if not unrolled:
+        monkeypatch.setattr(cost_model_module, "_UNROLLED", 0)
+    if model == "constant":
+        cost = ConstantCostModel(0.004, host_seconds=0.006 if overlaps else 0.001)
+    else:
+        cost = CostModel(load_model(model), load_hardware("h100"))
+    cases = [
+        (3, 700, 40, 1e9, None),
+        (3, 700, 40, 0.05, None),  # an arrival ends the run early
+        (5, 2000, 12, 1e9, (3, 3 * 2013)),  # the last call schedules fewer: two finish
+        (64, 64 * 900, 25, 1e9, (63, 63 * 926)),
+        (1, 10, 1, 1e9, None),
+        (2, 10, 7, 0.0, None),  # nothing begins before the limit
+    ]
+    for d, ctx, k, until, last_shape in cases:
+        runs = []
+        for fast in (False, True):
+            ex = SimExecutor(cost, async_scheduling=True)
+            ex.host_overlaps_model = overlaps
+            # A prefill in flight before the calls, its forward still running.
+            ex._run(
+                9, BatchShape(1024, 1, 1024, 1024 * 1025 // 2, 0, 0, 0, 1, prefill_causal=1024 * 1025 // 2)
+            )
+            if fast:
+                costs = SimpleNamespace(
+                    num_steps=0, host_s=0.0, model_s=0.0, host_gap_s=0.0, host_gaps=array("d")
+                )
+                itl: dict[float, int] = {}
+                ends = ex.run_async_decodes(10, d, ctx, k, until, last_shape, costs, itl, -0.5)
+                n = len(ends)
+                got = (
+                    list(ends),
+                    list(costs.host_gaps),
+                    itl,
+                    [costs.host_s, costs.model_s, costs.host_gap_s],
+                )
+                assert costs.num_steps == n
+            else:
+                got = _async_calls_one_by_one(ex, 10, d, ctx, k, until, last_shape, -0.5)
+                n = len(got[0])
+            runs.append((n, got, _after(ex, 10, n)))
+        assert runs[0] == runs[1]
+        n = runs[0][0]
+        assert n == (0 if until == 0.0 else k) or (until == 0.05 and 0 < n < k)

@@ -385,6 +385,156 @@ def _unrolled_decode_run(
     return make(d, head, hosts1, m, pair_flops, kv_bytes, qo, rate, kv_rate, *tail_all, *tail_model)
 
 
+# run(ctx, now, device_free, until, num_steps, same, last_host, last_model, pending, ends, gaps,
+#     host_s, model_s, gap_s, itl, count, sampled_at)
+#   -> (calls, now, device_free, host_s, model_s, gap_s, last, before)
+AsyncDecodeRunFn = Callable[..., tuple]
+
+# An async decode-run clock: each call prices its step (decode_run's
+# arithmetic, term by term), pipelines it as SimExecutor._pipeline does and
+# applies the step before it (its end and host gap appended, its parts
+# added to the running totals one by one, as StepCosts.add adds them, and
+# ``count`` gaps from the step before it, ``sampled_at`` at first, added to
+# the inter-token histogram ``itl`` as MetricsCollector.add_steps adds them). A
+# step is (start, idle_from, end, host, model, host_gap); ``pending`` is the
+# one in flight before the run, ``last`` and ``before`` the last two scheduled.
+_ASYNC_RUN_SOURCE = """
+def make(d, head, host, m, pair_flops, kv_bytes, qo, rate, kv_rate, overlaps, {names}):
+    def run(ctx, now, free, until, num_steps, same, last_host, last_model, pending, ends, gaps,
+            host_s, model_s, gap_s, itl, count, sampled_at):
+        end_at, gap_at, itl_get = ends.append, gaps.append, itl.get
+        last = before = pending
+        _, _, p_end, p_host, p_model, p_gap = pending
+        n = 0
+        while n < num_steps and now < until:
+            if n < same:
+                ctx += d
+                tc = ctx * pair_flops / rate
+                tm = ((ctx + d) * kv_bytes + qo) / kv_rate
+                h = host
+                model = head + (tc if tc > tm else tm){mixer}{tail_model}
+            else:
+                h = last_host
+                model = last_model
+            start = now
+            if free > start and not overlaps:
+                start = free
+            host_end = start + h
+            idle_from = free if free > start else start
+            begin = host_end if host_end > free else free
+            free = end = begin + model
+            gap = host_end - idle_from if host_end > idle_from else 0.0
+            end_at(p_end)
+            gap_at(p_gap)
+            g = p_end - sampled_at
+            itl[g] = itl_get(g, 0) + count
+            sampled_at = p_end
+            host_s += p_host
+            model_s += p_model
+            gap_s += p_gap
+            now = p_end if p_end > host_end else host_end
+            before = last
+            last = (start, idle_from, end, h, model, gap)
+            p_end = end
+            p_host = h
+            p_model = model
+            p_gap = gap
+            n += 1
+        return n, now, free, host_s, model_s, gap_s, last, before
+    return run
+"""
+_ASYNC_RUN_MAKERS: dict[tuple[int, bool], Callable[..., AsyncDecodeRunFn]] = {}
+
+
+def _unrolled_async_decode_run(
+    d: int, terms: tuple, tail_model: tuple[float, ...], overlaps: bool
+) -> AsyncDecodeRunFn:
+    """``CostModel.async_decode_run``'s clock, generated once per tail length (see _unrolled_decode_run)."""
+    head, host, _, _, mixer, pair_flops, kv_bytes, qo_bytes, rate, kv_rate = terms
+    key = (len(tail_model), mixer is not None)
+    make = _ASYNC_RUN_MAKERS.get(key)
+    if make is None:
+        names = [f"b{i}" for i in range(key[0])]
+        source = _ASYNC_RUN_SOURCE.format(
+            names=", ".join(names) or "*_",
+            mixer=" + m" if key[1] else "",
+            tail_model="".join(f" + {x}" for x in names),
+        )
+        namespace: dict = {}
+        exec(compile(source, f"<async decode run {key}>", "exec"), namespace)
+        make = _ASYNC_RUN_MAKERS[key] = namespace["make"]
+    m = 0.0 if mixer is None else mixer
+    return make(d, head, host, m, pair_flops, kv_bytes, d * qo_bytes, rate, kv_rate, overlaps, *tail_model)
+
+
+def async_decode_run_of(cost_model: StepCostModel, num_decodes: int, overlaps: bool) -> AsyncDecodeRunFn:
+    """An async decode-run clock (see ``_ASYNC_RUN_SOURCE``) for any cost model.
+
+    ``overlaps``: whether a host path may run beside the previous forward
+    (``HardwareProfile.host_overlaps_model``). Cost models without their own
+    (``async_decode_run``) step ``decode_step_parts_of``' prices.
+    """
+    fast = getattr(cost_model, "async_decode_run", None)
+    if fast is not None:
+        run = fast(num_decodes, overlaps)
+        if run is not None:
+            return run
+    price = decode_step_parts_of(cost_model, num_decodes)
+    d = num_decodes
+
+    def run_any(
+        ctx: int,
+        now: float,
+        free: float,
+        until: float,
+        num_steps: int,
+        same: int,
+        last_host: float,
+        last_model: float,
+        pending: tuple,
+        ends: array,
+        gaps: array,
+        host_s: float,
+        model_s: float,
+        gap_s: float,
+        itl: dict[float, int],
+        count: int,
+        sampled_at: float,
+    ) -> tuple:
+        last = before = pending
+        _, _, p_end, p_host, p_model, p_gap = pending
+        n = 0
+        while n < num_steps and now < until:
+            if n < same:
+                ctx += d
+                _, h, model = price(ctx)
+            else:
+                h, model = last_host, last_model
+            start = now
+            if free > start and not overlaps:
+                start = free
+            host_end = start + h
+            idle_from = free if free > start else start
+            begin = host_end if host_end > free else free
+            free = end = begin + model
+            gap = host_end - idle_from if host_end > idle_from else 0.0
+            ends.append(p_end)
+            gaps.append(p_gap)
+            g = p_end - sampled_at
+            itl[g] = itl.get(g, 0) + count
+            sampled_at = p_end
+            host_s += p_host
+            model_s += p_model
+            gap_s += p_gap
+            now = p_end if p_end > host_end else host_end
+            before, last = last, (start, idle_from, end, h, model, gap)
+            p_end, p_host, p_model, p_gap = end, h, model, gap
+            n += 1
+        return n, now, free, host_s, model_s, gap_s, last, before
+
+    return run_any
+
+
 def decode_run_of(cost_model: StepCostModel, num_decodes: int) -> DecodeRunFn:
     """``StepCostModel.decode_run`` for any cost model (stepping ``decode_step_parts_of``' prices)."""
     fast = getattr(cost_model, "decode_run", None)
@@ -1115,6 +1265,17 @@ class CostModel:
             return n, start, now, ctx
 
         return run
+
+    def async_decode_run(self, num_decodes: int, overlaps: bool) -> AsyncDecodeRunFn | None:
+        """An async decode-run clock (see ``async_decode_run_of``) with ``decode_run``'s arithmetic unrolled.
+
+        None when the tails are too long to unroll (the generic clock then steps ``decode_step_parts``).
+        """
+        terms = self._decode_terms(num_decodes)
+        tail_model = terms[3]
+        if len(tail_model) > _UNROLLED:
+            return None
+        return _unrolled_async_decode_run(num_decodes, terms, tail_model, overlaps)
 
     def _decode_terms(self, d: int) -> tuple:
         """What a one-token decode step of ``d`` requests costs apart from its attention core."""

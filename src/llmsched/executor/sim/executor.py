@@ -30,20 +30,24 @@ one call later.
 
 from __future__ import annotations
 
-import math
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice
-from typing import Any
+from typing import Any, Protocol
 
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput
 from llmsched.core.request import Request
 from llmsched.executor.sim.cost_model import (
+    AsyncDecodeRunFn,
     BatchShape,
     DecodeRunFn,
     StepCostModel,
+    StepParts,
+    async_decode_run_of,
     decode_run_of,
+    decode_step_parts_of,
     step_parts_of,
 )
 
@@ -74,6 +78,16 @@ class StepTiming:
     batch: BatchShape = field(default_factory=BatchShape)
 
 
+class PipelinedCosts(Protocol):
+    """Running totals of executed async steps (the simulator's StepCosts)."""
+
+    num_steps: int
+    host_s: float
+    model_s: float
+    host_gap_s: float
+    host_gaps: array
+
+
 @dataclass(slots=True)
 class DecodeRun:
     """Steps clocked by ``SimExecutor.run_decodes``: each one's end and parts (sync: host gap = host)."""
@@ -100,6 +114,8 @@ class SimExecutor:
         self.cost_model = cost_model
         self._parts = step_parts_of(cost_model)
         self._decode_runs: dict[int, DecodeRunFn] = {}
+        self._async_runs: dict[int, AsyncDecodeRunFn] = {}
+        self._decode_parts: dict[int, Callable[[int], StepParts]] = {}
         # Only a cost model with a LoRA rank prices adapter tokens (a second pass over the batch).
         self.prices_lora = bool(getattr(cost_model, "lora_rank", 0))
         self.now = start_time
@@ -250,7 +266,20 @@ class SimExecutor:
         if enc and self.vision is not None:
             extra = self.vision.seconds(sum(len(v) for v in enc.values()))
             self.vision_seconds += extra
+        d = batch.num_decodes
+        if d and d == batch.num_tokens == batch.num_sampled and not batch.lora_tokens and not extra:
+            # One-token decodes only: the per-size price of their context
+            # (decode_step_parts: step_parts' figures bit for bit, a fraction of the work).
+            total, host, model = self._decode_parts_of(d)(batch.decode_context)
+            return self._clock(so.step, batch, total, host, model)
         return self._run(so.step, batch, extra)
+
+    def _decode_parts_of(self, d: int) -> Callable[[int], StepParts]:
+        """``decode_step_parts`` of ``d`` one-token decodes (step_parts' figures exactly), kept per size."""
+        parts = self._decode_parts.get(d)
+        if parts is None:
+            parts = self._decode_parts[d] = decode_step_parts_of(self.cost_model, d)
+        return parts
 
     def run_decodes(
         self, first_step: int, num_decodes: int, decode_context: int, num_steps: int, until: float
@@ -297,8 +326,11 @@ class SimExecutor:
         decode_context: int,
         num_steps: int,
         until: float,
-        last_shape: tuple[int, int] | None = None,
-    ) -> DecodeRun:
+        last_shape: tuple[int, int] | None,
+        costs: PipelinedCosts,
+        itl: dict[float, int],
+        sampled_at: float,
+    ) -> array:
         """Clock up to ``num_steps`` async calls of the same one-token decodes, each begun before ``until``.
 
         Async scheduling only. Call j schedules step ``first_step + j``
@@ -308,105 +340,71 @@ class SimExecutor:
         for, as the simulator's engine loop does. Step ``first_step - 1``
         must be the last one executed. ``last_shape``: the last call's
         (decodes, summed context) when it schedules fewer (some finish).
-        Returns the applied steps: each one's end, host path, model time and
-        host gap (``totals``); the last two scheduled are kept for ``timing()``.
+        The applied steps are counted into ``costs`` as its ``add``
+        counts an executed step, one by one, and each one's gap from the one
+        before (``sampled_at``: the end of the step before the first) into
+        the inter-token histogram ``itl``, ``num_decodes`` times each;
+        returns their forward ends. The last two steps scheduled are kept
+        for ``timing()``.
         """
         if not self.async_scheduling:
             raise ValueError("run_async_decodes() clocks async steps only")
         d = num_decodes
-        clock = self._decode_runs.get(d)
+        clock = self._async_runs.get(d)
         if clock is None:
-            clock = self._decode_runs[d] = decode_run_of(self.cost_model, d)
+            clock = self._async_runs[d] = async_decode_run_of(self.cost_model, d, self.host_overlaps_model)
         prev = self._last
         if prev.step != first_step - 1:
             raise ValueError(f"run_async_decodes() follows step {prev.step}, not {first_step - 1}")
-        overlaps = self.host_overlaps_model
-        now = self.now
-        prev_end = self.device_free_at
-        applied_end = prev.end
-        # Each scheduled step's parts, end and host gap; the applied steps are these shifted by one.
-        s_hosts, s_models = _doubles(), _doubles()
-        s_ends, s_gaps = _doubles(), _doubles()
-        end_at, gap_at = s_ends.append, s_gaps.append
-        # Start and idle-from time of the last two steps scheduled (for their durations).
-        ls = li = bs = bi = 0.0
-        # Steps are priced in growing chunks: an arrival usually ends the run early.
-        scratch = DecodeRun()
-        ctx = decode_context
-        n = 0
-        chunk = 8
-        same = num_steps if last_shape is None else num_steps - 1
-        while n < num_steps and now < until:
-            priced = len(s_hosts)
-            if n == same:
-                # The last call's smaller batch, priced as execute() would.
-                dl, cl = last_shape  # type: ignore[misc]
-                _, host, model = self._parts(BatchShape(dl, dl, 0, 0, 0, dl, cl, 0))
-                s_hosts.append(host)
-                s_models.append(model)
-            else:
-                m = min(chunk, same - n)
-                chunk *= 2
-                del scratch.ends[:], scratch.totals[:]
-                ctx = clock(ctx, 0.0, math.inf, m, scratch.ends, scratch.totals, s_hosts, s_models)[3]
-            for host, model in zip(islice(s_hosts, priced, None), islice(s_models, priced, None)):
-                if now >= until:
-                    break
-                # _pipeline, term for term.
-                start = now
-                if prev_end > start and not overlaps:
-                    start = prev_end
-                host_end = start + host
-                idle_from = prev_end if prev_end > start else start
-                begin = host_end if host_end > prev_end else prev_end
-                prev_end = end = begin + model
-                gap_at(host_end - idle_from if host_end > idle_from else 0.0)
-                end_at(end)
-                bs, bi, ls, li = ls, li, start, idle_from
-                # The step before is applied: the engine waits for its output.
-                now = applied_end if applied_end > host_end else host_end
-                applied_end = end
-            n = len(s_ends)
-        run = DecodeRun()
+        same = num_steps
+        last_host = last_model = 0.0
+        if last_shape is not None:
+            same -= 1
+            dl, cl = last_shape
+            _, last_host, last_model = self._decode_parts_of(dl)(cl)
+        ends = _doubles()
+        pending = (prev.start, 0.0, prev.end, prev.host, prev.model, prev.host_gap)
+        n, now, _, host_s, model_s, gap_s, last, before = clock(
+            decode_context, self.now, self.device_free_at, until, num_steps, same, last_host, last_model,
+            pending, ends, costs.host_gaps, costs.host_s, costs.model_s, costs.host_gap_s, itl, d, sampled_at,
+        )  # fmt: skip
         if n:
-            # The applied steps: the one in flight before the run, then all but the last scheduled.
-            run.ends.append(prev.end)
-            run.hosts.append(prev.host)
-            run.models.append(prev.model)
-            run.totals.append(prev.host_gap)
-            run.ends.extend(s_ends[: n - 1])
-            run.hosts.extend(s_hosts[: n - 1])
-            run.models.extend(s_models[: n - 1])
-            run.totals.extend(s_gaps[: n - 1])
+            costs.num_steps += n
+            costs.host_s, costs.model_s, costs.host_gap_s = host_s, model_s, gap_s
             self.now = now
-            kept = [(n - 1, ls, s_ends[n - 1], s_hosts[n - 1], s_models[n - 1], s_gaps[n - 1], li)]
             if n > 1:
                 # The last step applied is the one before the last scheduled.
-                kept.insert(0, (n - 2, bs, s_ends[n - 2], s_hosts[n - 2], s_models[n - 2], s_gaps[n - 2], bi))
-            for j, start, end, host, model, gap, idle_from in kept:
-                t = self._prev
-                self._prev = self._last
-                self._last = t
-                t.step = first_step + j
-                if j == same:
-                    dl, cl = last_shape  # type: ignore[misc]
-                    t.batch = BatchShape(dl, dl, 0, 0, 0, dl, cl, 0)
-                else:
-                    t.batch = BatchShape(d, d, 0, 0, 0, d, decode_context + d * (j + 1), 0)
-                duration = end - idle_from
-                t.start, t.end, t.host, t.model, t.host_gap, t.duration = (
-                    start,
-                    end,
-                    host,
-                    model,
-                    gap,
-                    duration,
-                )
-                self.device_free_at = end
-                self.last_duration = duration
-                self.last_batch = t.batch
+                self._keep_decodes(first_step, n - 2, before, d, decode_context, same, last_shape)
+            self._keep_decodes(first_step, n - 1, last, d, decode_context, same, last_shape)
             self.last_sampled = []
-        return run
+        return ends
+
+    def _keep_decodes(
+        self,
+        first_step: int,
+        j: int,
+        parts: tuple[float, float, float, float, float, float],
+        d: int,
+        decode_context: int,
+        same: int,
+        last_shape: tuple[int, int] | None,
+    ) -> None:
+        """Keep step ``j`` of a run of async decode calls for ``timing()``, as ``_clock`` keeps one."""
+        t = self._prev
+        self._prev = self._last
+        self._last = t
+        t.step = first_step + j
+        if j == same:
+            dl, cl = last_shape  # type: ignore[misc]
+            t.batch = BatchShape(dl, dl, 0, 0, 0, dl, cl, 0)
+        else:
+            t.batch = BatchShape(d, d, 0, 0, 0, d, decode_context + d * (j + 1), 0)
+        start, idle_from, end, host, model, gap = parts
+        t.start, t.end, t.host, t.model, t.host_gap = start, end, host, model, gap
+        t.duration = end - idle_from
+        self.device_free_at = end
+        self.last_duration = t.duration
+        self.last_batch = t.batch
 
     def _run(self, step: int, batch: BatchShape, encoder_s: float = 0.0, host_s: float = 0.0) -> StepTiming:
         """Clock one executed batch (plus ``encoder_s`` on the device, ``host_s`` on the host); its timing."""
