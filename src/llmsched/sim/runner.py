@@ -107,6 +107,9 @@ def simulate(
     wall = run_loop(engines, arrivals, tally, max_steps)
     fields = engines.result_fields()
     duration = fields.pop("sim_duration_s")
+    if arrivals.api is not None:
+        # The run ends when the clients have the last tokens, not when the engine made them.
+        duration = max(duration, arrivals.api.last_seen)
     summary = tally.metrics.summary(duration, goodput_slos_ms, percentiles)
     if tally.log is not None:
         summary.update(tally.log.lists())
