@@ -62,7 +62,74 @@ WORKLOADS = (
     ("short-many", "completions", 8, 64, 100),
     ("chat-short-1", "chat", 8, 1, 300),
 )
-WORDS = ["the", "of", "and", "to", "in", "is", "was", "for", "on", "are", "with", "as", "by", "at", "from", "his", "an", "were", "this", "which", "be", "or", "have", "had", "not", "but", "one", "all", "their", "there", "been", "if", "more", "when", "will", "would", "who", "so", "no", "out", "up", "into", "do", "than", "time", "only", "could", "new", "over", "such", "after", "most", "made", "between", "first", "two", "may", "any", "these", "some", "where", "must", "through", "back", "years", "much"]
+WORDS = (
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "are",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "his",
+    "an",
+    "were",
+    "this",
+    "which",
+    "be",
+    "or",
+    "have",
+    "had",
+    "not",
+    "but",
+    "one",
+    "all",
+    "their",
+    "there",
+    "been",
+    "if",
+    "more",
+    "when",
+    "will",
+    "would",
+    "who",
+    "so",
+    "no",
+    "out",
+    "up",
+    "into",
+    "do",
+    "than",
+    "time",
+    "only",
+    "could",
+    "new",
+    "over",
+    "such",
+    "after",
+    "most",
+    "made",
+    "between",
+    "first",
+    "two",
+    "may",
+    "any",
+    "these",
+    "some",
+    "where",
+    "must",
+    "through",
+    "back",
+    "years",
+    "much",
+)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -152,7 +219,7 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> dict:
 
 
 async def stream_all(args: argparse.Namespace, url: str, wl: tuple, seed: int) -> list[dict]:
-    """Every request of workload ``wl``, at most --max-concurrency at a time, as vLLM's bench client sends them."""
+    """Every request of workload ``wl``, at most --max-concurrency at a time, as vLLM's bench client."""
     _, endpoint, words, out_len, num = wl
     common = {"model": str(args.model), "stream": True, "ignore_eos": True, "temperature": 0.0}
     common["stream_options"] = {"include_usage": True}
@@ -211,7 +278,7 @@ def measure(args: argparse.Namespace, api: int, engine: int, url: str) -> dict:
 
 
 def per_request(runs: list[dict], name: str) -> tuple[float, float, float]:
-    """Median API CPU seconds per request of workload ``name``, and its prompt and output tokens per request."""
+    """Median API CPU seconds per request of workload ``name``, and its prompt and output tokens each."""
     rs = [r for r in runs if r["workload"] == name]
     if any(r["completed"] == 0 for r in rs):
         raise RuntimeError(f"workload {name}: a run completed no request")

@@ -119,8 +119,8 @@ class Frontend:
             else ""
         )
         return (
-            f"{self.count} API server{'s' if self.count > 1 else ''}, {self.request_s * 1e6:g} us per request and "
-            f"{self.token_s * 1e6:g} us per prompt token (tokenize and send to the engine core){out}; "
+            f"{self.count} API server{'s' if self.count > 1 else ''}, {self.request_s * 1e6:g} us a request "
+            f"and {self.token_s * 1e6:g} us per prompt token (tokenize and send to the engine core){out}; "
             "requests reach the engine over time"
         )
 

@@ -145,7 +145,7 @@ class Arrivals:
         return self._closed_reach() if self.server_free is not None else self.due_at[self.nxt]
 
     def _next_sent(self, i: int) -> float:
-        """When request ``i`` (not yet taken; the next ones hold the next client slots) is sent (inf: no slot)."""
+        """When request ``i`` (not yet taken) is sent: the next ones take the next client slots."""
         if self.slots is None:
             return self.arrivals[i]
         k = i - self.nxt
@@ -373,7 +373,7 @@ class Tally:
         self.done_pending += 1
 
     def streamed(self, t: float, tokens: int) -> None:
-        """A step ending at ``t`` gave ``tokens`` output tokens: queue them behind the inputs sent by ``t``."""
+        """A step ending at ``t`` gave ``tokens`` output tokens: queued behind the inputs sent by ``t``."""
         self.arrivals.commit_through(t)
         self.arrivals.api.output(t, tokens)
         if self.pending:
