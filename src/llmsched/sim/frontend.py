@@ -39,18 +39,21 @@ from collections.abc import Sequence
 
 from llmsched.core.errors import ConfigError
 
-# vLLM's own API server (one `vllm serve` process, vLLM 0.32.0's CPU build
-# serving SmolLM2-135M, streaming to `vllm bench serve`), CPU seconds per
-# request, per prompt token and per streamed output token, measured on this
-# project's 2-core AMD EPYC machine by benchmarks/serving/api_server_cost.py
-# (medians of 3 runs per workload, the idle rate taken off). Used for every
-# hardware profile: a GPU host's CPU may well be faster, which these
-# defaults do not assume; --api-server-us-per-* set other figures.
-DEFAULT_REQUEST_S = 2.44e-3
-DEFAULT_TOKEN_S = 1.84e-6
-DEFAULT_OUTPUT_TOKEN_S = 99e-6
-# The same fixed cost through /v1/chat/completions (the chat template too).
-CHAT_REQUEST_S = 2.9e-3
+# vLLM's own API server process (`vllm serve`, vLLM 0.32.0's CPU build serving
+# SmolLM2-135M, streaming), CPU seconds apart from its engine core's, measured
+# on this project's 2-core AMD EPYC (shared with other work) by
+# benchmarks/serving/api_server_cost.py: medians of 3 runs of 128 requests at
+# once, the idle rate taken off. Per request: 1.25 ms for an 8-token prompt and
+# one output token, less its tokens; per prompt token: refused 2,500- against
+# 5,000-token prompts; per streamed output token (one SSE chunk each): 17
+# against 1 output token. Used for every hardware profile: a GPU host's CPU
+# may well be faster, which these defaults do not assume (the flags
+# --api-server-us-per-* set other figures).
+DEFAULT_REQUEST_S = 1.18e-3
+DEFAULT_TOKEN_S = 1.81e-6
+DEFAULT_OUTPUT_TOKEN_S = 54.7e-6
+# The fixed cost through /v1/chat/completions (the chat template too).
+CHAT_REQUEST_S = 1.28e-3
 
 
 class Frontend:
