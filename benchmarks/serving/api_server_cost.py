@@ -18,6 +18,12 @@ isolated:
 - ``short-many``: short prompts, many output tokens: minus short-1, per
   further streamed output token;
 - ``chat-short-1``: short-1 through /v1/chat/completions (the chat template);
+- ``whole-1`` and ``whole-many``: short-1 and short-many answered whole
+  (stream false): their difference is the per-token work without an SSE
+  chunk each (detokenizing, bookkeeping), so the streamed per-token cost
+  splits into that and a per-chunk part (JSON, the SSE write, the wake-up
+  of the request's stream), which a server that falls behind pays once for
+  several tokens: vLLM merges the outputs a stream has not yet sent;
 - ``long-refused`` and ``longer-refused``: prompts longer than the model's
   length (about 2,500 and 5,000 tokens), which the server tokenizes and
   then refuses (400) without the engine: their difference, per prompt
@@ -65,6 +71,8 @@ WORKLOADS = (
     ("short-1", "completions", 8, 1, 128),
     ("short-many", "completions", 8, 17, 128),
     ("chat-short-1", "chat", 8, 1, 128),
+    ("whole-1", "whole", 8, 1, 128),
+    ("whole-many", "whole", 8, 17, 128),
     ("long-refused", "completions", 2500, 1, 100),
     ("longer-refused", "completions", 5000, 1, 100),
 )
@@ -215,7 +223,16 @@ def prompts(num: int, words: int, seed: int) -> list[str]:
 
 
 async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> dict:
-    """One streamed request; the usage of its last chunk and how many chunks came (refused: none)."""
+    """One request; its usage and how many chunks came (refused: none; answered whole: one)."""
+    if not body["stream"]:
+        r = await client.post(url, json=body)
+        r.raise_for_status()
+        usage = r.json()["usage"]
+        return {
+            "prompt_tokens": usage["prompt_tokens"],
+            "output_tokens": usage["completion_tokens"],
+            "chunks": 1,
+        }
     usage, chunks = None, 0
     async with client.stream("POST", url, json=body) as r:
         if r.status_code == 400:
@@ -263,6 +280,10 @@ async def stream_all(args: argparse.Namespace, url: str, wl: tuple, seed: int) -
     else:
         path = "/v1/completions"
         bodies = [{**common, "prompt": p, "max_tokens": out_len} for p in prompts(num, words, seed)]
+        if endpoint == "whole":
+            for b in bodies:
+                b["stream"] = False
+                del b["stream_options"]
     sem = asyncio.Semaphore(args.max_concurrency)
     limits = httpx.Limits(max_connections=args.max_concurrency)
     async with httpx.AsyncClient(timeout=None, limits=limits) as client:
@@ -335,10 +356,13 @@ def costs(runs: list[dict]) -> dict:
     short, s_in, s_out = per_request(runs, "short-1")
     many, _, m_out = per_request(runs, "short-many")
     chat, c_in, c_out = per_request(runs, "chat-short-1")
+    whole, _, w_out = per_request(runs, "whole-1")
+    whole_many, _, wm_out = per_request(runs, "whole-many")
     refused, r_in, _ = per_request(runs, "long-refused")
     longer, l_in, _ = per_request(runs, "longer-refused")
     prompt_token_s = (longer - refused) / (l_in - r_in)
     output_token_s = (many - short) / (m_out - s_out)
+    unstreamed_token_s = (whole_many - whole) / (wm_out - w_out)
     # The fixed part: what short-1 costs beyond its prompt tokens and its one output token.
     request_s = short - prompt_token_s * s_in - output_token_s * s_out
     chat_request_s = chat - prompt_token_s * c_in - output_token_s * c_out
@@ -347,10 +371,14 @@ def costs(runs: list[dict]) -> dict:
         "chat_request_s": chat_request_s,
         "prompt_token_s": prompt_token_s,
         "output_token_s": output_token_s,
+        "unstreamed_output_token_s": unstreamed_token_s,
+        "chunk_s": output_token_s - unstreamed_token_s,
         "per_request_cpu_s": {
             "short-1": short,
             "short-many": many,
             "chat-short-1": chat,
+            "whole-1": whole,
+            "whole-many": whole_many,
             "long-refused": refused,
             "longer-refused": longer,
         },
@@ -414,7 +442,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"API server: {c['request_s'] * 1e3:.3f} ms per request (completions), "
         f"{c['chat_request_s'] * 1e3:.3f} ms (chat), {c['prompt_token_s'] * 1e6:.3f} us per prompt token, "
-        f"{c['output_token_s'] * 1e6:.1f} us per streamed output token"
+        f"{c['output_token_s'] * 1e6:.1f} us per streamed output token, of which "
+        f"{c['chunk_s'] * 1e6:.1f} us per SSE chunk and "
+        f"{c['unstreamed_output_token_s'] * 1e6:.1f} us per token"
     )
     record_cpu(result)
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -120,6 +120,7 @@ def test_data_parallel_ranks_get_requests_through_the_frontend():
         "seconds_per_request": 0.0,
         "seconds_per_prompt_token": 2e-6,
         "seconds_per_output_token": 0.0,
+        "seconds_per_chunk": 0.0,
     }
 
 
@@ -211,6 +212,24 @@ def test_a_streaming_server_works_through_inputs_and_outputs_in_arrival_order():
     assert api.last_seen == pytest.approx(0.5)
 
 
+def test_outputs_queued_together_share_their_chunks():
+    from llmsched.sim.frontend import ApiServers
+
+    # 0.05 s a streamed token, of which 0.03 s is its chunk's.
+    api = ApiServers(Frontend(1, token_s=0.0, request_s=1.0, output_token_s=0.05, chunk_s=0.03))
+    api.commit(0.0, 10)  # busy until 1.0
+    # Steps at 0.1 and 0.2 of 2 streams each queue together behind the input:
+    # the first pays 2 x 0.05, the second only its tokens' 2 x 0.02.
+    assert api.output(0.1, 2) == pytest.approx(1.1)
+    assert api.output(0.2, 2) == pytest.approx(1.14)
+    # A third stream joins: one more chunk.
+    assert api.output(0.3, 3) == pytest.approx(1.14 + 3 * 0.02 + 0.03)
+    # Once that queue has started, a new step's output needs chunks of its own.
+    assert api.output(1.5, 2) == pytest.approx(1.6)
+    with pytest.raises(ConfigError, match="per SSE chunk"):
+        Frontend(1, output_token_s=1e-5, chunk_s=2e-5)
+
+
 def test_streaming_servers_share_a_step_output_evenly():
     from llmsched.sim.frontend import ApiServers
 
@@ -278,11 +297,15 @@ def test_streaming_servers_cap_a_burst_of_short_requests():
     quick = run(inputs_only(1, 0.0))
     # 2 ms a request: the server, not the engine, sets the pace (500 requests/s at most).
     res = run(Frontend(1, 0.0, 2e-3, 0.0))
-    # And 1 ms per streamed token: 200 x (2 ms + 4 x 1 ms) of server work, 1000/6 requests/s at most.
-    slow = run(Frontend(1, 0.0, 2e-3, 1e-3))
+    # And 1 ms per streamed token, each its own chunk: 200 x (2 ms + 4 x 1 ms) of work, 1000/6 requests/s.
+    slow = run(Frontend(1, 0.0, 2e-3, 1e-3, chunk_s=0.0))
+    # Half of it per chunk: the outputs queue up behind the burst's inputs and share
+    # chunks, so at best 200 x (2 ms + 4 x 0.5 ms), 250 requests/s.
+    merged = run(Frontend(1, 0.0, 2e-3, 1e-3, chunk_s=0.5e-3))
     assert quick["request_throughput"] > 1000
     assert 450 < res["request_throughput"] <= 500
     assert 150 < slow["request_throughput"] <= 1000 / 6 + 1e-9
+    assert 1000 / 6 < merged["request_throughput"] <= 250 + 1e-9
     assert slow["mean_ttft_ms"] > res["mean_ttft_ms"] > quick["mean_ttft_ms"]
 
 

@@ -25,7 +25,13 @@ from llmsched.executor.sim.cost_model import Efficiency
 from llmsched.executor.sim.hardware import known_hardware
 from llmsched.executor.sim.model_shapes import known_models
 from llmsched.sim.deployment import KV_CACHE_DTYPES, Deployment, DeploymentSpec, build_deployment
-from llmsched.sim.frontend import DEFAULT_OUTPUT_TOKEN_S, DEFAULT_REQUEST_S, DEFAULT_TOKEN_S, Frontend
+from llmsched.sim.frontend import (
+    DEFAULT_CHUNK_SHARE,
+    DEFAULT_OUTPUT_TOKEN_S,
+    DEFAULT_REQUEST_S,
+    DEFAULT_TOKEN_S,
+    Frontend,
+)
 from llmsched.sim.pd import add_pd_args, pd_from_args
 from llmsched.sim.runner import simulate
 from llmsched.sim.workload import Workload, load_trace_workload, synthetic_workload
@@ -312,6 +318,14 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         help=f"an API server's work per streamed output token (default {DEFAULT_OUTPUT_TOKEN_S * 1e6:g}: "
         f"{measured}; 0: requests only, the output costs the server nothing)",
     )
+    f.add_argument(
+        "--api-server-us-per-chunk",
+        type=float,
+        default=None,
+        help="the part of --api-server-us-per-output-token paid per SSE chunk, not per token: a server "
+        "that falls behind merges a stream's queued tokens into one chunk (default "
+        f"{DEFAULT_CHUNK_SHARE:.0%} of it: {measured}, streamed against answered whole)",
+    )
     sw = p.add_argument_group("sweeps")
     sw.add_argument(
         "--sweep",
@@ -467,6 +481,7 @@ def run_simulate(args: argparse.Namespace) -> int:
             args.api_server_us_per_token / 1e6,
             args.api_server_us_per_request / 1e6,
             args.api_server_us_per_output_token / 1e6,
+            None if args.api_server_us_per_chunk is None else args.api_server_us_per_chunk / 1e6,
         )
     # Output folders are made up front so a long run cannot fail at the end.
     for path in (args.result_json, args.trace, args.plot):

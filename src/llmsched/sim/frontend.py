@@ -24,13 +24,18 @@ token when its server has streamed it: TTFT, TPOT, end-to-end latency, the
 run's duration and, in a closed loop, when a client sends its next request
 follow those times. A step's tokens are shared evenly among the servers
 (requests are dealt round-robin), and all of a step's tokens are seen when
-its job is done. The fixed per-request cost (HTTP, validation, the first
-and last chunks) is charged with the input. ITL and the tokens/s peak stay
-engine times.
+its job is done. Part of a streamed token's cost is its SSE chunk's
+(``chunk_s``): a step whose output queues behind output jobs not yet
+started pays it only for streams those jobs lack, as vLLM merges the
+outputs a stream has not sent into one chunk, so a server that falls
+behind does less work per token. The fixed per-request cost (HTTP,
+validation, the first and last chunks) is charged with the input. ITL and
+the tokens/s peak stay engine times.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from array import array
@@ -54,12 +59,16 @@ DEFAULT_TOKEN_S = 1.81e-6
 DEFAULT_OUTPUT_TOKEN_S = 54.7e-6
 # The fixed cost through /v1/chat/completions (the chat template too).
 CHAT_REQUEST_S = 1.28e-3
+# The part of a streamed token's cost paid per SSE chunk (JSON, the write, the
+# stream's wake-up) rather than per token (detokenizing, bookkeeping): the
+# same requests answered whole (stream false) against streamed.
+DEFAULT_CHUNK_SHARE = 0.5
 
 
 class Frontend:
     """``count`` API servers and their seconds of work per request, prompt token and output token."""
 
-    __slots__ = ("count", "output_token_s", "request_s", "token_s")
+    __slots__ = ("chunk_s", "count", "output_token_s", "request_s", "token_s")
 
     def __init__(
         self,
@@ -67,6 +76,7 @@ class Frontend:
         token_s: float = DEFAULT_TOKEN_S,
         request_s: float = DEFAULT_REQUEST_S,
         output_token_s: float = DEFAULT_OUTPUT_TOKEN_S,
+        chunk_s: float | None = None,
     ) -> None:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ConfigError(f"api_server_count={count!r} must be a positive integer")
@@ -77,6 +87,15 @@ class Frontend:
         ):
             if not value >= 0:
                 raise ConfigError(f"API server time {what} {value!r} s must be >= 0")
+        if chunk_s is None:
+            # The measured share of a streamed token's cost that is its chunk's.
+            chunk_s = output_token_s * DEFAULT_CHUNK_SHARE
+        if not 0 <= chunk_s <= output_token_s:
+            raise ConfigError(
+                f"API server time per SSE chunk {chunk_s!r} s must be >= 0 and at most the time per "
+                f"streamed output token ({output_token_s!r} s), of which it is a part"
+            )
+        self.chunk_s = chunk_s
         self.count = count
         self.token_s = token_s
         self.request_s = request_s
@@ -112,12 +131,14 @@ class Frontend:
             "seconds_per_request": self.request_s,
             "seconds_per_prompt_token": self.token_s,
             "seconds_per_output_token": self.output_token_s,
+            "seconds_per_chunk": self.chunk_s,
         }
 
     def describe(self) -> str:
         """One line for the run's header."""
         out = (
-            f"; {self.output_token_s * 1e6:g} us per streamed output token, sharing the server"
+            f"; {self.output_token_s * 1e6:g} us per streamed output token ({self.chunk_s * 1e6:g} of it per "
+            "chunk), sharing the server"
             if self.streams
             else ""
         )
@@ -138,7 +159,18 @@ class ApiServers:
     ``t`` (``t`` itself when none is later).
     """
 
-    __slots__ = ("committed", "fe", "free", "last_seen", "reach", "sent", "step_ends", "step_seen")
+    __slots__ = (
+        "committed",
+        "fe",
+        "free",
+        "group_chunks",
+        "group_start",
+        "last_seen",
+        "reach",
+        "sent",
+        "step_ends",
+        "step_seen",
+    )
 
     def __init__(self, frontend: Frontend) -> None:
         self.fe = frontend
@@ -151,6 +183,10 @@ class ApiServers:
         self.step_ends = array("d")
         self.step_seen = array("d")
         self.last_seen = 0.0
+        # Per server, the output jobs queued together at its tail: when the first
+        # starts (-inf: the tail is a request's input) and the most streams in one.
+        self.group_start = [-math.inf] * frontend.count
+        self.group_chunks = [0.0] * frontend.count
 
     def commit(self, sent: float, prompt_len: int) -> float:
         """Queue the next request's input (sent at ``sent``); when it reaches the engine."""
@@ -158,6 +194,7 @@ class ApiServers:
         s = self.committed % len(free)
         f = free[s]
         free[s] = done = (sent if sent > f else f) + self.fe.input_s(prompt_len)
+        self.group_start[s] = -math.inf
         self.sent.append(sent)
         self.reach.append(done)
         self.committed += 1
@@ -169,12 +206,27 @@ class ApiServers:
         return (sent if sent > f else f) + self.fe.input_s(prompt_len)
 
     def output(self, t: float, tokens: int) -> float:
-        """Queue a step's ``tokens`` output tokens, produced at ``t``; when the client has them all."""
-        free = self.free
-        cost = self.fe.output_token_s * tokens / len(free)
+        """Queue a step's ``tokens`` output tokens, produced at ``t``; when the client has them all.
+
+        A step whose output joins output jobs still waiting at the server's
+        tail shares their chunks: it pays the per-chunk part only for
+        streams beyond the most those jobs had (vLLM merges the outputs a
+        stream has not sent yet into one chunk).
+        """
+        fe, free = self.fe, self.free
+        share = tokens / len(free)
+        per_token = (fe.output_token_s - fe.chunk_s) * share
+        starts, chunks = self.group_start, self.group_chunks
         done = t
         for s, f in enumerate(free):
-            free[s] = f = (t if t > f else f) + cost
+            start = t if t > f else f
+            if starts[s] > t:
+                new_chunks = share - chunks[s] if share > chunks[s] else 0.0
+                if share > chunks[s]:
+                    chunks[s] = share
+            else:
+                starts[s], chunks[s], new_chunks = start, share, share
+            free[s] = f = start + per_token + fe.chunk_s * new_chunks
             if f > done:
                 done = f
         ends = self.step_ends
