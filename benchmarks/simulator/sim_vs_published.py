@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_common"))
 from hostcpu import record_cpu
 
 from llmsched.cli import main as llmsched_main
-from llmsched.sim.frontend import CHAT_REQUEST_S, DEFAULT_OUTPUT_TOKEN_S, DEFAULT_REQUEST_S, DEFAULT_TOKEN_S
+from llmsched.sim.frontend import CHAT_REQUEST_S, DEFAULT_REQUEST_S
 
 CORPUS = Path(__file__).resolve().parents[1] / "published"
 VIDUR = Path(__file__).resolve().parents[1] / "data" / "vidur"
@@ -216,15 +216,14 @@ def _mean_over_seeds(runs: list[dict], key: str) -> float:
     return statistics.fmean(r[key] for r in runs)
 
 
-def api_busy_share(point: dict, duration_s: float, frontend: bool) -> float | None:
-    """The simulated API servers' work over the run's duration (None: not modelled)."""
-    if not frontend:
+def api_busy_share(runs: list[dict]) -> float | None:
+    """The simulated API servers' work over the run's duration, averaged over seeds (None: not modelled)."""
+    fes = [r["simulation"].get("frontend") for r in runs]
+    if any(fe is None or "busy_s" not in fe for fe in fes):
         return None
-    wl = point["workload"]
-    n = wl["num_prompts"]
-    work = n * (request_s(point) + DEFAULT_TOKEN_S * wl["input_len"])
-    work += n * point["simulated_output_len"] * DEFAULT_OUTPUT_TOKEN_S
-    return work / (duration_s * point["deployment"]["api_server_count"])
+    return statistics.fmean(
+        fe["busy_s"] / (r["duration"] * fe["api_server_count"]) for fe, r in zip(fes, runs, strict=True)
+    )
 
 
 def compare(point: dict, runs: list[dict], frontend: bool = True) -> dict:
@@ -251,7 +250,7 @@ def compare(point: dict, runs: list[dict], frontend: bool = True) -> dict:
         "figures": figures,
         "simulated": {
             "duration_s": _mean_over_seeds(runs, "duration"),
-            "api_server_busy_share": api_busy_share(point, _mean_over_seeds(runs, "duration"), frontend),
+            "api_server_busy_share": api_busy_share(runs),
             "kv_cache_tokens": mem["kv_cache_tokens"],
             "preemptions": statistics.fmean(s["num_preemptions"] for s in sims),
             "max_running": max(s["max_running"] for s in sims),

@@ -264,6 +264,8 @@ def test_the_client_sees_each_token_when_its_server_has_streamed_it(output_token
     assert res.summary["mean_e2el_ms"] == pytest.approx(e2el * 1e3)
     assert res.summary["mean_tpot_ms"] == pytest.approx((e2el - ttft) / 2 * 1e3)
     assert res.sim_duration_s == pytest.approx(e2el)
+    # Its work: the prompt, then each token's own chunk (none queued behind another).
+    assert res.to_json()["simulation"]["frontend"]["busy_s"] == pytest.approx(0.5 + 3 * output_token_s)
 
 
 def test_a_request_waits_behind_output_the_server_had_before_it():

@@ -160,6 +160,7 @@ class ApiServers:
     """
 
     __slots__ = (
+        "busy",
         "committed",
         "fe",
         "free",
@@ -187,13 +188,17 @@ class ApiServers:
         # starts (-inf: the tail is a request's input) and the most streams in one.
         self.group_start = [-math.inf] * frontend.count
         self.group_chunks = [0.0] * frontend.count
+        # Seconds of work the servers have been given, all together.
+        self.busy = 0.0
 
     def commit(self, sent: float, prompt_len: int) -> float:
         """Queue the next request's input (sent at ``sent``); when it reaches the engine."""
         free = self.free
         s = self.committed % len(free)
         f = free[s]
-        free[s] = done = (sent if sent > f else f) + self.fe.input_s(prompt_len)
+        cost = self.fe.input_s(prompt_len)
+        free[s] = done = (sent if sent > f else f) + cost
+        self.busy += cost
         self.group_start[s] = -math.inf
         self.sent.append(sent)
         self.reach.append(done)
@@ -226,7 +231,9 @@ class ApiServers:
                     chunks[s] = share
             else:
                 starts[s], chunks[s], new_chunks = start, share, share
-            free[s] = f = start + per_token + fe.chunk_s * new_chunks
+            cost = per_token + fe.chunk_s * new_chunks
+            self.busy += cost
+            free[s] = f = start + cost
             if f > done:
                 done = f
         ends = self.step_ends
