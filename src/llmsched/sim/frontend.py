@@ -48,21 +48,24 @@ from llmsched.core.errors import ConfigError
 # SmolLM2-135M, streaming), CPU seconds apart from its engine core's, measured
 # on this project's 2-core AMD EPYC (shared with other work) by
 # benchmarks/serving/api_server_cost.py: medians of 3 runs of 128 requests at
-# once, the idle rate taken off. Per request: 1.25 ms for an 8-token prompt and
-# one output token, less its tokens; per prompt token: refused 2,500- against
-# 5,000-token prompts; per streamed output token (one SSE chunk each): 17
-# against 1 output token. Used for every hardware profile: a GPU host's CPU
-# may well be faster, which these defaults do not assume (the flags
-# --api-server-us-per-* set other figures).
-DEFAULT_REQUEST_S = 1.18e-3
-DEFAULT_TOKEN_S = 1.81e-6
-DEFAULT_OUTPUT_TOKEN_S = 54.7e-6
-# The fixed cost through /v1/chat/completions (the chat template too).
+# once, the idle rate taken off. Per request: an 8-token prompt and one output
+# token, less its tokens; per prompt token: refused 2,500- against 5,000-token
+# prompts; per streamed output token: 17 against 1 output token, each its own
+# SSE chunk. Runs on this shared machine spread by about a quarter (an earlier
+# run: 1.18 ms, 1.81 us, 54.7 us). Used for every hardware profile: a GPU
+# host's CPU may well be faster, which these defaults do not assume (the
+# flags --api-server-us-per-* set other figures).
+DEFAULT_REQUEST_S = 1.56e-3
+DEFAULT_TOKEN_S = 1.55e-6
+DEFAULT_OUTPUT_TOKEN_S = 43.3e-6
+# The fixed cost through /v1/chat/completions (the chat template too; within
+# the spread of the completions figure).
 CHAT_REQUEST_S = 1.28e-3
 # The part of a streamed token's cost paid per SSE chunk (JSON, the write, the
 # stream's wake-up) rather than per token (detokenizing, bookkeeping): the
-# same requests answered whole (stream false) against streamed.
-DEFAULT_CHUNK_SHARE = 0.5
+# same requests answered whole (stream false) cost 16.2 us a token.
+DEFAULT_CHUNK_S = 27.2e-6
+DEFAULT_CHUNK_SHARE = DEFAULT_CHUNK_S / DEFAULT_OUTPUT_TOKEN_S
 
 
 class Frontend:
