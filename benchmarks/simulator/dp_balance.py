@@ -98,9 +98,10 @@ def run(args: argparse.Namespace, scenario: str, policy: str) -> dict:
         prefill_schedule_interval=args.interval if policy == "cadence" else 1,
     )
     t0 = time.perf_counter()
-    frontend = (
-        Frontend(args.api_server_count, args.api_server_us_per_token / 1e6) if args.api_server_count else None
-    )
+    frontend = None
+    if args.api_server_count:
+        # Tokenizing only, as docs/data-parallel.md's figures were made (no per-request or output cost).
+        frontend = Frontend(args.api_server_count, args.api_server_us_per_token / 1e6, 0.0, 0.0)
     res = simulate(
         deployment,
         workload,

@@ -10,6 +10,16 @@ built-in a100/h100 profiles, and compared figure by figure: throughput
 (output tok/s, or request/s where that is all the page gives), median TPOT
 and median TTFT. Nothing is fitted to these points: they are evidence.
 
+The API servers are modelled as each source's `vllm serve` ran them (its
+``api_server_count``, vLLM's default 1): requests reach the engine through
+them and every output token is streamed back through them, one serial
+queue per server, at the CPU costs measured for vLLM's own API server
+(``llmsched.sim.frontend``; the chat endpoint's per-request cost for points
+benchmarked through /v1/chat/completions). ``--no-frontend`` simulates the
+engine alone (every request reaches it when sent), as before. Each row says
+how busy the simulated API server was (its work over the run's duration):
+near 100% the frontend sets the pace, well below it the engine does.
+
 ``--h100-ops acb95f6`` also simulates the H100 points on an H100 profile
 whose kernel fit is redone from Vidur's earlier H100 operator profile
 (acb95f6) instead of the re-profile (7d47513) the built-in ``h100`` trusts:
@@ -17,7 +27,7 @@ fitted to operator rows only, the same way, as a diagnosis of which
 measurements the published runs side with.
 
     PYTHONPATH=src python benchmarks/simulator/sim_vs_published.py [--only ID] [--h100-ops acb95f6]
-        [--json PATH]
+        [--no-frontend] [--json PATH]
 """
 
 from __future__ import annotations
@@ -35,13 +45,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_common"))
 from hostcpu import record_cpu
 
 from llmsched.cli import main as llmsched_main
+from llmsched.sim.frontend import CHAT_REQUEST_S, DEFAULT_REQUEST_S
 
 CORPUS = Path(__file__).resolve().parents[1] / "published"
 VIDUR = Path(__file__).resolve().parents[1] / "data" / "vidur"
 SOURCE_FIELDS = ("title", "url", "repository", "path", "commit", "section")
 DEPLOYMENT_FIELDS = (
     "model", "sim_model", "gpu", "sim_hardware", "gpu_count", "tensor_parallel_size",
-    "vllm_version", "serve_command", "engine",
+    "vllm_version", "serve_command", "api_server_count", "engine",
 )  # fmt: skip
 ENGINE_FIELDS = (
     "max_model_len",
@@ -151,7 +162,14 @@ def h100_profile_from(version: str, out: Path) -> Path:
     return out
 
 
-def simulate_args(point: dict, seed: int, hardware: dict[str, str] | None = None) -> list[str]:
+def request_s(point: dict) -> float:
+    """The API server's fixed seconds per request for the endpoint the point's bench command used."""
+    return CHAT_REQUEST_S if "/v1/chat/completions" in point["bench_command"] else DEFAULT_REQUEST_S
+
+
+def simulate_args(
+    point: dict, seed: int, hardware: dict[str, str] | None = None, frontend: bool = True
+) -> list[str]:
     """The `llmsched simulate` arguments that reproduce one point's deployment and workload with ``seed``."""
     dep, eng, wl = point["deployment"], point["deployment"]["engine"], point["workload"]
     if wl["dataset"] != "random":
@@ -176,6 +194,9 @@ def simulate_args(point: dict, seed: int, hardware: dict[str, str] | None = None
     ]  # fmt: skip
     if wl["max_concurrency"] is not None:
         args += ["--max-concurrency", str(wl["max_concurrency"])]
+    if frontend:
+        args += ["--api-server-count", str(dep["api_server_count"])]
+        args += ["--api-server-us-per-request", f"{request_s(point) * 1e6:g}"]
     return args
 
 
@@ -195,7 +216,17 @@ def _mean_over_seeds(runs: list[dict], key: str) -> float:
     return statistics.fmean(r[key] for r in runs)
 
 
-def compare(point: dict, runs: list[dict]) -> dict:
+def api_busy_share(runs: list[dict]) -> float | None:
+    """The simulated API servers' work over the run's duration, averaged over seeds (None: not modelled)."""
+    fes = [r["simulation"].get("frontend") for r in runs]
+    if any(fe is None or "busy_s" not in fe for fe in fes):
+        return None
+    return statistics.fmean(
+        fe["busy_s"] / (r["duration"] * fe["api_server_count"]) for fe, r in zip(fes, runs, strict=True)
+    )
+
+
+def compare(point: dict, runs: list[dict], frontend: bool = True) -> dict:
     """Published against simulated figures (the simulated ones averaged over the point's seeds)."""
     rep = point["reported"]
     figures = {}
@@ -215,10 +246,11 @@ def compare(point: dict, runs: list[dict]) -> dict:
         "id": point["id"],
         "file": point["file"],
         "url": point["source"]["url"],
-        "args": simulate_args(point, point["workload"]["seeds"][0]),
+        "args": simulate_args(point, point["workload"]["seeds"][0], frontend=frontend),
         "figures": figures,
         "simulated": {
             "duration_s": _mean_over_seeds(runs, "duration"),
+            "api_server_busy_share": api_busy_share(runs),
             "kv_cache_tokens": mem["kv_cache_tokens"],
             "preemptions": statistics.fmean(s["num_preemptions"] for s in sims),
             "max_running": max(s["max_running"] for s in sims),
@@ -248,7 +280,7 @@ def print_table(rows: list[dict], summary: dict) -> None:
     """The comparison, one line per point and figure, then the summary."""
     print(
         f"{'point':48} {'figure':10} {'published':>12} {'simulated':>12} {'error':>8}"
-        "   sim: KV tokens, preemptions"
+        "   sim: KV tokens, preemptions, API server busy"
     )
     for r in rows:
         for fig, f in r["figures"].items():
@@ -257,6 +289,8 @@ def print_table(rows: list[dict], summary: dict) -> None:
             if fig == "throughput":
                 s = r["simulated"]
                 extra = f"   {s['kv_cache_tokens']:,}, {s['preemptions']:.0f}"
+                if s["api_server_busy_share"] is not None:
+                    extra += f", {s['api_server_busy_share']:.0%}"
             print(
                 f"{r['id']:48} {label[:10]:10} {_fmt(f['published']):>12} {_fmt(f['simulated']):>12} "
                 f"{f['error']:>+8.1%}{extra}"
@@ -274,13 +308,15 @@ def print_table(rows: list[dict], summary: dict) -> None:
         )
 
 
-def run_points(points: list[dict], hardware: dict[str, str] | None = None) -> list[dict]:
+def run_points(
+    points: list[dict], hardware: dict[str, str] | None = None, frontend: bool = True
+) -> list[dict]:
     """Every point simulated (once per seed) and compared; ``hardware`` swaps profile names for files."""
     rows = []
     for p in points:
-        runs = [run_simulate(simulate_args(p, seed, hardware)) for seed in p["workload"]["seeds"]]
-        row = compare(p, runs)
-        row["args"] = simulate_args(p, p["workload"]["seeds"][0], hardware)
+        runs = [run_simulate(simulate_args(p, seed, hardware, frontend)) for seed in p["workload"]["seeds"]]
+        row = compare(p, runs, frontend)
+        row["args"] = simulate_args(p, p["workload"]["seeds"][0], hardware, frontend)
         rows.append(row)
         print(f"simulated {p['id']}", file=sys.stderr)
     return rows
@@ -300,6 +336,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="VERSION",
         help="also simulate the H100 points on a fit to this Vidur H100 profile",
     )
+    ap.add_argument(
+        "--no-frontend",
+        action="store_true",
+        help="simulate the engine alone: every request reaches it when sent, tokens are seen when made",
+    )
     ap.add_argument("--json", type=Path, default=Path("results/sim_vs_published.json"))
     args = ap.parse_args(argv)
     points = load_corpus(args.corpus)
@@ -307,15 +348,16 @@ def main(argv: list[str] | None = None) -> int:
         points = [p for p in points if any(s in p["id"] for s in args.only)]
         if not points:
             raise SystemExit(f"no point id contains any of {args.only}")
-    rows = run_points(points)
+    frontend = not args.no_frontend
+    rows = run_points(points, frontend=frontend)
     summary = summarize(rows)
     print_table(rows, summary)
-    result = {"corpus": str(args.corpus), "points": rows, "summary": summary}
+    result = {"corpus": str(args.corpus), "frontend": frontend, "points": rows, "summary": summary}
     if args.h100_ops:
         h100 = [p for p in points if p["deployment"]["sim_hardware"] == "h100"]
         with tempfile.TemporaryDirectory() as tmp:
             profile = h100_profile_from(args.h100_ops, Path(tmp) / f"h100-{args.h100_ops}.json")
-            alt = run_points(h100, {"h100": str(profile)})
+            alt = run_points(h100, {"h100": str(profile)}, frontend)
         alt_summary = summarize(alt)
         print(
             f"\nH100 points on a kernel fit to Vidur's {args.h100_ops} H100 op rows"

@@ -104,3 +104,16 @@ def test_a_non_random_dataset_is_refused() -> None:
     p["workload"]["dataset"] = "sharegpt"
     with pytest.raises(ValueError, match="only random-dataset points"):
         simulate_args(p, 42)
+
+
+def test_each_point_goes_through_the_api_servers_its_vllm_serve_ran_at_its_endpoint_cost() -> None:
+    from llmsched.sim.frontend import CHAT_REQUEST_S, DEFAULT_REQUEST_S
+
+    chat = simulate_args(_point("gpustack-qwen3-14b-h100-random-128-4"), 42)
+    plain = simulate_args(_point("kvcached-qwen3-0.6b-h100-random-512-128-inf"), 42)
+    # `vllm serve` without --api-server-count runs one; GPUStack benchmarked the chat endpoint.
+    assert _opts(chat)["--api-server-count"] == "1" and _opts(plain)["--api-server-count"] == "1"
+    per_request = [float(_opts(a)["--api-server-us-per-request"]) / 1e6 for a in (chat, plain)]
+    assert per_request == pytest.approx([CHAT_REQUEST_S, DEFAULT_REQUEST_S], rel=1e-5)
+    engine_only = simulate_args(_point("kvcached-qwen3-0.6b-h100-random-512-128-inf"), 42, frontend=False)
+    assert not any(a.startswith("--api-server") for a in engine_only)

@@ -25,7 +25,13 @@ from llmsched.executor.sim.cost_model import Efficiency
 from llmsched.executor.sim.hardware import known_hardware
 from llmsched.executor.sim.model_shapes import known_models
 from llmsched.sim.deployment import KV_CACHE_DTYPES, Deployment, DeploymentSpec, build_deployment
-from llmsched.sim.frontend import DEFAULT_TOKEN_S, Frontend
+from llmsched.sim.frontend import (
+    DEFAULT_CHUNK_SHARE,
+    DEFAULT_OUTPUT_TOKEN_S,
+    DEFAULT_REQUEST_S,
+    DEFAULT_TOKEN_S,
+    Frontend,
+)
 from llmsched.sim.pd import add_pd_args, pd_from_args
 from llmsched.sim.runner import simulate
 from llmsched.sim.workload import Workload, load_trace_workload, synthetic_workload
@@ -285,17 +291,40 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         default=None,
         help="model N API servers in front of each engine core (vLLM's flag): each tokenizes and passes on "
         "one request at a time, so requests reach the engine over time and it starts stepping as soon as it "
-        "has work; the trace's in_frontend counts those still on the way; with data-parallel ranks each "
+        "has work, and streams every output token back, in one queue with the requests, so clients see "
+        "tokens when their server has sent them; the trace's in_frontend counts requests still on the way "
+        "in; with data-parallel ranks each "
         f"server routes its requests as vLLM's do, from {SNAPSHOT_INTERVAL_S * 1e3:g} ms snapshots of the "
         "ranks' queues (default: none, every request reaches the engine when sent, as llmsched's offline "
         "path queues a batch)",
+    )
+    measured = "vLLM's own API server, measured on a 2-core AMD EPYC by benchmarks/serving/api_server_cost.py"
+    f.add_argument(
+        "--api-server-us-per-request",
+        type=float,
+        default=DEFAULT_REQUEST_S * 1e6,
+        help=f"an API server's fixed work per request (default {DEFAULT_REQUEST_S * 1e6:g}: {measured})",
     )
     f.add_argument(
         "--api-server-us-per-token",
         type=float,
         default=DEFAULT_TOKEN_S * 1e6,
-        help=f"an API server's work per prompt token (default {DEFAULT_TOKEN_S * 1e6:g}: tokenizing a "
-        "1024-token prompt and sending it to the engine process on the torch path, measured on a 2-core x86)",
+        help=f"an API server's work per prompt token (default {DEFAULT_TOKEN_S * 1e6:g}: {measured})",
+    )
+    f.add_argument(
+        "--api-server-us-per-output-token",
+        type=float,
+        default=DEFAULT_OUTPUT_TOKEN_S * 1e6,
+        help=f"an API server's work per streamed output token (default {DEFAULT_OUTPUT_TOKEN_S * 1e6:g}: "
+        f"{measured}; 0: requests only, the output costs the server nothing)",
+    )
+    f.add_argument(
+        "--api-server-us-per-chunk",
+        type=float,
+        default=None,
+        help="the part of --api-server-us-per-output-token paid per SSE chunk, not per token: a server "
+        "that falls behind merges a stream's queued tokens into one chunk (default "
+        f"{DEFAULT_CHUNK_SHARE:.0%} of it: {measured}, streamed against answered whole)",
     )
     sw = p.add_argument_group("sweeps")
     sw.add_argument(
@@ -447,7 +476,13 @@ def run_simulate(args: argparse.Namespace) -> int:
         return _run_pd(args, deployment, workload, pd, slos, percentiles)
     frontend = None
     if args.api_server_count is not None:
-        frontend = Frontend(args.api_server_count, args.api_server_us_per_token / 1e6)
+        frontend = Frontend(
+            args.api_server_count,
+            args.api_server_us_per_token / 1e6,
+            args.api_server_us_per_request / 1e6,
+            args.api_server_us_per_output_token / 1e6,
+            None if args.api_server_us_per_chunk is None else args.api_server_us_per_chunk / 1e6,
+        )
     # Output folders are made up front so a long run cannot fail at the end.
     for path in (args.result_json, args.trace, args.plot):
         if path:

@@ -23,12 +23,13 @@ import math
 import time
 from bisect import bisect_right
 from collections import deque
+from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, Protocol
 
 from llmsched.bench.metrics import MetricsCollector
 from llmsched.core.errors import RequestRejected
 from llmsched.core.sampling_params import SamplingParams
-from llmsched.sim.frontend import Frontend
+from llmsched.sim.frontend import ApiServers, Frontend
 from llmsched.sim.requests import SimRequest
 from llmsched.sim.workload import Workload
 
@@ -49,6 +50,7 @@ class Arrivals:
     """The client: the workload's requests in arrival order, when each is sent, and its Request."""
 
     __slots__ = (
+        "api",
         "arrivals",
         "due_at",
         "frontend",
@@ -79,7 +81,12 @@ class Arrivals:
         # request is sent only once a client slot frees, so when it reaches
         # the engine is known only then (``_closed_reach``), not up front.
         self.server_free: list[float] | None = None
-        if frontend is not None:
+        # Servers that stream the output too: one queue of both paths, filled as the run goes.
+        self.api: ApiServers | None = None
+        if frontend is not None and frontend.streams:
+            self.api = ApiServers(frontend)
+            self.due_at = self.api.reach
+        elif frontend is not None:
             if max_concurrency is None:
                 self.due_at = frontend.delivery_times(workload.arrivals, workload.input_lens)
             else:
@@ -102,6 +109,9 @@ class Arrivals:
     def due(self, now: float) -> bool:
         """True if the next request reaches the engine by ``now`` and a client slot is free for it."""
         i = self.nxt
+        if self.api is not None:
+            self.commit_through(now)
+            return i < self.api.committed and self.api.reach[i] <= now
         if self.server_free is not None:
             return i < self.n and self._closed_reach() <= now
         return i < self.n and self.due_at[i] <= now and (self.slots is None or bool(self.slots))
@@ -110,13 +120,50 @@ class Arrivals:
         """When the next request reaches the engine (inf: none left)."""
         if self.nxt >= self.n:
             return math.inf
+        api = self.api
+        if api is not None:
+            if self.nxt >= api.committed:
+                # Nothing runs: no output can come before the next request's input.
+                sent = self._next_sent(self.nxt)
+                if sent == math.inf:
+                    return math.inf
+                self.commit_through(sent)
+            return api.reach[self.nxt]
         return self._closed_reach() if self.server_free is not None else self.due_at[self.nxt]
 
     def next_due_time(self) -> float:
         """When the next request reaches the engine, or never while no client slot is free for it."""
         if self.nxt >= self.n or (self.slots is not None and not self.slots):
             return math.inf
+        api = self.api
+        if api is not None:
+            i = self.nxt
+            if i < api.committed:
+                return api.reach[i]
+            # Not yet sent: outputs queued before it can only make it later.
+            return api.reach_bound(i, self._next_sent(i), self.workload.input_lens[i])
         return self._closed_reach() if self.server_free is not None else self.due_at[self.nxt]
+
+    def _next_sent(self, i: int) -> float:
+        """When request ``i`` (not yet taken) is sent: the next ones take the next client slots."""
+        if self.slots is None:
+            return self.arrivals[i]
+        k = i - self.nxt
+        if k >= len(self.slots):
+            return math.inf
+        return self._sent_at(i, self.slots[k])
+
+    def commit_through(self, t: float) -> None:
+        """Queue at the API servers every request sent by ``t`` (in order), before any later job."""
+        api = self.api
+        i = api.committed
+        lens = self.workload.input_lens
+        while i < self.n:
+            sent = self._next_sent(i)
+            if sent > t:
+                return
+            api.commit(sent, lens[i])
+            i += 1
 
     def _closed_reach(self) -> float:
         """Closed loop through API servers: when the next request would reach the engine (inf: no slot)."""
@@ -143,12 +190,17 @@ class Arrivals:
 
     def num_due(self, now: float) -> int:
         """Requests not yet taken that have reached the engine by ``now``."""
+        if self.api is not None:
+            reach = self.api.reach
+            return sum(1 for i in range(self.nxt, self.api.committed) if reach[i] <= now)
         return bisect_right(self.due_at, now, self.nxt) - self.nxt if self.nxt < self.n else 0
 
     def in_frontend(self, now: float) -> int:
         """Requests sent by ``now`` that the API servers have not handed to the engine yet."""
         if self.frontend is None or self.nxt >= self.n:
             return 0
+        if self.api is not None:
+            return self._streamed_in_frontend(now)
         if self.server_free is not None:
             return self._closed_in_frontend(now)
         return bisect_right(self.arrivals, now, self.nxt) - bisect_right(self.due_at, now, self.nxt)
@@ -169,10 +221,28 @@ class Arrivals:
                 count += 1
         return count
 
+    def _streamed_in_frontend(self, now: float) -> int:
+        """``in_frontend`` through streaming servers (reads, never queues: a trace changes nothing)."""
+        api = self.api
+        sent, reach = api.sent, api.reach
+        count = sum(1 for i in range(self.nxt, api.committed) if sent[i] <= now < reach[i])
+        i = api.committed
+        while i < self.n and self._next_sent(i) <= now:
+            count += 1
+            i += 1
+        return count
+
     def take(self) -> tuple[int, float, float]:
         """Send the next request (``due`` must hold): its index, sent time and ordering time."""
         i = self.nxt
-        sent = self.arrivals[i] if self.slots is None else self._sent_at(i, self.slots.popleft())
+        if self.api is not None:
+            # Queued at its server already, with the slot it took then.
+            sent = self.api.sent[i]
+            if self.slots is not None:
+                self.slots.popleft()
+            self.reached = self.api.reach[i]
+        else:
+            sent = self.arrivals[i] if self.slots is None else self._sent_at(i, self.slots.popleft())
         servers = self.server_free
         if servers is not None:
             servers[i % len(servers)] = self.reached = self._passed_on(i, sent, servers)
@@ -220,6 +290,7 @@ class Tally:
         "metrics",
         "num_busy",
         "num_steps",
+        "pending",
         "records",
         "rejections",
         "series",
@@ -235,7 +306,9 @@ class Tally:
         progress: bool,
     ) -> None:
         self.arrivals = arrivals
-        self.metrics = MetricsCollector()
+        self.metrics = MetricsCollector() if arrivals.api is None else _StreamedMetrics(self)
+        # Finishes whose last tokens the API servers have not been handed yet: (request, engine time).
+        self.pending: list[tuple[SimRequest, float]] = []
         self.trace_out = trace_out
         self.explain = explain
         self.series = series
@@ -262,11 +335,24 @@ class Tally:
 
     def finished(self, r: SimRequest, end: float) -> None:
         """Count a finished request's latencies and free its client slot."""
+        api = self.arrivals.api
+        if api is not None and end > api.horizon():
+            # Its last tokens are not queued at the API servers yet (``streamed`` counts it then).
+            self.pending.append((r, end))
+            return
+        self._count_finish(r, end)
+
+    def _count_finish(self, r: SimRequest, end: float) -> None:
+        """``finished``, with the times the client sees when API servers stream the output."""
+        first = r.first_token_time
+        api = self.arrivals.api
+        if api is not None:
+            end = api.seen(end)
+            if first >= 0:
+                first = api.seen(first)
         if self.records is not None:
-            self.records.append(
-                (r.tenant, r.sent_time, r.first_token_time, end, r.num_prompt_tokens, r.num_output_tokens)
-            )
-        if r.first_token_time < 0:
+            self.records.append((r.tenant, r.sent_time, first, end, r.num_prompt_tokens, r.num_output_tokens))
+        if first < 0:
             # Declined by the scheduling policy before producing anything.
             self.declined += 1
             self.metrics.add_failed(r.num_prompt_tokens)
@@ -276,19 +362,30 @@ class Tally:
             if self.arrivals.slots is not None:
                 self.arrivals.slots.append(end)
             return
-        self.metrics.add_request(
-            r.sent_time, r.first_token_time, end, r.num_prompt_tokens, r.num_output_tokens
-        )
+        self.metrics.add_request(r.sent_time, first, end, r.num_prompt_tokens, r.num_output_tokens)
         if self.log is not None:
-            self.log.done(
-                r.index, r.sent_time, r.first_token_time, end, r.num_prompt_tokens, r.num_output_tokens
-            )
+            self.log.done(r.index, r.sent_time, first, end, r.num_prompt_tokens, r.num_output_tokens)
         slots = self.arrivals.slots
         if slots is not None:
             slots.append(end)
         if r.num_tokens - r.num_prompt_tokens < r.max_tokens:
             self.capped += 1  # cut short by max_model_len
         self.done_pending += 1
+
+    def streamed(self, t: float, tokens: int) -> None:
+        """A step ending at ``t`` gave ``tokens`` output tokens: queued behind the inputs sent by ``t``."""
+        self.arrivals.commit_through(t)
+        self.arrivals.api.output(t, tokens)
+        if self.pending:
+            self.flush(t)
+
+    def flush(self, t: float) -> None:
+        """Count the pending finishes from engine times up to ``t``."""
+        done = [(r, end) for r, end in self.pending if end <= t]
+        if done:
+            self.pending = [(r, end) for r, end in self.pending if end > t]
+            for r, end in done:
+                self._count_finish(r, end)
 
     def progress(self) -> None:
         """Move the progress bar on now and then."""
@@ -297,7 +394,11 @@ class Tally:
             self.done_pending = 0
 
     def close(self) -> None:
-        """Finish the progress bar."""
+        """Count any finish still pending and finish the progress bar."""
+        if self.pending:
+            pending, self.pending = self.pending, []
+            for r, end in pending:
+                self._count_finish(r, end)
         if self.bar is not None:
             self.bar.update(self.done_pending)
             self.bar.close()
@@ -346,6 +447,8 @@ def run_loop(engines: Engines, arrivals: Arrivals, tally: Tally, max_steps: int 
     try:
         while True:
             now = engines.clock()
+            if tally.pending:
+                tally.flush(now)  # finishes no later output job has settled
             added: list | None = [] if tracing else None
             while arrivals.due(now) and engines.accepts():
                 engines.add(*arrivals.take(), added)
@@ -369,6 +472,30 @@ def run_loop(engines: Engines, arrivals: Arrivals, tally: Tally, max_steps: int 
             gc.enable()
         tally.close()
     return wall
+
+
+class _StreamedMetrics(MetricsCollector):
+    """The metrics, also handing each step's output tokens to the streaming API servers."""
+
+    __slots__ = ("tally",)
+
+    def __init__(self, tally: Tally) -> None:
+        super().__init__()
+        self.tally = tally
+
+    def add_tokens_at(self, t: float, count: int) -> None:
+        """``count`` output tokens at ``t``, streamed by the API servers."""
+        super().add_tokens_at(t, count)
+        self.tally.streamed(t, count)
+
+    def add_steps(self, ends: Sequence[float], prev_end: float, count: int) -> float:
+        """Steps ending at ``ends`` that each gave ``count`` requests a token, each step streamed in turn."""
+        last = super().add_steps(ends, prev_end, count)
+        if count:
+            streamed = self.tally.streamed
+            for end in ends:
+                streamed(end, count)
+        return last
 
 
 def _progress_bar(total: int, enabled: bool) -> tqdm | None:

@@ -107,6 +107,9 @@ def simulate(
     wall = run_loop(engines, arrivals, tally, max_steps)
     fields = engines.result_fields()
     duration = fields.pop("sim_duration_s")
+    if arrivals.api is not None:
+        # The run ends when the clients have the last tokens, not when the engine made them.
+        duration = max(duration, arrivals.api.last_seen)
     summary = tally.metrics.summary(duration, goodput_slos_ms, percentiles)
     if tally.log is not None:
         summary.update(tally.log.lists())
@@ -127,7 +130,7 @@ def simulate(
         max_concurrency=max_concurrency,
         request_rate=workload.request_rate,
         percentiles=percentiles,
-        frontend=frontend.to_dict() if frontend is not None else None,
+        frontend=_frontend_fields(frontend, arrivals),
         num_declined=tally.declined,
         requests=tally.records,
         **fields,
@@ -171,3 +174,13 @@ def write_header(
         "simulator": deployment.to_dict() if deployment is not None else {"cost_model": repr(cost_model)},
     }
     out.write(json.dumps({"header": header}) + "\n")
+
+
+def _frontend_fields(frontend: Frontend | None, arrivals: Arrivals) -> dict | None:
+    """The frontend's settings for the result, and how much work streaming servers were given."""
+    if frontend is None:
+        return None
+    out = frontend.to_dict()
+    if arrivals.api is not None:
+        out["busy_s"] = arrivals.api.busy
+    return out
