@@ -24,12 +24,63 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "_common"))
 from hostcpu import record_cpu
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """A prediction judged against the real runs of one figure."""
+
+    median: float
+    low: float
+    high: float
+    # Prediction / median - 1 (nan when the median is 0).
+    error: float
+    in_range: bool
+    near_median: bool
+
+    @property
+    def holds(self) -> bool:
+        """Inside the real runs' range, or within the target of their median."""
+        return self.in_range or self.near_median
+
+    @property
+    def spread(self) -> float:
+        """max / min of the real runs (inf when the smallest is 0)."""
+        return self.high / self.low if self.low > 0 else math.inf
+
+    def why(self, target: float) -> str:
+        """Why it holds, or by how much it misses, in a few words."""
+        if self.in_range:
+            return "in range"
+        if self.near_median:
+            return f"within {100 * target:.0f}%"
+        return "misses"
+
+
+def judge(real: list[float], predicted: float, target: float) -> Holding:
+    """Whether a predicted figure holds against several real runs of it.
+
+    A machine whose real runs move between runs cannot be predicted to
+    within ``target`` of each run; a prediction holds when it lies inside
+    the runs' [min, max] or within ``target`` of their median.
+    """
+    if not real:
+        raise ValueError("judge needs at least one real run")
+    if not 0 < target < 1:
+        raise ValueError(f"target error {target!r} must be in (0, 1)")
+    med = statistics.median(real)
+    lo, hi = min(real), max(real)
+    error = predicted / med - 1.0 if med else math.nan
+    # nan compares false: a zero median is met only by the range.
+    return Holding(med, lo, hi, error, lo <= predicted <= hi, abs(error) <= target)
 
 
 def reachable_spread(target: float) -> float:
