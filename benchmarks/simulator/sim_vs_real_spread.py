@@ -205,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     streak = longest_streak([len(p) == n for p, n in zip(passes, total)])
     print(
         f"\n{len(unreachable)} of {len(rows)} figures spread beyond {reachable_spread(target):.3f} "
-        f"(max/min) over {len(runs)} runs"
+        f"(max/min) over the real runs of {len(runs)} result files "
+        f"({max(r['runs'] for r in rows)} runs at most)"
     )
     print(
         "scenarios that hold (every figure in its runs' range or within the target of their median), "
