@@ -72,6 +72,7 @@ from llmsched.core import Request, SamplingParams, SchedulerConfig  # noqa: E402
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput  # noqa: E402
 from llmsched.engine import EngineCore  # noqa: E402
 from llmsched.executor.torch import TorchExecutor  # noqa: E402
+from llmsched.executor.torch.device import DEFAULT_BLOCK_SIZE  # noqa: E402
 from llmsched.sim import (  # noqa: E402
     Deployment,
     DeploymentSpec,
@@ -183,11 +184,16 @@ def make_workload(sc: Scenario, seed: int, vocab: int) -> Workload:
     )
 
 
+def kv_demand(wl: Workload, block_size: int) -> int:
+    """KV blocks that hold every request of the workload at once, the null block included."""
+    return sum(-(-(wl.input_lens[i] + wl.output_lens[i]) // block_size) for i in range(len(wl))) + 1
+
+
 def kv_blocks(sc: Scenario, wl: Workload, block_size: int) -> int | None:
-    """KV blocks for the scenario's share of the demand (the null block included); None: default."""
+    """KV blocks for the scenario's share of the demand (the null block included); None: all of it."""
     if sc.kv_share is None:
         return None
-    demand = sum(-(-(wl.input_lens[i] + wl.output_lens[i]) // block_size) for i in range(len(wl)))
+    demand = kv_demand(wl, block_size) - 1
     longest = max(-(-(wl.input_lens[i] + wl.output_lens[i]) // block_size) for i in range(len(wl)))
     # Never less than the largest request, which must fit on its own.
     return max(longest + 1, math.ceil(demand * sc.kv_share) + 1)
@@ -392,14 +398,24 @@ def shared_executor(scenarios: list[Scenario], model_dir: Path, seed: int) -> To
     model length) is the scenario's own; the executor only needs room for
     the largest. One executor also means one OpenMP team: several alive at
     once would make libgomp cut its spin-waiting short (see on_a_thread).
+    Its KV cache holds every request of any one scenario at once, and is
+    written through before the first run, so that no run's steps pay for
+    first touching its pages (see TorchExecutor.prefault_kv_cache).
     """
-    return TorchExecutor(
+    block_size = DEFAULT_BLOCK_SIZE["cpu"]
+    demand = max(kv_demand(make_workload(sc, seed, MODEL["vocab_size"]), block_size) for sc in scenarios)
+    ex = TorchExecutor(
         model_dir,
         dtype="bfloat16",
         seed=seed,
         max_num_batched_tokens=max(sc.max_num_batched_tokens for sc in scenarios),
         max_num_seqs=max(sc.max_num_seqs for sc in scenarios),
+        # At least the model's longest context, which one request may reach.
+        block_size=block_size,
+        num_gpu_blocks=max(demand, -(-MODEL["max_position_embeddings"] // block_size) + 1),
     )
+    ex.prefault_kv_cache()
+    return ex
 
 
 def prepare(sc: Scenario, ex: TorchExecutor, model_dir: Path, profile: Path, seed: int) -> Prepared:
