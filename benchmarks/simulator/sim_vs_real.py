@@ -410,8 +410,8 @@ def shared_executor(scenarios: list[Scenario], model_dir: Path, seed: int) -> To
         seed=seed,
         max_num_batched_tokens=max(sc.max_num_batched_tokens for sc in scenarios),
         max_num_seqs=max(sc.max_num_seqs for sc in scenarios),
-        # At least the model's longest context, which one request may reach.
         block_size=block_size,
+        # At least the model's longest context, which one request may reach.
         num_gpu_blocks=max(demand, -(-MODEL["max_position_embeddings"] // block_size) + 1),
     )
     ex.prefault_kv_cache()
@@ -566,14 +566,9 @@ def hardware_profile(args: argparse.Namespace, out_dir: Path) -> tuple[Path, dic
     return path, cal
 
 
-def figures(res: dict) -> list[tuple[str, dict]]:
-    """A scenario result's target figures."""
-    return list(res["figures"].items())
-
-
 def summarize(results: list[dict], cal: dict, wall: float) -> dict:
     """Scenarios that hold, the old per-run view beside them, and the run's caveats."""
-    figs = [(r["scenario"], f) for r in results for _, f in figures(r)]
+    figs = [(r["scenario"], f) for r in results for f in r["figures"].values()]
     repeats = min(r["real"]["runs"] for r in results)
     per_run = [
         [
