@@ -426,39 +426,30 @@ class LlmschedScheduler(SchedulerInterface):
         this_step = scheduler_output.num_scheduled_tokens
         estimate = {rid: self._cached_tokens(rid) for rid in self._stats_due if rid in this_step}
         res = self.core.update_from_output(out, ModelRunnerOutput(toks))
+        return self._engine_outputs(self._outputs(sched, before, res, mro, estimate), spec_stats)
+
+    def _outputs(self, sched: list, before: list, res: Any, mro: Any, estimate: dict) -> dict[int, list]:
+        """Each client's EngineCoreOutput list; mirrors new tokens and counters onto the vLLM requests."""
         finished = {r.request_id for r in res.finished}
         outputs: dict[int, list] = defaultdict(list)
         requests = self.requests
-        emit = self._emitter(mro, estimate)
+        # No per-request extras in this output (the usual decode step without logprobs).
+        plain = (
+            mro.logprobs is None
+            and not mro.num_nans_in_logits
+            and not mro.prompt_logprobs_dict
+            and not mro.prompt_token_id_logprobs_dict
+        )
+        full = self._emitter(mro, estimate)
         for req, n_before in zip(sched, before):
             if n_before < 0:
                 continue
             new = req.token_ids[n_before:]
-            if new or req.request_id in finished:
-                vreq = requests[req.request_id]
-                outputs[vreq.client_index].append(emit(req, vreq, new, req.request_id in finished))
-        for req in res.finished:
-            vreq = requests.get(req.request_id)
-            if vreq is not None:  # declined or failed without being scheduled
-                outputs[vreq.client_index].append(emit(req, vreq, [], True))
-        return self._engine_outputs(outputs, spec_stats)
-
-    def _emitter(self, mro: Any, estimate: dict[str, int]) -> Any:
-        """The function that builds one request's EngineCoreOutput from this model output.
-
-        What does not vary by request is read from the model output once;
-        each call mirrors the request's tokens and counters onto its vLLM request.
-        """
-        index, logprobs = mro.req_id_to_index, mro.logprobs
-        nans = mro.num_nans_in_logits
-        prompt_logprobs = mro.prompt_logprobs_dict or None
-        prompt_id_logprobs = mro.prompt_token_id_logprobs_dict or None
-        # No per-request extras in this output (the usual decode step without logprobs).
-        plain = logprobs is None and nans is None and prompt_logprobs is None and prompt_id_logprobs is None
-        finished_status, forget = _TO_VLLM_STATUS, self._forget
-
-        def emit(req: Request, vreq: VllmRequest, new: list[int], stopped: bool) -> EngineCoreOutput:
             rid = req.request_id
+            stopped = rid in finished if finished else False
+            if not new and not stopped:
+                continue
+            vreq = requests[rid]
             vreq._output_token_ids.extend(new)
             vreq._all_token_ids.extend(new)
             vreq.num_computed_tokens = req.num_computed_tokens
@@ -472,8 +463,32 @@ class LlmschedScheduler(SchedulerInterface):
                 and vreq.trace_headers is None
                 and not vreq.num_nans_in_logits
             ):
-                # Every other field at its default: built from two fields, the bulk of a decode step.
-                return EngineCoreOutput(request_id=rid, new_token_ids=new)
+                # Every other field at its default: built from two, the bulk of a decode step.
+                outputs[vreq.client_index].append(EngineCoreOutput(request_id=rid, new_token_ids=new))
+            else:
+                outputs[vreq.client_index].append(full(req, vreq, new, stopped))
+        for req in res.finished:
+            vreq = requests.get(req.request_id)
+            if vreq is not None:  # declined or failed without being scheduled
+                vreq.num_computed_tokens = req.num_computed_tokens
+                vreq.num_output_placeholders = req.num_output_placeholders
+                outputs[vreq.client_index].append(full(req, vreq, [], True))
+        return outputs
+
+    def _emitter(self, mro: Any, estimate: dict[str, int]) -> Any:
+        """The function that builds one request's EngineCoreOutput with all its fields from this model output.
+
+        What does not vary by request is read from the model output once. The
+        request's tokens and counters are already mirrored onto its vLLM request.
+        """
+        index, logprobs = mro.req_id_to_index, mro.logprobs
+        nans = mro.num_nans_in_logits
+        prompt_logprobs = mro.prompt_logprobs_dict or None
+        prompt_id_logprobs = mro.prompt_token_id_logprobs_dict or None
+        finished_status, forget = _TO_VLLM_STATUS, self._forget
+
+        def emit(req: Request, vreq: VllmRequest, new: list[int], stopped: bool) -> EngineCoreOutput:
+            rid = req.request_id
             finish_reason = None
             if stopped:
                 vreq.status = finished_status[req.status]
