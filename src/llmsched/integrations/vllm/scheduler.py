@@ -32,6 +32,7 @@ from llmsched.core.scheduler import Scheduler
 from llmsched.integrations.vllm.checks import check_config, check_request, check_version
 from llmsched.integrations.vllm.extras import Extras
 
+_FINISHED = RequestStatus.FINISHED_STOPPED  # this and every later status are terminal
 # Our terminal statuses as vLLM's (the finish reason vLLM reports comes from these).
 _TO_VLLM_STATUS = {
     RequestStatus.FINISHED_STOPPED: VllmStatus.FINISHED_STOPPED,
@@ -150,6 +151,8 @@ class LlmschedScheduler(SchedulerInterface):
             defaultdict(set) if include_finished_set else None
         )
         self._stats_seen = PrefixCacheStats()
+        # Admitted requests whose first output, which carries their prefill stats, is still to come.
+        self._stats_due: set[str] = set()
 
     # ---- requests in and out -----------------------------------------------
 
@@ -190,6 +193,7 @@ class LlmschedScheduler(SchedulerInterface):
 
     def _forget(self, vreq: VllmRequest) -> None:
         del self.requests[vreq.request_id]
+        self._stats_due.discard(vreq.request_id)
         if self._finished_by_client is not None:
             self._finished_by_client[vreq.client_index].add(vreq.request_id)
 
@@ -257,44 +261,21 @@ class LlmschedScheduler(SchedulerInterface):
 
     def _translate(self, out: SchedulerOutput) -> VllmSchedulerOutput:
         """Build vLLM's SchedulerOutput from ours; syncs the vLLM requests' counters."""
-        requests = self.requests
         spec = out.spec_decode_tokens
-        num_sched = {}
-        starts = {}
-        drafts_needed = not self._can_skip_drafts
-        for req, n in zip(out.scheduled, out.num_scheduled_tokens):
-            rid = req.request_id
-            num_sched[rid] = n
-            start = starts[rid] = req.num_computed_tokens - n
-            drafts_needed = drafts_needed or not self._drafts_unused(req, start, n, spec)
-        admitted = set()
-        new_reqs, resumed = [], []
-        for req, block_ids, resumed_now in zip(out.admitted, out.admitted_block_ids, out.admitted_resumed):
-            vreq = requests[req.request_id]
-            admitted.add(req.request_id)
-            self._admit(vreq, req, starts[req.request_id])
-            (resumed if resumed_now else new_reqs).append((vreq, block_ids))
-        if self.use_v2_model_runner:
-            new_reqs.extend(resumed)
-            resumed = []
-        new_data = [
-            NewRequestData.from_request(
-                vreq,
-                (block_ids,),
-                vreq._all_token_ids if self.use_v2_model_runner else None,
-                uses_mrope=self._uses_mrope,
-            )
-            for vreq, block_ids in new_reqs
-        ]
-        running = [r for r in out.scheduled if r.request_id not in admitted]
-        cached = self._cached_data(out, running, [(requests[v.request_id], b) for v, b in resumed], starts)
+        sched, nums = out.scheduled, out.num_scheduled_tokens
+        num_sched = dict(zip([r.request_id for r in sched], nums))
+        # vLLM's skip_drafts: every scheduled request's drafts would go unused.
+        drafts_needed = not self._can_skip_drafts or not all(
+            self._drafts_unused(r, r.num_computed_tokens - n, n, spec) for r, n in zip(sched, nums)
+        )
+        running = zip(sched, nums)
+        new_data, resumed = [], []
+        if out.admitted:
+            new_data, resumed, admitted = self._admissions(out, num_sched)
+            running = [(r, n) for r, n in zip(sched, nums) if r.request_id not in admitted]
+        cached = self._cached_data(out, running, resumed)
         if not self.use_v2_model_runner:
             self._prev_scheduled = set(num_sched)
-        for req in out.scheduled:
-            vreq = requests[req.request_id]
-            vreq.num_computed_tokens = req.num_computed_tokens
-            vreq.is_prefill_chunk = req.is_prefill_chunk
-            vreq.num_output_placeholders = req.num_output_placeholders
         # vLLM 0.32's SchedulerOutput has no skip_drafts.
         extra = {} if self.vllm_series == "0.32" else {"skip_drafts": not drafts_needed}
         return VllmSchedulerOutput(
@@ -311,6 +292,34 @@ class LlmschedScheduler(SchedulerInterface):
             **extra,
         )
 
+    def _admissions(self, out: SchedulerOutput, num_sched: dict) -> tuple[list, list, set]:
+        """This step's admissions: NewRequestData, those resumed (they join the cached requests), ids."""
+        requests = self.requests
+        admitted = set()
+        new_reqs, resumed = [], []
+        for req, block_ids, resumed_now in zip(out.admitted, out.admitted_block_ids, out.admitted_resumed):
+            rid = req.request_id
+            vreq = requests[rid]
+            admitted.add(rid)
+            self._admit(vreq, req, req.num_computed_tokens - num_sched[rid])
+            (resumed if resumed_now else new_reqs).append((vreq, block_ids, req))
+        if self.use_v2_model_runner:
+            new_reqs.extend(resumed)
+            resumed = []
+        new_data = [
+            NewRequestData.from_request(
+                vreq,
+                (block_ids,),
+                vreq._all_token_ids if self.use_v2_model_runner else None,
+                uses_mrope=self._uses_mrope,
+            )
+            for vreq, block_ids, _ in new_reqs
+        ]
+        # Mirrored after NewRequestData read the admission's starting point.
+        for vreq, _, req in new_reqs:
+            self._mirror(vreq, req)
+        return new_data, resumed, admitted
+
     def _admit(self, vreq: VllmRequest, req: Request, start: int) -> None:
         """Mirror an admission onto the vLLM request (status, stats, events)."""
         if vreq.prefill_stats is not None and vreq.num_preemptions <= 0:
@@ -319,10 +328,19 @@ class LlmschedScheduler(SchedulerInterface):
                 num_local_cached_tokens=start,
                 num_external_cached_tokens=0,
             )
+        if vreq.prefill_stats is not None:
+            self._stats_due.add(vreq.request_id)
         vreq.status = VllmStatus.RUNNING
         vreq.num_computed_tokens = start
         if self.log_stats:
             vreq.record_event(EngineCoreEventType.SCHEDULED)
+
+    @staticmethod
+    def _mirror(vreq: VllmRequest, req: Request) -> None:
+        """Our counters after scheduling, onto the vLLM request."""
+        vreq.num_computed_tokens = req.num_computed_tokens
+        vreq.is_prefill_chunk = req.is_prefill_chunk
+        vreq.num_output_placeholders = req.num_output_placeholders
 
     def _output_placeholders_before(self, req: Request, spec: dict) -> int:
         """Placeholders the request had before this step added its own (async mode)."""
@@ -330,49 +348,53 @@ class LlmschedScheduler(SchedulerInterface):
             return req.num_output_placeholders
         return req.num_output_placeholders - 1 - len(spec.get(req.request_id, ()))
 
-    def _cached_data(
-        self, out: SchedulerOutput, running: list, resumed: list, starts: dict
-    ) -> CachedRequestData:
-        """CachedRequestData: running requests in order, then those resumed after preemption."""
-        spec = out.spec_decode_tokens
+    def _cached_data(self, out: SchedulerOutput, running: Iterable, resumed: list) -> CachedRequestData:
+        """CachedRequestData: running requests in order, then those resumed after preemption.
+
+        One pass per running request (about a thousand each step at scale): its
+        entries, and our counters mirrored onto its vLLM request.
+        """
+        requests, spec, new_blocks = self.requests, out.spec_decode_tokens, out.new_block_ids
+        prev = None if self.use_v2_model_runner else self._prev_scheduled
+        async_mode = self._async
         req_ids, new_block_ids, all_token_ids, computed, num_output = [], [], {}, [], []
-        for req in running:
+        for req, n in running:
             rid = req.request_id
+            vreq = requests[rid]
             req_ids.append(rid)
-            ids = out.new_block_ids.get(rid)
+            ids = new_blocks.get(rid)
             new_block_ids.append((ids,) if ids else None)
-            self._cached_counts(rid, req, starts, spec, all_token_ids, computed, num_output)
-        for vreq, block_ids in resumed:
+            if prev is not None and rid not in prev:
+                all_token_ids[rid] = vreq._all_token_ids.copy()
+            now = req.num_computed_tokens
+            computed.append(now - n)
+            placeholders = req.num_output_placeholders
+            chunk = req.is_prefill_chunk
+            before = placeholders
+            if async_mode and not chunk:
+                before -= 1 + (len(spec[rid]) if spec and rid in spec else 0)
+            num_output.append(len(vreq._output_token_ids) + before)
+            vreq.num_computed_tokens = now
+            vreq.is_prefill_chunk = chunk
+            vreq.num_output_placeholders = placeholders
+        for vreq, block_ids, req in resumed:
             rid = vreq.request_id
             req_ids.append(rid)
             new_block_ids.append((block_ids,))
-            req = out.admitted[[r.request_id for r in out.admitted].index(rid)]
-            self._cached_counts(rid, req, starts, spec, all_token_ids, computed, num_output)
+            if prev is not None and rid not in prev:
+                all_token_ids[rid] = vreq._all_token_ids.copy()
+            computed.append(vreq.num_computed_tokens)  # its starting point, set at admission
+            num_output.append(vreq.num_output_tokens + self._output_placeholders_before(req, spec))
+            self._mirror(vreq, req)
         return CachedRequestData(
             req_ids=req_ids,
-            resumed_req_ids={v.request_id for v, _ in resumed},
+            resumed_req_ids={v.request_id for v, _, _ in resumed},
             new_token_ids=[],
             all_token_ids=all_token_ids,
             new_block_ids=new_block_ids,
             num_computed_tokens=computed,
             num_output_tokens=num_output,
         )
-
-    def _cached_counts(
-        self,
-        rid: str,
-        req: Request,
-        starts: dict,
-        spec: dict,
-        all_ids: dict,
-        computed: list,
-        num_output: list,
-    ) -> None:
-        vreq = self.requests[rid]
-        if not self.use_v2_model_runner and rid not in self._prev_scheduled:
-            all_ids[rid] = vreq._all_token_ids.copy()
-        computed.append(starts[rid])
-        num_output.append(vreq.num_output_tokens + self._output_placeholders_before(req, spec))
 
     def _drafts_unused(self, req: Request, start: int, n: int, spec: dict) -> bool:
         """Whether drafts proposed after this step are sure to go unused (vLLM's skip_drafts rule)."""
@@ -389,84 +411,131 @@ class LlmschedScheduler(SchedulerInterface):
         """Apply the model runner's samples; vLLM's EngineCoreOutputs per client."""
         out = self._pending.pop(id(scheduler_output))
         mro = model_runner_output
-        index = mro.req_id_to_index
+        sched = out.scheduled
         sampled = mro.sampled_token_ids
-        toks = [list(sampled[index[r.request_id]]) if sampled else [] for r in out.scheduled]
-        before = [(r.num_tokens, r.status) for r in out.scheduled]
-        estimate = {r.request_id: self._cached_tokens(r) for r in out.scheduled}
-        spec_stats = self._spec_stats(out, toks, before)
+        if sampled:
+            index = mro.req_id_to_index
+            # The runner's own lists: our core only reads them, as vLLM's scheduler does.
+            toks = [sampled[index[r.request_id]] for r in sched]
+        else:
+            toks = [[] for _ in sched]
+        # Token counts before the update (-1: finished before it, so nothing to report).
+        before = [r.num_tokens if r.status < _FINISHED else -1 for r in sched]
+        spec_stats = self._spec_stats(out, toks)
+        # As vLLM estimates them: before the update frees the blocks of requests it finishes.
+        this_step = scheduler_output.num_scheduled_tokens
+        estimate = {rid: self._cached_tokens(rid) for rid in self._stats_due if rid in this_step}
         res = self.core.update_from_output(out, ModelRunnerOutput(toks))
+        return self._engine_outputs(self._outputs(sched, before, res, mro, estimate), spec_stats)
+
+    def _outputs(self, sched: list, before: list, res: Any, mro: Any, estimate: dict) -> dict[int, list]:
+        """Each client's EngineCoreOutput list; mirrors new tokens and counters onto the vLLM requests."""
         finished = {r.request_id for r in res.finished}
         outputs: dict[int, list] = defaultdict(list)
-        for req, (n_before, status) in zip(out.scheduled, before):
-            if status.finished:
+        requests = self.requests
+        # No per-request extras in this output (the usual decode step without logprobs).
+        plain = (
+            mro.logprobs is None
+            and not mro.num_nans_in_logits
+            and not mro.prompt_logprobs_dict
+            and not mro.prompt_token_id_logprobs_dict
+        )
+        full = self._emitter(mro, estimate)
+        for req, n_before in zip(sched, before):
+            if n_before < 0:
                 continue
             new = req.token_ids[n_before:]
-            stopped = req.request_id in finished
-            if new or stopped:
-                outputs_for = outputs[self.requests[req.request_id].client_index]
-                outputs_for.append(self._emit(req, new, stopped, mro, estimate))
+            rid = req.request_id
+            stopped = rid in finished if finished else False
+            if not new and not stopped:
+                continue
+            vreq = requests[rid]
+            vreq._output_token_ids.extend(new)
+            vreq._all_token_ids.extend(new)
+            vreq.num_computed_tokens = req.num_computed_tokens
+            vreq.num_output_placeholders = req.num_output_placeholders
+            if (
+                plain
+                and not stopped
+                and vreq.prefill_stats is None
+                and not vreq.events
+                and vreq.stop_reason is None
+                and vreq.trace_headers is None
+                and not vreq.num_nans_in_logits
+            ):
+                # Every other field at its default: built from two, the bulk of a decode step.
+                outputs[vreq.client_index].append(EngineCoreOutput(request_id=rid, new_token_ids=new))
+            else:
+                outputs[vreq.client_index].append(full(req, vreq, new, stopped))
         for req in res.finished:
-            if req.request_id in self.requests:  # declined or failed without being scheduled
-                outputs[self.requests[req.request_id].client_index].append(
-                    self._emit(req, [], True, mro, estimate)
-                )
-        return self._engine_outputs(outputs, spec_stats)
+            vreq = requests.get(req.request_id)
+            if vreq is not None:  # declined or failed without being scheduled
+                vreq.num_computed_tokens = req.num_computed_tokens
+                vreq.num_output_placeholders = req.num_output_placeholders
+                outputs[vreq.client_index].append(full(req, vreq, [], True))
+        return outputs
 
-    def _emit(
-        self, req: Request, new: list[int], stopped: bool, mro: Any, estimate: dict
-    ) -> EngineCoreOutput:
-        """One request's EngineCoreOutput; mirrors its tokens and status onto the vLLM request."""
-        rid = req.request_id
-        vreq = self.requests[rid]
-        vreq._output_token_ids.extend(new)
-        vreq._all_token_ids.extend(new)
-        vreq.num_computed_tokens = req.num_computed_tokens
-        vreq.num_output_placeholders = req.num_output_placeholders
-        finish_reason = None
-        if stopped:
-            vreq.status = _TO_VLLM_STATUS[req.status]
-            vreq.stop_reason = req.stop_reason
-            finish_reason = vreq.get_finished_reason()
-        prefill_stats = vreq.take_prefill_stats()
-        if prefill_stats is not None:
-            prefill_stats.finalize(estimate.get(rid, 0))
-        logprobs = None
-        index = mro.req_id_to_index.get(rid)
-        if mro.logprobs is not None and index is not None and vreq.sampling_params.num_logprobs is not None:
-            logprobs = mro.logprobs.slice_request(index, len(new))
+    def _emitter(self, mro: Any, estimate: dict[str, int]) -> Any:
+        """The function that builds one request's EngineCoreOutput with all its fields from this model output.
+
+        What does not vary by request is read from the model output once. The
+        request's tokens and counters are already mirrored onto its vLLM request.
+        """
+        index, logprobs = mro.req_id_to_index, mro.logprobs
         nans = mro.num_nans_in_logits
-        if nans is not None and rid in nans:
-            vreq.num_nans_in_logits = nans[rid]
-        if stopped:
-            self._forget(vreq)
-        return EngineCoreOutput(
-            request_id=rid,
-            new_token_ids=new,
-            finish_reason=finish_reason,
-            new_logprobs=logprobs,
-            new_prompt_logprobs_tensors=mro.prompt_logprobs_dict.get(rid),
-            prompt_token_id_logprobs=mro.prompt_token_id_logprobs_dict.get(rid),
-            stop_reason=vreq.stop_reason,
-            events=vreq.take_events(),
-            prefill_stats=prefill_stats,
-            trace_headers=vreq.trace_headers,
-            num_nans_in_logits=vreq.num_nans_in_logits,
-        )
+        prompt_logprobs = mro.prompt_logprobs_dict or None
+        prompt_id_logprobs = mro.prompt_token_id_logprobs_dict or None
+        finished_status, forget = _TO_VLLM_STATUS, self._forget
 
-    def _cached_tokens(self, req: Request) -> int:
+        def emit(req: Request, vreq: VllmRequest, new: list[int], stopped: bool) -> EngineCoreOutput:
+            rid = req.request_id
+            finish_reason = None
+            if stopped:
+                vreq.status = finished_status[req.status]
+                vreq.stop_reason = req.stop_reason
+                finish_reason = vreq.get_finished_reason()
+            prefill_stats = vreq.take_prefill_stats()
+            if prefill_stats is not None:
+                prefill_stats.finalize(estimate.get(rid, 0))
+                self._stats_due.discard(rid)
+            new_logprobs = None
+            if logprobs is not None and vreq.sampling_params.num_logprobs is not None:
+                i = index.get(rid)
+                if i is not None:
+                    new_logprobs = logprobs.slice_request(i, len(new))
+            if nans is not None and rid in nans:
+                vreq.num_nans_in_logits = nans[rid]
+            if stopped:
+                forget(vreq)
+            return EngineCoreOutput(
+                request_id=rid,
+                new_token_ids=new,
+                finish_reason=finish_reason,
+                new_logprobs=new_logprobs,
+                new_prompt_logprobs_tensors=prompt_logprobs.get(rid) if prompt_logprobs else None,
+                prompt_token_id_logprobs=prompt_id_logprobs.get(rid) if prompt_id_logprobs else None,
+                stop_reason=vreq.stop_reason,
+                events=vreq.take_events(),
+                prefill_stats=prefill_stats,
+                trace_headers=vreq.trace_headers,
+                num_nans_in_logits=vreq.num_nans_in_logits,
+            )
+
+        return emit
+
+    def _cached_tokens(self, request_id: str) -> int:
         """Tokens of the request covered by prefix-cached blocks (vLLM's estimate_cached_tokens)."""
-        table = self.core.kv._tables.get(req.request_id)
+        table = self.core.kv._tables.get(request_id)
         return table.num_cached * self.block_size if table is not None else 0
 
-    def _spec_stats(self, out: SchedulerOutput, toks: list, before: list) -> SpecDecodingStats | None:
-        """Draft acceptance of this step, as vLLM counts it (None without drafts or stats)."""
+    def _spec_stats(self, out: SchedulerOutput, toks: list) -> SpecDecodingStats | None:
+        """This step's draft acceptance as vLLM counts it (None without drafts or stats); pre-update."""
         if not self.log_stats or not out.spec_decode_tokens:
             return None
         stats = None
-        for req, t, (_, status) in zip(out.scheduled, toks, before):
+        for req, t in zip(out.scheduled, toks):
             drafts = out.spec_decode_tokens.get(req.request_id)
-            if not drafts or not t or status.finished:
+            if not drafts or not t or req.status >= _FINISHED:
                 continue
             if stats is None:
                 stats = SpecDecodingStats.new(self.num_spec_tokens)
