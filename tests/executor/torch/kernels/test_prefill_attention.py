@@ -8,12 +8,12 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from llmsched.executor.torch import kernels
-from llmsched.executor.torch.attention import AttentionMetadata, PagedAttention, PrefillChunk
+from llmsched.executor.torch.attention import PagedAttention
 from support.hf_reference import randomize
+from support.prefill_attention import attend, causal_sdpa, check_paged_chunks, fused_qkv
 
 from ..conftest import COMMON, TinyModel, bfloat16_outputs, prompts_of
 
@@ -27,32 +27,12 @@ def _needs_avx512_bf16(kernels_built: None) -> None:
         pytest.skip("this CPU lacks AVX-512 BF16, which the prefill kernel needs")
 
 
-def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """PyTorch's attention [lq, heads, d], query i seeing keys 0..lk-lq+i."""
-    lq, lk = q.shape[0], k.shape[0]
-    mask = torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + (lk - lq)
-    o = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None],
-        k.transpose(0, 1)[None],
-        v.transpose(0, 1)[None],
-        attn_mask=mask,
-        scale=q.shape[-1] ** -0.5,
-        enable_gqa=q.shape[1] != k.shape[1],
-    )
-    return o[0].transpose(0, 1)
-
-
 def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    out = torch.empty(q.shape, dtype=q.dtype)
-    KERNEL.attend(q, k, v, q.shape[-1] ** -0.5, out)
-    return out
+    return attend(KERNEL, q, k, v)
 
 
 def inputs(lq: int, lk: int, heads: int, kv_heads: int, d: int, seed: int) -> tuple[torch.Tensor, ...]:
-    """q, k, v as slices of one fused projection (strided rows), bfloat16."""
-    g = torch.Generator().manual_seed(seed)
-    qkv = (torch.randn(lk, heads + 2 * kv_heads, d, generator=g) * 2).bfloat16()
-    return qkv[lk - lq :, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
+    return fused_qkv(lq, lk, heads, kv_heads, d, seed, torch.bfloat16)
 
 
 SHAPES = [
@@ -113,38 +93,7 @@ def test_supports_bfloat16_with_head_dims_in_64s_only():
 @pytest.mark.parametrize("chunks", [[(0, 23)], [(0, 23), (0, 9), (40, 17)]], ids=["fresh", "mixed"])
 def test_paged_attention_runs_fresh_and_cached_chunks_through_the_kernel(chunks):
     """A layer's output for (context start, length) chunks: the kernel over each chunk's whole context."""
-    heads, kv_heads, d, bs, num_blocks = 4, 2, 64, 16, 64
-    g = torch.Generator().manual_seed(len(chunks))
-    cache = torch.zeros(2, kv_heads, num_blocks, bs, d, dtype=torch.bfloat16)
-    keys = cache[0].view(kv_heads, num_blocks, d, bs)  # K blocks are stored transposed
-    prefills, slots, new_k, new_v, contexts = [], [], [], [], []
-    for start, n in chunks:
-        ctx_k, ctx_v = (torch.randn(start + n, kv_heads, d, generator=g).bfloat16() for _ in range(2))
-        first = sum(-(-(s + m) // bs) for s, m, _, _ in contexts)
-        blocks = torch.arange(first, first + -(-(start + n) // bs))
-        # The cached context is already in the cache; the chunk's own K/V come
-        # with the step, which writes them.
-        for pos in range(start):
-            keys[:, blocks[pos // bs], :, pos % bs] = ctx_k[pos]
-            cache[1, :, blocks[pos // bs], pos % bs] = ctx_v[pos]
-        rows = len(slots)
-        slots += [int(blocks[p // bs]) * bs + p % bs for p in range(start, start + n)]
-        prefills.append(PrefillChunk(rows, rows + n, start, block_ids=blocks if start else None))
-        new_k.append(ctx_k[start:])
-        new_v.append(ctx_v[start:])
-        contexts.append((start, n, ctx_k, ctx_v))
-    q = torch.randn(len(slots), heads, d, generator=g).bfloat16()
-    slot_mapping = torch.tensor(slots)
-    meta = AttentionMetadata(
-        slot_mapping=slot_mapping,
-        prefills=prefills,
-        slot_blocks=slot_mapping // bs,
-        slot_offsets=slot_mapping % bs,
-    )
-    attn = PagedAttention(heads, kv_heads, d, bs, keys_transposed=True)
-    out = attn.forward(q, torch.cat(new_k), torch.cat(new_v), cache, meta).view(-1, heads, d)
-    for c, (_, _, ctx_k, ctx_v) in zip(prefills, contexts):
-        assert torch.equal(out[c.start : c.end], kernel(q[c.start : c.end], ctx_k, ctx_v))
+    check_paged_chunks(KERNEL, chunks, 4, 2, 64, 16, torch.bfloat16, seed=len(chunks))
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from llmsched.executor.torch import kernels
-from llmsched.executor.torch.attention import AttentionMetadata, PagedAttention, PrefillChunk
+from llmsched.executor.torch.attention import PagedAttention
+from support.prefill_attention import attend, causal_sdpa, check_paged_chunks, fused_qkv
 
 from ..conftest import greedy, prompts_of, run_engine
 
@@ -22,32 +22,12 @@ def _needs_avx2(kernels_built: None) -> None:
         pytest.skip("this CPU lacks AVX2 and FMA, which the float32 prefill kernel needs")
 
 
-def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """PyTorch's attention [lq, heads, d], query i seeing keys 0..lk-lq+i."""
-    lq, lk = q.shape[0], k.shape[0]
-    mask = torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + (lk - lq)
-    o = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None],
-        k.transpose(0, 1)[None],
-        v.transpose(0, 1)[None],
-        attn_mask=mask,
-        scale=q.shape[-1] ** -0.5,
-        enable_gqa=q.shape[1] != k.shape[1],
-    )
-    return o[0].transpose(0, 1)
-
-
 def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    out = torch.empty(q.shape, dtype=q.dtype)
-    KERNEL.attend(q, k, v, q.shape[-1] ** -0.5, out)
-    return out
+    return attend(KERNEL, q, k, v)
 
 
 def inputs(lq: int, lk: int, heads: int, kv_heads: int, d: int, seed: int) -> tuple[torch.Tensor, ...]:
-    """q, k, v as slices of one fused projection (strided rows), float32."""
-    g = torch.Generator().manual_seed(seed)
-    qkv = torch.randn(lk, heads + 2 * kv_heads, d, generator=g) * 2
-    return qkv[lk - lq :, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
+    return fused_qkv(lq, lk, heads, kv_heads, d, seed, torch.float32)
 
 
 SHAPES = [
@@ -124,36 +104,7 @@ def test_paged_attention_runs_fresh_and_cached_float32_chunks_through_the_kernel
     With 128-token blocks each context fits one block, whose gathered K
     comes back as a transposed view.
     """
-    heads, kv_heads, d, num_blocks = 9, 3, 64, 32
-    g = torch.Generator().manual_seed(5)
-    cache = torch.zeros(2, kv_heads, num_blocks, bs, d)
-    keys = cache[0].view(kv_heads, num_blocks, d, bs)  # K blocks are stored transposed
-    prefills, slots, new_k, new_v, contexts = [], [], [], [], []
-    for start, n in [(0, 23), (40, 17), (0, 30)]:
-        ctx_k, ctx_v = (torch.randn(start + n, kv_heads, d, generator=g) for _ in range(2))
-        first = sum(-(-(s + m) // bs) for s, m, _, _ in contexts)
-        blocks = torch.arange(first, first + -(-(start + n) // bs))
-        for pos in range(start):
-            keys[:, blocks[pos // bs], :, pos % bs] = ctx_k[pos]
-            cache[1, :, blocks[pos // bs], pos % bs] = ctx_v[pos]
-        rows = len(slots)
-        slots += [int(blocks[p // bs]) * bs + p % bs for p in range(start, start + n)]
-        prefills.append(PrefillChunk(rows, rows + n, start, block_ids=blocks if start else None))
-        new_k.append(ctx_k[start:])
-        new_v.append(ctx_v[start:])
-        contexts.append((start, n, ctx_k, ctx_v))
-    q = torch.randn(len(slots), heads, d, generator=g)
-    slot_mapping = torch.tensor(slots)
-    meta = AttentionMetadata(
-        slot_mapping=slot_mapping,
-        prefills=prefills,
-        slot_blocks=slot_mapping // bs,
-        slot_offsets=slot_mapping % bs,
-    )
-    attn = PagedAttention(heads, kv_heads, d, bs, keys_transposed=True)
-    out = attn.forward(q, torch.cat(new_k), torch.cat(new_v), cache, meta).view(-1, heads, d)
-    for c, (_, _, ctx_k, ctx_v) in zip(prefills, contexts):
-        assert torch.equal(out[c.start : c.end], kernel(q[c.start : c.end], ctx_k, ctx_v))
+    check_paged_chunks(KERNEL, [(0, 23), (40, 17), (0, 30)], 9, 3, 64, bs, torch.float32, seed=5)
 
 
 @pytest.mark.parametrize("threads,block_size", [(1, 4), (2, 4), (1, 128)])
