@@ -399,7 +399,7 @@ AsyncDecodeRunFn = Callable[..., tuple]
 # step is (start, idle_from, end, host, model, host_gap); ``pending`` is the
 # one in flight before the run, ``last`` and ``before`` the last two scheduled.
 _ASYNC_RUN_SOURCE = """
-def make(d, head, host, m, pair_flops, kv_bytes, qo, rate, kv_rate, overlaps, {names}):
+def make(d, head, host, m, pair_flops, kv_bytes, qo, rate, kv_rate, overlaps, price, {names}):
     def run(ctx, now, free, until, num_steps, same, last_host, last_model, pending, ends, gaps,
             host_s, model_s, gap_s, itl, count, sampled_at):
         end_at, gap_at, itl_get = ends.append, gaps.append, itl.get
@@ -409,10 +409,7 @@ def make(d, head, host, m, pair_flops, kv_bytes, qo, rate, kv_rate, overlaps, {n
         while n < num_steps and now < until:
             if n < same:
                 ctx += d
-                tc = ctx * pair_flops / rate
-                tm = ((ctx + d) * kv_bytes + qo) / kv_rate
-                h = host
-                model = head + (tc if tc > tm else tm){mixer}{tail_model}
+{price}
             else:
                 h = last_host
                 model = last_model
@@ -443,7 +440,14 @@ def make(d, head, host, m, pair_flops, kv_bytes, qo, rate, kv_rate, overlaps, {n
         return n, now, free, host_s, model_s, gap_s, last, before
     return run
 """
-_ASYNC_RUN_MAKERS: dict[tuple[int, bool], Callable[..., AsyncDecodeRunFn]] = {}
+# A step's price, inlined from the cost model's terms, or asked of any cost model's ``price``.
+_ASYNC_PRICE_INLINE = """\
+                tc = ctx * pair_flops / rate
+                tm = ((ctx + d) * kv_bytes + qo) / kv_rate
+                h = host
+                model = head + (tc if tc > tm else tm){mixer}{tail_model}"""
+_ASYNC_PRICE_CALL = "                _, h, model = price(ctx)"
+_ASYNC_RUN_MAKERS: dict[tuple, Callable[..., AsyncDecodeRunFn]] = {}
 
 
 def _unrolled_async_decode_run(
@@ -451,20 +455,26 @@ def _unrolled_async_decode_run(
 ) -> AsyncDecodeRunFn:
     """``CostModel.async_decode_run``'s clock, generated once per tail length (see _unrolled_decode_run)."""
     head, host, _, _, mixer, pair_flops, kv_bytes, qo_bytes, rate, kv_rate = terms
-    key = (len(tail_model), mixer is not None)
+    names = [f"b{i}" for i in range(len(tail_model))]
+    priced = _ASYNC_PRICE_INLINE.format(
+        mixer=" + m" if mixer is not None else "", tail_model="".join(f" + {x}" for x in names)
+    )
+    make = _async_run_maker((len(tail_model), mixer is not None), names, priced)
+    m = 0.0 if mixer is None else mixer
+    return make(
+        d, head, host, m, pair_flops, kv_bytes, d * qo_bytes, rate, kv_rate, overlaps, None, *tail_model
+    )
+
+
+def _async_run_maker(key: tuple, names: list[str], priced: str) -> Callable[..., AsyncDecodeRunFn]:
+    """``_ASYNC_RUN_SOURCE``'s ``make`` with ``priced`` as its pricing lines, compiled once per key."""
     make = _ASYNC_RUN_MAKERS.get(key)
     if make is None:
-        names = [f"b{i}" for i in range(key[0])]
-        source = _ASYNC_RUN_SOURCE.format(
-            names=", ".join(names) or "*_",
-            mixer=" + m" if key[1] else "",
-            tail_model="".join(f" + {x}" for x in names),
-        )
+        source = _ASYNC_RUN_SOURCE.format(names=", ".join(names) or "*_", price=priced)
         namespace: dict = {}
         exec(compile(source, f"<async decode run {key}>", "exec"), namespace)
         make = _ASYNC_RUN_MAKERS[key] = namespace["make"]
-    m = 0.0 if mixer is None else mixer
-    return make(d, head, host, m, pair_flops, kv_bytes, d * qo_bytes, rate, kv_rate, overlaps, *tail_model)
+    return make
 
 
 def async_decode_run_of(cost_model: StepCostModel, num_decodes: int, overlaps: bool) -> AsyncDecodeRunFn:
@@ -479,60 +489,9 @@ def async_decode_run_of(cost_model: StepCostModel, num_decodes: int, overlaps: b
         run = fast(num_decodes, overlaps)
         if run is not None:
             return run
+    make = _async_run_maker(("any",), [], _ASYNC_PRICE_CALL)
     price = decode_step_parts_of(cost_model, num_decodes)
-    d = num_decodes
-
-    def run_any(
-        ctx: int,
-        now: float,
-        free: float,
-        until: float,
-        num_steps: int,
-        same: int,
-        last_host: float,
-        last_model: float,
-        pending: tuple,
-        ends: array,
-        gaps: array,
-        host_s: float,
-        model_s: float,
-        gap_s: float,
-        itl: dict[float, int],
-        count: int,
-        sampled_at: float,
-    ) -> tuple:
-        last = before = pending
-        _, _, p_end, p_host, p_model, p_gap = pending
-        n = 0
-        while n < num_steps and now < until:
-            if n < same:
-                ctx += d
-                _, h, model = price(ctx)
-            else:
-                h, model = last_host, last_model
-            start = now
-            if free > start and not overlaps:
-                start = free
-            host_end = start + h
-            idle_from = free if free > start else start
-            begin = host_end if host_end > free else free
-            free = end = begin + model
-            gap = host_end - idle_from if host_end > idle_from else 0.0
-            ends.append(p_end)
-            gaps.append(p_gap)
-            g = p_end - sampled_at
-            itl[g] = itl.get(g, 0) + count
-            sampled_at = p_end
-            host_s += p_host
-            model_s += p_model
-            gap_s += p_gap
-            now = p_end if p_end > host_end else host_end
-            before, last = last, (start, idle_from, end, h, model, gap)
-            p_end, p_host, p_model, p_gap = end, h, model, gap
-            n += 1
-        return n, now, free, host_s, model_s, gap_s, last, before
-
-    return run_any
+    return make(num_decodes, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, overlaps, price)
 
 
 def decode_run_of(cost_model: StepCostModel, num_decodes: int) -> DecodeRunFn:
