@@ -488,14 +488,16 @@ class _StreamedMetrics(MetricsCollector):
         super().add_tokens_at(t, count)
         self.tally.streamed(t, count)
 
-    def add_steps(self, ends: Sequence[float], prev_end: float, count: int) -> float:
-        """Steps ending at ``ends`` that each gave ``count`` requests a token, each step streamed in turn."""
-        last = super().add_steps(ends, prev_end, count)
+    def add_step_tokens(self, ends: Sequence[float], count: int) -> None:
+        """``count`` tokens at each of ``ends``, each step's streamed in turn.
+
+        Every bulk adder (``add_steps``, the simulator's plain decode runs) comes through here.
+        """
+        super().add_step_tokens(ends, count)
         if count:
             streamed = self.tally.streamed
             for end in ends:
                 streamed(end, count)
-        return last
 
 
 def _progress_bar(total: int, enabled: bool) -> tqdm | None:
