@@ -110,6 +110,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from llmsched.core import Request, SchedulerConfig  # noqa: E402
 from llmsched.engine import EngineCore  # noqa: E402
+from llmsched.engine.arg_types import positive_int  # noqa: E402
 from llmsched.engine.chat_model import PACKAGE, ensure_chat_model  # noqa: E402
 from llmsched.executor.torch import TorchExecutor  # noqa: E402
 from llmsched.executor.torch.embedded import cache_dir  # noqa: E402
@@ -723,27 +724,18 @@ def prepare_smollm2(args: argparse.Namespace) -> tuple[Path, Path]:
     return peers.hf_folder(gguf, cache / "models"), gguf
 
 
-def positive(text: str) -> int:
-    """An integer of at least 1, for argparse."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{n} must be at least 1")
-    return n
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Command line."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--model", choices=("small", "smollm2"), default="small", help="which model (default: small)"
     )
-    ap.add_argument("--num-prompts", type=positive, default=64, help="requests in the workload (default 64)")
+    ap.add_argument(
+        "--num-prompts", type=positive_int, default=64, help="requests in the workload (default 64)"
+    )
     ap.add_argument(
         "--max-len",
-        type=positive,
+        type=positive_int,
         default=None,
         metavar="N",
         help="cut prompts and outputs to N tokens each (a quick check; default: the full 64-512)",
@@ -752,13 +744,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--repeats",
         "--rounds",
-        type=positive,
+        type=positive_int,
         default=3,
         help="runs of every engine, alternating; medians are reported (default 3; --rounds is its old name)",
     )
     ap.add_argument(
         "--threads",
-        type=positive,
+        type=positive_int,
         default=None,
         help="threads for every engine (default: each engine's own default, every usable CPU; "
         "vLLM's OpenMP threads are bound to as many)",
@@ -767,7 +759,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--json", default=None, help="result file (default: results/e2e_cpu.json, or e2e_cpu_smollm2.json)"
     )
     ap.add_argument(
-        "--block-size", type=positive, default=None, help="llmsched's KV block size (default: its own)"
+        "--block-size", type=positive_int, default=None, help="llmsched's KV block size (default: its own)"
     )
     ap.add_argument(
         "--llmsched-enginecore",
@@ -805,7 +797,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     g.add_argument(
         "--vllm-max-num-batched-tokens",
-        type=positive,
+        type=positive_int,
         default=None,
         metavar="N",
         help="also run vLLM (compiled) with this token budget; the headline keeps its own",
