@@ -354,8 +354,8 @@ class AsyncDecodeCohort(_Cohort):
         return super().flush()
 
 
-def plain_async_decode(r: Request, token_id: int) -> bool:
-    """True for a running request an async cohort can keep: one plain decode token in flight, known stop."""
+def in_flight_plainly(r: Request, token_id: int) -> bool:
+    """A running request whose one decode token is in flight, with no stop coming but its stop length."""
     return (
         not r.is_prefill_chunk
         and r.num_tokens == r.num_computed_tokens
@@ -363,8 +363,12 @@ def plain_async_decode(r: Request, token_id: int) -> bool:
         and r.num_in_flight_tokens == 1
         and not r.num_stale_output_tokens
         and not r.spec_token_ids
-        and not r.resumable
         and token_id not in r.stop_ids
         # schedule()'s in-flight skip reads max_tokens: it must be what stops it.
         and r.stop_length == r.num_prompt_tokens + r.max_tokens
     )
+
+
+def plain_async_decode(r: Request, token_id: int) -> bool:
+    """A request an async cohort can keep: plainly in flight (see in_flight_plainly) and not resumable."""
+    return not r.resumable and in_flight_plainly(r, token_id)

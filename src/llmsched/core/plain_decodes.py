@@ -24,6 +24,7 @@ from llmsched.core.decode_cohort import (
     AsyncDecodeCohort,
     DecodeCohort,
     advance_async_decodes,
+    in_flight_plainly,
     plain_async_decode,
 )
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput
@@ -34,21 +35,6 @@ if TYPE_CHECKING:
 
 _RUNNING = RequestStatus.RUNNING
 _FINISHED = RequestStatus.FINISHED_STOPPED  # this and every later status are terminal
-
-
-def _in_flight_plainly(r: Request, token_id: int) -> bool:
-    """A running request whose one decode token is in flight, with no stop coming but its stop length."""
-    return (
-        not r.is_prefill_chunk
-        and r.num_tokens == r.num_computed_tokens
-        and r.num_output_placeholders == 1
-        and r.num_in_flight_tokens == 1
-        and not r.num_stale_output_tokens
-        and not r.spec_token_ids
-        and token_id not in r.stop_ids
-        # schedule()'s in-flight skip reads max_tokens: it must be what stops it.
-        and r.stop_length == r.num_prompt_tokens + r.max_tokens
-    )
 
 
 class PlainDecodes:
@@ -327,7 +313,7 @@ class PlainDecodes:
             return 0
         k = limit
         for r in running:
-            if not _in_flight_plainly(r, token_id):
+            if not in_flight_plainly(r, token_id):
                 return 0
             # Call k applies the step giving token num_tokens + k: stop before it reaches stop_length.
             left = r.stop_length - r.num_tokens - 1
