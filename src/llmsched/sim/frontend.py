@@ -36,8 +36,6 @@ the tokens/s peak stay engine times.
 from __future__ import annotations
 
 import math
-import statistics
-import time
 from array import array
 from bisect import bisect_right
 from collections.abc import Sequence
@@ -210,8 +208,7 @@ class ApiServers:
 
     def reach_bound(self, i: int, sent: float, prompt_len: int) -> float:
         """The earliest request ``i`` (the next to commit) can reach the engine, were it sent at ``sent``."""
-        f = self.free[i % len(self.free)]
-        return (sent if sent > f else f) + self.fe.input_s(prompt_len)
+        return self.fe.done_at(sent, self.free[i % len(self.free)], prompt_len)
 
     def output(self, t: float, tokens: int) -> float:
         """Queue a step's ``tokens`` output tokens, produced at ``t``; when the client has them all.
@@ -260,36 +257,3 @@ class ApiServers:
             return t
         done = self.step_seen[k]
         return done if done > t else t
-
-
-def measure_request_s(prompt_len: int = 1024, repeats: int = 30) -> float:
-    """Median seconds to tokenize a ``prompt_len``-token prompt and pipe its ids to another process."""
-    import multiprocessing as mp
-    from pathlib import Path
-
-    from llmsched.engine.tokenizer import load_tokenizer
-
-    folder = Path.home() / ".cache" / "llmsched" / "embedded-qwen3-v1"
-    if not folder.exists():
-        raise ConfigError(
-            f"measuring the API server's cost needs the embedded model at {folder} (llmsched generate)"
-        )
-    tok = load_tokenizer(folder)
-    # About four tokens per word with this tokenizer.
-    text = " ".join(f"w{i % 97}" for i in range(prompt_len // 4))
-    recv, send = mp.Pipe(duplex=False)
-    reader = mp.get_context("fork").Process(target=_drain, args=(recv, repeats))
-    reader.start()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        ids = tok.encode(text)
-        send.send(ids)
-        times.append(time.perf_counter() - t0)
-    reader.join()
-    return statistics.median(times)
-
-
-def _drain(conn: object, n: int) -> None:
-    for _ in range(n):
-        conn.recv()
