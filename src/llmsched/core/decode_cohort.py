@@ -264,6 +264,12 @@ class AsyncDecodeCohort(_Cohort):
         finishes = self._finishes
         if not finishes or finishes[0][0] > now:
             return []  # the usual case: no entry is due
+        if (len(finishes) < 2 or finishes[1][0] > now) and (len(finishes) < 3 or finishes[2][0] > now):
+            # Only the root is due (its children are not): the next usual case.
+            s, _, r = finishes[0]
+            if s < now:
+                raise AssertionError(f"{r.request_id} passed its stop length among lazy decodes")
+            return [r]
         found: list[tuple[int, Request]] = []
         for s, seq, r in _entries_due(self._finishes, now):
             if s < now:
@@ -279,9 +285,12 @@ class AsyncDecodeCohort(_Cohort):
         events that merely register a full block are counted too.
         """
         events = self._events
-        if not events or events[0][0] > self.steps:
+        now = self.steps
+        if not events or events[0][0] > now:
             return 0  # the usual case: no entry is due
-        return sum(1 for _ in _entries_due(events, self.steps))
+        if (len(events) < 2 or events[1][0] > now) and (len(events) < 3 or events[2][0] > now):
+            return 1  # only the root is due
+        return sum(1 for _ in _entries_due(events, now))
 
     def schedule(self, finishing: list[Request]) -> int:
         """Apply the coming call's schedule to the members; their summed computed counts after it.
