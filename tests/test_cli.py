@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -293,3 +294,24 @@ def test_console_script(tmp_path: Path) -> None:
     )
     assert bad.returncode == 2
     assert "missing.json" in bad.stderr
+
+
+def _parsers(parser: argparse.ArgumentParser):
+    """The parser and every subcommand's, depth first."""
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _parsers(sub)
+
+
+def test_every_subcommands_help_renders():
+    from llmsched.cli import build_parser
+
+    seen = []
+    for p in _parsers(build_parser()):
+        # A stray % in a help string only fails here, when argparse formats it.
+        text = p.format_help()
+        assert text.startswith("usage: "), p.prog
+        seen.append(p.prog)
+    assert {"llmsched simulate", "llmsched serve", "llmsched calibrate"} <= set(seen)

@@ -26,7 +26,9 @@ an unsettled one is reported as such. Each real run during which other
 processes used more than a tenth of the cores is counted as disturbed.
 
 Scenarios (model: the 'small' Llama of e2e_cpu.py with 4608 positions,
-bfloat16, random weights):
+random weights, saved in the dtype the executor's ``auto`` runs here,
+bfloat16 on CPUs with bfloat16 matmuls and float32 elsewhere, which is also
+the dtype the calibration times):
 
 - batch: 32 requests at once, prompts 64-512, outputs 64-256, budget 8192;
 - chunked: Poisson 2 req/s, 24 prompts of 512-1536, outputs 16-64, budget 256;
@@ -84,6 +86,7 @@ from llmsched.sim import (  # noqa: E402
     machine_load,
     simulate,
 )
+from llmsched.sim.calibrate_torch import compute_dtype, dtype_name  # noqa: E402
 from llmsched.sim.profile_file import read_calibration, write_profile  # noqa: E402
 
 TARGET_ERROR = 0.10
@@ -406,7 +409,7 @@ def shared_executor(scenarios: list[Scenario], model_dir: Path, seed: int) -> To
     demand = max(kv_demand(make_workload(sc, seed, MODEL["vocab_size"]), block_size) for sc in scenarios)
     ex = TorchExecutor(
         model_dir,
-        dtype="bfloat16",
+        dtype="auto",
         seed=seed,
         max_num_batched_tokens=max(sc.max_num_batched_tokens for sc in scenarios),
         max_num_seqs=max(sc.max_num_seqs for sc in scenarios),
@@ -538,11 +541,11 @@ def print_report(res: dict) -> None:
 
 
 def build_model(folder: Path, seed: int) -> None:
-    """Save the benchmark's Llama with transformers' random initialisation, in bfloat16."""
+    """Save the benchmark's Llama with transformers' random initialisation, in the compute dtype."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    LlamaForCausalLM(LlamaConfig(**MODEL)).to(torch.bfloat16).save_pretrained(folder)
+    LlamaForCausalLM(LlamaConfig(**MODEL)).to(compute_dtype()).save_pretrained(folder)
 
 
 def wait_quiet(timeout_s: float, what: str) -> None:
@@ -671,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
     print_verdict(verdict, len(results))
     out = {
         "benchmark": "sim_vs_real",
-        "model": {"architecture": "LlamaForCausalLM", "dtype": "bfloat16", **MODEL},
+        "model": {"architecture": "LlamaForCausalLM", "dtype": dtype_name(compute_dtype()), **MODEL},
         "profile": str(profile),
         "calibration": cal,
         "machine": cal.get("machine", {}),

@@ -38,6 +38,12 @@ def test_measure_gives_plausible_figures():
     assert 1e6 < r["peak_flops"] < 1e14
     assert 1e8 < r["mem_bandwidth"] < 1e12
     assert r["mem_capacity"] > 2**28
+    if r["backend"] == "torch":
+        from llmsched.sim.calibrate_torch import compute_dtype, dtype_name
+
+        # Timed in the dtype the executor runs here, and the profile says which.
+        assert r["dtype"] == dtype_name(compute_dtype())
+        assert r["dtype"] in calibrate.profile_from_calibration(r).description
 
 
 def test_calibration_is_cached_per_machine(cache, monkeypatch):

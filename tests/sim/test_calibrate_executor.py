@@ -84,3 +84,23 @@ def test_fit_error_is_small_on_consistent_steps_and_large_on_disturbed_ones():
         for i, s in enumerate(samples)
     ]
     assert ce.fit_rms_error(fit_host_costs(disturbed), disturbed) > 0.3
+
+
+@pytest.mark.parametrize("bf16_matmuls, expected", [(True, "bfloat16"), (False, "float32")])
+def test_the_probe_model_is_written_in_the_dtype_the_executor_runs_here(
+    tmp_path, monkeypatch, bf16_matmuls, expected
+):
+    import json
+
+    pytest.importorskip("safetensors")
+    from safetensors import safe_open
+
+    from llmsched.sim import calibrate_torch
+
+    monkeypatch.setattr(calibrate_torch, "cpu_bf16_matmuls", lambda: bf16_matmuls)
+    assert calibrate_torch.dtype_name(calibrate_torch.compute_dtype()) == expected
+    folder = tmp_path / "probe"
+    ce.write_probe_model(folder, 1)
+    assert json.loads((folder / "config.json").read_text())["torch_dtype"] == expected
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        assert str(f.get_tensor("model.norm.weight").dtype) == f"torch.{expected}"

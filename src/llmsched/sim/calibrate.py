@@ -1,8 +1,9 @@
 """The ``cpu`` hardware profile, measured on this machine and cached on disk.
 
 With torch installed the profile describes this project's torch executor
-running a model eagerly on this CPU: ``calibrate_torch`` measures the
-bfloat16 matmul peak, the copy bandwidth, the weight-streaming and prefill
+running a model eagerly on this CPU, in the dtype its ``auto`` picks here
+(bfloat16 with bfloat16 matmuls, else float32): ``calibrate_torch`` measures the
+matmul peak, the copy bandwidth, the weight-streaming and prefill
 attention efficiencies, then ``calibrate_executor`` times decode steps of a
 throwaway model through the executor itself (in a child process) and fits
 its host costs (per step, per layer, per request) and the rate at which its
@@ -55,9 +56,10 @@ from llmsched.sim.settle import measure as measure_figure
 CACHE_FILE = "cpu-calibration.json"
 # Bumped when the measurements change meaning, or the executor they time
 # changes speed (5: the C decode attention; 6: the C prefill attention and
-# RMSNorm), so older cached entries are measured again rather than read
+# RMSNorm; 7: timed in the executor's auto dtype, float32 on CPUs without
+# bfloat16 matmuls), so older cached entries are measured again rather than read
 # with the wrong sense.
-_VERSION = 6
+_VERSION = 7
 # Test-sized limits: fewer calls and shorter readings, one attempt.
 QUICK_LIMITS = Limits(max_calls=6, min_reading_s=0.005, max_seconds=0.5, attempts=1)
 # The executor probe runs a few seconds; beyond this something is wrong.
@@ -343,7 +345,8 @@ def calibration(recalibrate: bool = False) -> dict:
 
 def _summary(c: dict) -> str:
     """The measured figures in a few words, for the profile's description."""
-    parts = [f"{c['peak_flops'] / 1e9:.1f} GFLOP/s", f"{c['mem_bandwidth'] / 1e9:.1f} GB/s"]
+    dtype = f" {c['dtype']}" if "dtype" in c else ""
+    parts = [f"{c['peak_flops'] / 1e9:.1f}{dtype} GFLOP/s", f"{c['mem_bandwidth'] / 1e9:.1f} GB/s"]
     if c.get("decode_kv_bandwidth"):
         parts.append(f"decode KV {c['decode_kv_bandwidth'] / 1e9:.1f} GB/s")
     if "step_overhead_s" in c:

@@ -16,9 +16,10 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPa
     p = sub.add_parser(
         "calibrate",
         help="measure this CPU for the simulator and write a named hardware profile file",
-        description="Measure this machine's CPU as the simulator's cost model sees it (bf16 matmul peak, "
+        description="Measure this machine's CPU as the simulator's cost model sees it, in the dtype the "
+        "torch executor's auto runs here (bfloat16 with bfloat16 matmuls, else float32): matmul peak, "
         "copy bandwidth, attention and weight-streaming efficiencies, then the torch executor's per-step, "
-        "per-layer and per-request host costs and decode KV read rate) and write a profile file that "
+        "per-layer and per-request host costs and decode KV read rate, and write a profile file that "
         "`llmsched simulate --hardware FILE` loads. Every figure is timed until its readings settle and "
         "agree, each in a window checked for other processes' CPU time; a calibration that does not "
         "settle, or that ran beside a busy process, says why and writes nothing (exit status 1) unless "

@@ -59,7 +59,6 @@ PROBE_CONFIG: dict = {
     "rope_theta": 10000.0,
     "hidden_act": "silu",
     "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
 }
 # Two layer counts separate the per-layer host cost from the per-step one.
 PROBE_LAYERS = (1, 4)
@@ -165,11 +164,14 @@ def _lstsq(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
 
 
 def write_probe_model(folder: Path, layers: int, seed: int = 0) -> None:
-    """The probe model as a Hugging Face folder: config.json and random bfloat16 safetensors."""
+    """The probe model as a Hugging Face folder: config.json and random safetensors in the compute dtype."""
     import torch
     from safetensors.torch import save_file
 
-    c = dict(PROBE_CONFIG, num_hidden_layers=layers)
+    from llmsched.sim.calibrate_torch import compute_dtype, dtype_name
+
+    dtype = compute_dtype()
+    c = dict(PROBE_CONFIG, num_hidden_layers=layers, torch_dtype=dtype_name(dtype))
     h, inter, hd = c["hidden_size"], c["intermediate_size"], c["head_dim"]
     q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
     shapes: dict[str, tuple[int, ...]] = {
@@ -196,7 +198,7 @@ def write_probe_model(folder: Path, layers: int, seed: int = 0) -> None:
     tensors = {}
     for name, shape in shapes.items():
         w = torch.ones(shape) if name.endswith("norm.weight") else torch.randn(shape, generator=gen) * 0.05
-        tensors[name] = w.to(torch.bfloat16).contiguous()
+        tensors[name] = w.to(dtype).contiguous()
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(c, indent=2))
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
@@ -258,7 +260,7 @@ def time_decode_steps(folder: Path, layers: int, hardware: HardwareProfile) -> l
     tokens = max(b * c for b, c in PROBE_BATCHES)
     ex = TorchExecutor(
         folder,
-        dtype="bfloat16",
+        dtype=json.loads((folder / "config.json").read_text())["torch_dtype"],
         block_size=block_size,
         max_model_len=longest,
         max_num_batched_tokens=tokens,

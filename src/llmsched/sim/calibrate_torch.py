@@ -2,8 +2,9 @@
 
 A CPU runs a model eagerly, op by op, on the cores that also run Python, so
 besides the matmul peak and the memory bandwidth three things decide its
-step time, and each is measured here in bfloat16 (the models' dtype) with
-the threads torch will use:
+step time, and each is measured here in the dtype the torch executor's
+``auto`` runs a model in on this CPU (``compute_dtype``: bfloat16 where the
+CPU has bfloat16 matmuls, float32 elsewhere) with the threads torch will use:
 
 - prefill attention: a causal attention (the C kernel where the executor
   runs it, else ``scaled_dot_product_attention``) over a 1024
@@ -38,10 +39,24 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from llmsched.executor.torch.device import cpu_bf16_matmuls, cpu_dtypes
 from llmsched.executor.torch.kernels import prefill_attention
 from llmsched.sim.settle import Limits, Reading, measure
 
-_DTYPE = torch.bfloat16
+
+def compute_dtype() -> torch.dtype:
+    """The dtype the torch executor's ``auto`` runs a bfloat16 or float32 checkpoint in on this CPU."""
+    # Timing bfloat16 on a CPU without bfloat16 matmuls would describe an
+    # emulation several times slower than what the executor runs by default.
+    return cpu_dtypes(cpu_bf16_matmuls())[0]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` as config.json and the executor spell it: ``float32``."""
+    return str(dtype).removeprefix("torch.")
+
+
+_DTYPE = compute_dtype()
 # Gathered K and V of one decode group: about a core's L2 cache.
 _GATHER_BYTES = 1 << 20
 
@@ -75,7 +90,7 @@ QUICK = Sizes(
 
 
 def matmul_flops(n: int = 1024) -> Bench:
-    """Dense bfloat16 matmul FLOPs (square, large enough to be compute bound)."""
+    """Dense matmul FLOPs (in the compute dtype) (square, large enough to be compute bound)."""
     a = torch.rand(n, n).to(_DTYPE)
     b = torch.rand(n, n).to(_DTYPE)
 
@@ -88,7 +103,7 @@ def matmul_flops(n: int = 1024) -> Bench:
 
 def copy_bandwidth(nbytes: int = 128 << 20) -> Bench:
     """Bytes (read + write) of a tensor copy larger than the last-level cache."""
-    src = torch.ones(nbytes // 2, dtype=_DTYPE)
+    src = torch.ones(nbytes // _DTYPE.itemsize, dtype=_DTYPE)
     dst = torch.empty_like(src)
     return 2 * nbytes, lambda: dst.copy_(src)
 
@@ -110,7 +125,7 @@ def prefill_attention_flops(
 ) -> Bench:
     """FLOPs of causal attention over one prompt (4 x heads x head_dim per visible pair).
 
-    Timed as the torch executor runs bfloat16 prefill: the C kernel where it
+    Timed as the torch executor runs prefill: the C kernel where it
     runs (kernels/prefill_attention.c), else PyTorch's SDPA; with the
     attention core of common small models (64-wide heads, two query heads
     per KV head), whose shared K and V the kernel packs once.
@@ -156,7 +171,7 @@ def decode_kv_bandwidth(
     starts = [torch.randperm(4 * num_seqs, generator=gen)[:num_seqs] * per_seq for _ in range(layers)]
     run_ids = torch.arange(per_seq)
     tables = [(st[:, None] + run_ids).reshape(-1) for st in starts]
-    g = max(1, _GATHER_BYTES // (2 * kv_heads * context * head_dim * 2))
+    g = max(1, _GATHER_BYTES // (2 * kv_heads * context * head_dim * _DTYPE.itemsize))
     buf = torch.empty(2 * kv_heads, g * per_seq, block_size * head_dim, dtype=_DTYPE)
     qt = torch.randn(kv_heads * g, head_dim, group).to(_DTYPE)
     scale = head_dim**-0.5
@@ -170,7 +185,7 @@ def decode_kv_bandwidth(
                 scores = torch.bmm(kv[0], qt).mul_(scale)
                 torch.bmm(torch.softmax(scores, dim=1).transpose(1, 2), kv[1])
 
-    kv_bytes = layers * num_seqs * context * 2 * kv_heads * head_dim * 2
+    kv_bytes = layers * num_seqs * context * 2 * kv_heads * head_dim * _DTYPE.itemsize
     return kv_bytes, run
 
 
@@ -240,6 +255,7 @@ def measure_torch(limits: Limits | None = None, sizes: Sizes = FULL) -> tuple[di
         "mem_bandwidth": copy.value,
         "memory_efficiency": min(1.0, stream.value / copy.value),
         "attention_efficiency": min(1.0, attn.value / peak.value),
+        "dtype": dtype_name(_DTYPE),
     }
     return figures, [peak, copy, stream, attn]
 

@@ -324,7 +324,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         default=None,
         help="the part of --api-server-us-per-output-token paid per SSE chunk, not per token: a server "
         "that falls behind merges a stream's queued tokens into one chunk (default "
-        f"{DEFAULT_CHUNK_SHARE:.0%} of it: {measured}, streamed against answered whole)",
+        f"{100 * DEFAULT_CHUNK_SHARE:.0f}%% of it: {measured}, streamed against answered whole)",
     )
     sw = p.add_argument_group("sweeps")
     sw.add_argument(

@@ -95,6 +95,7 @@ def test_engine_state_after_warm_up_is_a_fresh_engines(tiny_models) -> None:
         assert kv.pool.num_cached_blocks() == 0
         assert sched.next_step == 0 and engine.num_steps == 0
         assert any(n.startswith("warm-up: 2 dummy steps") for n in engine.startup_notes)
+        assert any(n.startswith("CPU path for ") for n in engine.startup_notes)
     finally:
         engine.close()
 

@@ -30,6 +30,7 @@ from llmsched.executor.torch.hybrid.model import HybridModel
 from llmsched.executor.torch.hybrid.state import MambaStatePool, plan_mamba_step
 from llmsched.executor.torch.hybrid.weights import load_hybrid_weights
 from llmsched.executor.torch.input_batch import InputBatch, RequestState, StepInputs, StepPlan, plan_step
+from llmsched.executor.torch.kernels.cpu_path import describe as describe_cpu_path
 from llmsched.executor.torch.kv_cache import KVCache, KVCachePlan, cdiv, plan_kv_cache
 from llmsched.executor.torch.layers import can_prepack_linears
 from llmsched.executor.torch.lora import LoRAManager
@@ -141,8 +142,11 @@ class TorchExecutor:
         self.device = resolve_device(device)
         self.dtype, dtype_note = choose_dtype(dtype, cfg, self.device)
         log.info("%s", dtype_note)
-        # Lines a server prints when it starts (the dtype chosen, the warm-up).
+        # Lines a server prints when it starts (the dtype chosen, the CPU path, the warm-up).
         self.startup_notes: list[str] = [dtype_note]
+        if self.device.type == "cpu":
+            self.startup_notes.append(describe_cpu_path(self.dtype))
+            log.info("%s", self.startup_notes[-1])
         self.max_model_len = self._resolve_max_model_len(cfg, max_model_len)
         self.block_size = default_block_size(self.device) if block_size is None else block_size
         self.speculative_config = SpeculativeConfig.parse(speculative_config)
