@@ -329,7 +329,8 @@ class KVCacheManager:
             return
         if self.lazy_registration:
             # Block 0 now, the rest when a lookup hits block 0's hash.
-            root = self.hasher.extend(request, 1)[0]
+            hashes = request.block_hashes
+            root = hashes[0] if hashes else self.hasher.extend(request, 1)[0]
             if start == 0:
                 self.pool.cache_block(table.blocks[0], root)
                 start = 1
