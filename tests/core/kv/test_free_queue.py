@@ -402,3 +402,34 @@ def test_take_n_counts_marks_as_block_by_block(marks: list[str], cut: int) -> No
     assert [b.block_hash for b in blocks[n:]] == left  # still queued: untouched
     assert q.block_ids() == list(range(n, len(marks)))
     assert_links_consistent(q)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    refs=st.lists(st.tuples(st.integers(1, 3), st.booleans()), min_size=0, max_size=20),
+    as_list=st.booleans(),
+)
+def test_release_n_matches_a_block_by_block_release(refs: list[tuple[int, bool]], as_list: bool) -> None:
+    # Blocks still held elsewhere stay out; the unreferenced go to the tail
+    # (hashed, in the order given) or to the caller (unhashed): the same
+    # counts, links and order as releasing one block at a time.
+    q, blocks = make_queue(len(refs) + 3)
+    held = q.take_n(len(refs))[0]
+    for b, (ref_cnt, hashed) in zip(held, refs):
+        b.ref_cnt = ref_cnt
+        b.block_hash = f"h{b.block_id}".encode() if hashed else None
+    order = list(reversed(held))
+    want_tail = [b.block_id for b in order if b.ref_cnt == 1 and b.block_hash is not None]
+    want_unhashed = [b for b in order if b.ref_cnt == 1 and b.block_hash is None]
+    want_refs = [b.ref_cnt - 1 for b in held]
+    unhashed: list[KVBlock] = []
+    q.release_n(order if as_list else reversed(held), unhashed)
+    assert unhashed == want_unhashed
+    assert q.block_ids() == [b.block_id for b in blocks[len(refs) :]] + want_tail
+    assert [b.ref_cnt for b in held] == want_refs
+    assert len(q) == 3 + len(want_tail)
+    assert_links_consistent(q)
+    for b in held:
+        if b.ref_cnt:
+            with pytest.raises(ValueError):
+                q.remove(b)

@@ -131,23 +131,28 @@ class FreeBlockQueue:
         instead, for the caller to put at the head. One walk: a finished
         request's blocks are counted down and linked together.
         """
+        blocks = ordered if type(ordered) is list else list(ordered)
         tail = self._tail
         last = tail.prev_free
-        n = 0
-        for block in ordered:
-            c = block.ref_cnt - 1
-            block.ref_cnt = c
-            if not c:
+        # Counted on the rarer paths; the rest were linked.
+        skipped = 0
+        for block in blocks:
+            if block.ref_cnt == 1:
+                # The last holder lets go (the common case).
+                block.ref_cnt = 0
                 if block.block_hash is None:
                     unhashed.append(block)
+                    skipped += 1
                 else:
                     block.prev_free = last
                     last.next_free = block
                     last = block
-                    n += 1
+            else:
+                block.ref_cnt -= 1
+                skipped += 1
         last.next_free = tail
         tail.prev_free = last
-        self.num_free += n
+        self.num_free += len(blocks) - skipped
 
     def prepend_n(self, blocks: list[KVBlock]) -> None:
         """Put ``blocks`` at the head, keeping their order (reused first)."""
