@@ -82,6 +82,8 @@ class Request:
     scheduler reads it for every running request in every step.
     ``num_computed_tokens`` counts tokens whose KV is computed or scheduled:
     the scheduler advances it when it schedules, not when output returns.
+    ``copy_prompt=False`` keeps the prompt list it is given rather than a
+    copy, for callers that build one per request and never change it.
     """
 
     __slots__ = (

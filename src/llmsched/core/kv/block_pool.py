@@ -191,7 +191,8 @@ class BlockPool:
         """
         first: list[KVBlock] = []
         self.free_queue.release_n(ordered, first)
-        self.free_queue.prepend_n(first)
+        if first:
+            self.free_queue.prepend_n(first)
 
     def cache_block(self, block: KVBlock, block_hash: bytes) -> None:
         """Register a full block under ``block_hash``."""
