@@ -272,3 +272,20 @@ def test_held_back_eos_at_length_limit_finishes_by_length() -> None:
     req = make_request(min_tokens=2, max_tokens=2)
     assert feed(req, [50, EOS]) == 2
     assert req.finish_reason == "length"
+
+
+def test_prompt_is_copied_unless_handed_over() -> None:
+    ids = [5, 6, 7]
+    copied = Request("c", ids)
+    assert copied.prompt_token_ids == ids and copied.prompt_token_ids is not ids
+    kept = Request("k", ids, copy_prompt=False)
+    assert kept.prompt_token_ids is ids
+    # token_ids grows with the output: its own list either way, the prompt unchanged.
+    for req in (copied, kept):
+        assert req.token_ids == ids and req.token_ids is not ids
+        req.append_output_token(9)
+        assert req.prompt_token_ids == [5, 6, 7]
+    # Anything but a list is copied into one (a generator can be read once).
+    gen = Request("g", (t for t in ids), copy_prompt=False)
+    assert gen.prompt_token_ids == ids == gen.token_ids
+    assert type(gen.prompt_token_ids) is list

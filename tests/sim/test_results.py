@@ -148,3 +148,26 @@ def test_cli_save_detailed_zips_with_the_dataset(tmp_path: Path, capsys) -> None
     assert data["input_lens"] == [x["prompt_len"] for x in lines()]
     assert data["output_lens"] == [x["output_len"] for x in lines()]
     assert data["errors"] == [""] * N
+
+
+def test_step_costs_add_serial_sums_as_one_step_at_a_time() -> None:
+    # The bulk adder must give the very floats that adding each step gives
+    # (summation order changes the last bits, and results must not move).
+    from llmsched.executor.sim.executor import StepTiming
+    from llmsched.sim.results import StepCosts
+
+    # Steps far below the running total's last bit vanish one by one but
+    # not once summed among themselves.
+    hosts = array("d", [6e-17, 6e-17, 3.3e-4, 6e-17, 2.5e-6] * 7)
+    models = array("d", [7.1e-3, 0.2, 1e-12, 5.5e-3, 0.03] * 7)
+    bulk, one = StepCosts(), StepCosts()
+    bulk.host_s = one.host_s = bulk.host_gap_s = one.host_gap_s = 1.0
+    bulk.add_serial(hosts[:4], models[:4])
+    bulk.add_serial(hosts[4:], models[4:])
+    for h, m in zip(hosts, models):
+        one.add(StepTiming(host=h, model=m, host_gap=h))
+    assert (bulk.host_s, bulk.model_s, bulk.host_gap_s) == (one.host_s, one.model_s, one.host_gap_s)
+    assert bulk.num_steps == one.num_steps == len(hosts)
+    assert bulk.host_gaps == one.host_gaps
+    with pytest.raises(ValueError, match="3 host paths for 2 model times"):
+        bulk.add_serial(hosts[:3], models[:2])

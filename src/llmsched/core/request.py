@@ -82,6 +82,8 @@ class Request:
     scheduler reads it for every running request in every step.
     ``num_computed_tokens`` counts tokens whose KV is computed or scheduled:
     the scheduler advances it when it schedules, not when output returns.
+    ``copy_prompt=False`` keeps the prompt list it is given rather than a
+    copy, for callers that build one per request and never change it.
     """
 
     __slots__ = (
@@ -140,10 +142,17 @@ class Request:
         tenant: str | None = None,
         resumable: bool = False,
         mm_items: Sequence[MMItem] = (),
+        copy_prompt: bool = True,
     ) -> None:
         params = sampling_params if sampling_params is not None else SamplingParams()
         self.request_id = request_id
-        self.prompt_token_ids = list(prompt_token_ids)
+        # copy_prompt=False: the caller hands over a list nobody changes
+        # afterwards (the simulator builds one per request), which saves a
+        # copy of the prompt, and later freeing it, per request.
+        if not copy_prompt and isinstance(prompt_token_ids, list):
+            self.prompt_token_ids = prompt_token_ids
+        else:
+            self.prompt_token_ids = list(prompt_token_ids)
         self.token_ids = list(self.prompt_token_ids)
         self.num_prompt_tokens = len(self.token_ids)
         self.num_tokens = self.num_prompt_tokens

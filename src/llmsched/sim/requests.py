@@ -11,7 +11,9 @@ class SimRequest(Request):
     __slots__ = ("first_token_time", "index", "last_token_time", "sent_time")
 
     def __init__(self, *args: object, sent_time: float = 0.0, index: int = -1, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)
+        # The prompt list is kept, not copied: the workload builds one per
+        # request, and nothing changes a prompt in place.
+        super().__init__(*args, copy_prompt=False, **kwargs)
         self.sent_time = sent_time
         # Its position in the workload (-1: none), where its per-request figures go.
         self.index = index

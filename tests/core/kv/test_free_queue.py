@@ -69,8 +69,12 @@ def test_take_n_in_queue_order() -> None:
     assert len(q) == 2
     assert_links_consistent(q)
     for b in out:
+        # Out of the queue: removing it again is refused, the queue untouched.
         assert b.prev_free is None
-        assert b.next_free is None
+        with pytest.raises(ValueError):
+            q.remove(b)
+    assert q.block_ids() == [4, 5]
+    assert_links_consistent(q)
 
 
 def test_take_n_zero_and_all() -> None:
@@ -335,3 +339,97 @@ def test_release_n_links_unreferenced_hashed_blocks_at_the_tail_in_order() -> No
     assert q.block_ids() == [5, 6, 7, 3, 2, 0]
     assert taken[1].ref_cnt == 1 and taken[1].prev_free is None
     assert_links_consistent(q)
+
+
+def take_block_by_block(
+    blocks: list[KVBlock], n: int, records: list[Deferred]
+) -> tuple[list[int], list[int], list[bytes], list[Deferred], list[int]]:
+    """What take_n must return for the first ``n`` of ``blocks``, counted one block at a time.
+
+    Returns the taken ids, the hashed ones' ids, their hashes, the records
+    whose last mark went (in the order that happened) and each of
+    ``records``' remaining mark count; changes nothing.
+    """
+    live = {id(r): r.live for r in records}
+    hashed: list[int] = []
+    hashes: list[bytes] = []
+    gone: list[Deferred] = []
+    for b in blocks[:n]:
+        h = b.block_hash
+        if type(h) is Deferred:
+            live[id(h)] -= 1
+            if not live[id(h)]:
+                gone.append(h)
+        elif h is not None:
+            hashed.append(b.block_id)
+            hashes.append(h)
+    return [b.block_id for b in blocks[:n]], hashed, hashes, gone, [live[id(r)] for r in records]
+
+
+MARKS = st.lists(st.sampled_from(["none", "bytes", "dup", "a", "b", "c"]), min_size=1, max_size=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(marks=MARKS, cut=st.integers(0, 10**6))
+def test_take_n_counts_marks_as_block_by_block(marks: list[str], cut: int) -> None:
+    # Runs of one record's marks are counted off per run: the counts, the
+    # records that lose their last mark (and when), the hashes handed back
+    # and the queue left behind must be those of a block-by-block count, for
+    # runs split by other marks, plain hashes, unhashed blocks and a hash two
+    # blocks share.
+    q, blocks = make_queue(len(marks))
+    req = Request("r", [1] * 16)
+    records = {k: Deferred(req, blocks, 0, 0, k.encode()) for k in "abc"}
+    for i, (b, m) in enumerate(zip(blocks, marks)):
+        if m == "bytes":
+            b.block_hash = f"h{i}".encode()
+        elif m == "dup":
+            b.block_hash = b"shared"
+        elif m in records:
+            b.block_hash = records[m]
+            records[m].live += 1
+    n = cut % (len(marks) + 1)
+    want = take_block_by_block(blocks, n, list(records.values()))
+    ids, hashed_ids, want_hashes, want_gone, want_live = want
+    left = [b.block_hash for b in blocks[n:]]
+    taken, hashed, hashes, gone = q.take_n(n)
+    assert [b.block_id for b in taken] == ids
+    assert [b.block_id for b in hashed] == hashed_ids
+    assert hashes == want_hashes
+    assert gone == want_gone
+    assert [r.live for r in records.values()] == want_live
+    assert all(b.block_hash is None and b.ref_cnt == 1 and b.prev_free is None for b in taken)
+    assert [b.block_hash for b in blocks[n:]] == left  # still queued: untouched
+    assert q.block_ids() == list(range(n, len(marks)))
+    assert_links_consistent(q)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    refs=st.lists(st.tuples(st.integers(1, 3), st.booleans()), min_size=0, max_size=20),
+    as_list=st.booleans(),
+)
+def test_release_n_matches_a_block_by_block_release(refs: list[tuple[int, bool]], as_list: bool) -> None:
+    # Blocks still held elsewhere stay out; the unreferenced go to the tail
+    # (hashed, in the order given) or to the caller (unhashed): the same
+    # counts, links and order as releasing one block at a time.
+    q, blocks = make_queue(len(refs) + 3)
+    held = q.take_n(len(refs))[0]
+    for b, (ref_cnt, hashed) in zip(held, refs):
+        b.ref_cnt = ref_cnt
+        b.block_hash = f"h{b.block_id}".encode() if hashed else None
+    order = list(reversed(held))
+    want_tail = [b.block_id for b in order if b.ref_cnt == 1 and b.block_hash is not None]
+    want_unhashed = [b for b in order if b.ref_cnt == 1 and b.block_hash is None]
+    want_refs = [b.ref_cnt - 1 for b in held]
+    unhashed: list[KVBlock] = []
+    q.release_n(order if as_list else reversed(held), unhashed)
+    assert unhashed == want_unhashed
+    assert q.block_ids() == [b.block_id for b in blocks[len(refs) :]] + want_tail
+    assert [b.ref_cnt for b in held] == want_refs
+    assert len(q) == 3 + len(want_tail)
+    assert_links_consistent(q)
+    for b in held:
+        if b.ref_cnt:
+            with pytest.raises(ValueError):
+                q.remove(b)

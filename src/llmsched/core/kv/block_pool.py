@@ -86,8 +86,14 @@ class BlockPool:
             # A decode step's new block: the steps below for one block, without the lists.
             block = self.free_queue.popleft()
             block.ref_cnt = 1
-            if block.block_hash is not None:
-                self._uncache(block)
+            h = block.block_hash
+            if h is not None:
+                if type(h) is Deferred and not self.unwritten:
+                    # Most decode blocks come off an earlier table's lazily registered run.
+                    block.block_hash = None
+                    self._unmark(h)
+                else:
+                    self._uncache(block)
             if self.residency is not None:
                 self.residency.on_handed_out(block.block_id)
             return [block]
@@ -185,7 +191,8 @@ class BlockPool:
         """
         first: list[KVBlock] = []
         self.free_queue.release_n(ordered, first)
-        self.free_queue.prepend_n(first)
+        if first:
+            self.free_queue.prepend_n(first)
 
     def cache_block(self, block: KVBlock, block_hash: bytes) -> None:
         """Register a full block under ``block_hash``."""

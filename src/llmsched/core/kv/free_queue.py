@@ -61,22 +61,39 @@ class FreeBlockQueue:
         gone: list[Deferred] = []
         append = out.append
         block = self._head.next_free
-        for _ in range(n):
+        # A freed table's blocks reach the head together, most carrying one
+        # mark: a run of blocks with the same mark is counted off the record
+        # once, where the run ends, rather than block by block.
+        run: Deferred | None = None
+        start = 0
+        for i in range(n):
             append(block)
             block.ref_cnt = 1
             h = block.block_hash
-            if h is not None:
+            if h is not run:
+                if run is not None:
+                    run.live -= i - start
+                    if not run.live:
+                        gone.append(run)
+                    run = None
+                if h is not None:
+                    block.block_hash = None
+                    if type(h) is Deferred:
+                        run = h
+                        start = i
+                    else:
+                        hashed.append(block)
+                        hashes.append(h)
+            elif h is not None:
                 block.block_hash = None
-                if type(h) is Deferred:
-                    h.live -= 1
-                    if not h.live:
-                        gone.append(h)
-                else:
-                    hashed.append(block)
-                    hashes.append(h)
-            nxt = block.next_free
-            block.prev_free = block.next_free = None
-            block = nxt
+            # prev_free alone marks the block as out of the queue (see remove);
+            # its stale next_free is never read.
+            block.prev_free = None
+            block = block.next_free
+        if run is not None:
+            run.live -= n - start
+            if not run.live:
+                gone.append(run)
         self._head.next_free = block
         block.prev_free = self._head
         self.num_free -= n
@@ -84,9 +101,11 @@ class FreeBlockQueue:
 
     def remove(self, block: KVBlock) -> None:
         """Unlink ``block`` from wherever it sits in the queue."""
-        prev, nxt = block.prev_free, block.next_free
-        if prev is None or nxt is None:
+        prev = block.prev_free
+        if prev is None:
+            # Every block out of the queue has no prev_free (take_n leaves a stale next_free).
             raise ValueError(f"{block} is not in the free queue")
+        nxt = block.next_free
         prev.next_free = nxt
         nxt.prev_free = prev
         block.prev_free = block.next_free = None
@@ -112,23 +131,28 @@ class FreeBlockQueue:
         instead, for the caller to put at the head. One walk: a finished
         request's blocks are counted down and linked together.
         """
+        blocks = ordered if type(ordered) is list else list(ordered)
         tail = self._tail
         last = tail.prev_free
-        n = 0
-        for block in ordered:
-            c = block.ref_cnt - 1
-            block.ref_cnt = c
-            if not c:
+        # Counted on the rarer paths; the rest were linked.
+        skipped = 0
+        for block in blocks:
+            if block.ref_cnt == 1:
+                # The last holder lets go (the common case).
+                block.ref_cnt = 0
                 if block.block_hash is None:
                     unhashed.append(block)
+                    skipped += 1
                 else:
                     block.prev_free = last
                     last.next_free = block
                     last = block
-                    n += 1
+            else:
+                block.ref_cnt -= 1
+                skipped += 1
         last.next_free = tail
         tail.prev_free = last
-        self.num_free += n
+        self.num_free += len(blocks) - skipped
 
     def prepend_n(self, blocks: list[KVBlock]) -> None:
         """Put ``blocks`` at the head, keeping their order (reused first)."""

@@ -139,14 +139,18 @@ class KVCacheManager:
         """Free blocks an admission would consume (hit blocks in the free queue count)."""
         bs = self.block_size
         if full_sequence:
-            num_tokens = min(request.num_tokens, self.max_model_len)
+            num_tokens = request.num_tokens
         else:
-            num_tokens = min(len(hit_blocks) * bs + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+            num_tokens = len(hit_blocks) * bs + num_new_tokens + num_lookahead_tokens
+        if num_tokens > self.max_model_len:
+            num_tokens = self.max_model_len
         evictable = 0
         for block in hit_blocks:
             if block.ref_cnt == 0:
                 evictable += 1
-        return max(cdiv(num_tokens, bs) - len(hit_blocks), 0) + evictable
+        # Called twice per admission: the arithmetic inline, not through cdiv/min/max.
+        more = -(-num_tokens // bs) - len(hit_blocks)
+        return (more if more > 0 else 0) + evictable
 
     # ---- allocation ----------------------------------------------------------
 
@@ -329,7 +333,8 @@ class KVCacheManager:
             return
         if self.lazy_registration:
             # Block 0 now, the rest when a lookup hits block 0's hash.
-            root = self.hasher.extend(request, 1)[0]
+            hashes = request.block_hashes
+            root = hashes[0] if hashes else self.hasher.extend(request, 1)[0]
             if start == 0:
                 self.pool.cache_block(table.blocks[0], root)
                 start = 1
