@@ -141,12 +141,8 @@ class TorchExecutor:
         self.model_config = cfg = ModelConfig.from_folder(model_folder(model))
         self.device = resolve_device(device)
         self.dtype, dtype_note = choose_dtype(dtype, cfg, self.device)
-        log.info("%s", dtype_note)
         # Lines a server prints when it starts (the dtype chosen, the CPU path, the warm-up).
-        self.startup_notes: list[str] = [dtype_note]
-        if self.device.type == "cpu":
-            self.startup_notes.append(describe_cpu_path(self.dtype))
-            log.info("%s", self.startup_notes[-1])
+        self.startup_notes: list[str] = self._first_notes(dtype_note)
         self.max_model_len = self._resolve_max_model_len(cfg, max_model_len)
         self.block_size = default_block_size(self.device) if block_size is None else block_size
         self.speculative_config = SpeculativeConfig.parse(speculative_config)
@@ -193,6 +189,15 @@ class TorchExecutor:
             self.kv_plan.source,
         )
         self._warm_up(max_num_batched_tokens)
+
+    def _first_notes(self, dtype_note: str) -> list[str]:
+        """The start-up notes known before loading, each logged: the dtype chosen and, on CPU, the path."""
+        notes = [dtype_note]
+        if self.device.type == "cpu":
+            notes.append(describe_cpu_path(self.dtype))
+        for note in notes:
+            log.info("%s", note)
+        return notes
 
     def _warm_up(self, max_num_batched_tokens: int) -> None:
         """Run the dummy steps before anyone can send a request, so the first one pays no first-time costs."""
