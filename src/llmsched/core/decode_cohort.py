@@ -24,6 +24,11 @@ from llmsched.core.kv.manager import KVCacheManager
 from llmsched.core.request import Request
 
 
+def _only_root_due(heap: list[tuple], bound: int) -> bool:
+    """Whether, the root being due (<= ``bound``), none of its children is: then nothing else is."""
+    return (len(heap) < 2 or heap[1][0] > bound) and (len(heap) < 3 or heap[2][0] > bound)
+
+
 def _entries_due(heap: list[tuple[int, int, Request]], bound: int) -> Iterator[tuple[int, int, Request]]:
     """A heap's entries keyed at most ``bound``: they form a subtree at its root, so only that is walked."""
     stack = [0] if heap else []
@@ -264,8 +269,8 @@ class AsyncDecodeCohort(_Cohort):
         finishes = self._finishes
         if not finishes or finishes[0][0] > now:
             return []  # the usual case: no entry is due
-        if (len(finishes) < 2 or finishes[1][0] > now) and (len(finishes) < 3 or finishes[2][0] > now):
-            # Only the root is due (its children are not): the next usual case.
+        if _only_root_due(finishes, now):
+            # The next usual case.
             s, _, r = finishes[0]
             if s < now:
                 raise AssertionError(f"{r.request_id} passed its stop length among lazy decodes")
@@ -288,8 +293,8 @@ class AsyncDecodeCohort(_Cohort):
         now = self.steps
         if not events or events[0][0] > now:
             return 0  # the usual case: no entry is due
-        if (len(events) < 2 or events[1][0] > now) and (len(events) < 3 or events[2][0] > now):
-            return 1  # only the root is due
+        if _only_root_due(events, now):
+            return 1
         return sum(1 for _ in _entries_due(events, now))
 
     def schedule(self, finishing: list[Request]) -> int:

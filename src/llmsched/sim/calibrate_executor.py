@@ -251,6 +251,7 @@ def time_decode_steps(folder: Path, layers: int, hardware: HardwareProfile) -> l
     from llmsched.executor.sim.model_shapes import shape_from_hf_config
     from llmsched.executor.torch import TorchExecutor
     from llmsched.executor.torch.device import DEFAULT_BLOCK_SIZE
+    from llmsched.sim.calibrate_torch import compute_dtype, dtype_name
 
     # The block size the executor runs with on CPU by default.
     block_size = DEFAULT_BLOCK_SIZE["cpu"]
@@ -260,7 +261,7 @@ def time_decode_steps(folder: Path, layers: int, hardware: HardwareProfile) -> l
     tokens = max(b * c for b, c in PROBE_BATCHES)
     ex = TorchExecutor(
         folder,
-        dtype=json.loads((folder / "config.json").read_text())["torch_dtype"],
+        dtype=dtype_name(compute_dtype()),
         block_size=block_size,
         max_model_len=longest,
         max_num_batched_tokens=tokens,

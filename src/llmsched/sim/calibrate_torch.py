@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from llmsched.executor.torch.device import cpu_bf16_matmuls, cpu_dtypes
+from llmsched.executor.torch.device import cpu_bf16_matmuls, cpu_dtypes, dtype_name
 from llmsched.executor.torch.kernels import prefill_attention
 from llmsched.sim.settle import Limits, Reading, measure
 
@@ -49,11 +49,6 @@ def compute_dtype() -> torch.dtype:
     # Timing bfloat16 on a CPU without bfloat16 matmuls would describe an
     # emulation several times slower than what the executor runs by default.
     return cpu_dtypes(cpu_bf16_matmuls())[0]
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.float32`` as config.json and the executor spell it: ``float32``."""
-    return str(dtype).removeprefix("torch.")
 
 
 _DTYPE = compute_dtype()

@@ -120,7 +120,7 @@ def choose_dtype(
         dt = dtype if isinstance(dtype, torch.dtype) else _DTYPES.get(str(dtype).lower())
         if dt is None:
             raise ConfigError(f"dtype={dtype!r} is not supported; use auto, float32, bfloat16 or float16")
-        note = f"dtype {_name(dt)} (as asked)"
+        note = f"dtype {dtype_name(dt)} (as asked)"
     else:
         declared = checkpoint_dtype(config)
         ckpt = torch.float32 if declared is None else declared
@@ -140,15 +140,16 @@ def choose_dtype(
     return dt, note
 
 
-def _name(dt: torch.dtype) -> str:
+def dtype_name(dt: torch.dtype) -> str:
+    """``torch.float32`` as config.json and the ``dtype`` argument spell it: ``float32``."""
     return str(dt).removeprefix("torch.")
 
 
 def _auto_note(declared: torch.dtype | None, dt: torch.dtype, device: torch.device) -> str:
     """The start-up line for dtype auto: the checkpoint's dtype, the one chosen, and how vLLM compares."""
     ckpt = torch.float32 if declared is None else declared
-    named = "float32 (none declared)" if declared is None else _name(declared)
-    chosen = "kept" if dt is ckpt else f"-> {_name(dt)}"
+    named = "float32 (none declared)" if declared is None else dtype_name(declared)
+    chosen = "kept" if dt is ckpt else f"-> {dtype_name(dt)}"
     where = "CPU" if device.type == "cpu" else "CUDA"
     if device.type == "cpu" and ckpt is torch.float16:
         why = "vLLM keeps float16; float16 is not supported on CPU here"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from llmsched.executor.torch.device import cpu_bf16_matmuls
+from llmsched.executor.torch.device import cpu_bf16_matmuls, dtype_name
 from llmsched.executor.torch.kernels.decode import decode_attention
 from llmsched.executor.torch.kernels.library import enabled
 from llmsched.executor.torch.kernels.prefill import prefill_attention, prefill_attention_f32
@@ -57,8 +57,7 @@ def _kernel_paths(dtype: torch.dtype) -> list[str]:
 def describe(dtype: torch.dtype) -> str:
     """The start-up line: this CPU's features, its matmul path and each op's kernel for ``dtype``."""
     features = ", ".join(cpu_features()) or "no AVX2"
-    name = str(dtype).removeprefix("torch.")
     native = "native" if cpu_bf16_matmuls() else "emulated"
     matmuls = f"oneDNN ({native} bfloat16)" if dtype == torch.bfloat16 else "oneDNN"
     paths = _kernel_paths(dtype) if enabled() else ["C kernels off (LLMSCHED_CPU_KERNELS=0)"]
-    return f"CPU path for {name} ({features}): matmuls {matmuls}; " + "; ".join(paths)
+    return f"CPU path for {dtype_name(dtype)} ({features}): matmuls {matmuls}; " + "; ".join(paths)
