@@ -57,9 +57,10 @@ CACHE_FILE = "cpu-calibration.json"
 # Bumped when the measurements change meaning, or the executor they time
 # changes speed (5: the C decode attention; 6: the C prefill attention and
 # RMSNorm; 7: timed in the executor's auto dtype, float32 on CPUs without
-# bfloat16 matmuls), so older cached entries are measured again rather than read
-# with the wrong sense.
-_VERSION = 7
+# bfloat16 matmuls; 8: the weight stream counted in that dtype's bytes, and
+# the linears' and prefill attention's efficiency curves), so older cached
+# entries are measured again rather than read with the wrong sense.
+_VERSION = 8
 # Test-sized limits: fewer calls and shorter readings, one attempt.
 QUICK_LIMITS = Limits(max_calls=6, min_reading_s=0.005, max_seconds=0.5, attempts=1)
 # The executor probe runs a few seconds; beyond this something is wrong.
@@ -347,6 +348,10 @@ def _summary(c: dict) -> str:
     """The measured figures in a few words, for the profile's description."""
     dtype = f" {c['dtype']}" if "dtype" in c else ""
     parts = [f"{c['peak_flops'] / 1e9:.1f}{dtype} GFLOP/s", f"{c['mem_bandwidth'] / 1e9:.1f} GB/s"]
+    gemm = (c.get("efficiency_curves") or {}).get("gemm")
+    if gemm:
+        (lo_rows, lo), (hi_rows, hi) = gemm[0], gemm[-1]
+        parts.append(f"linears {lo:.2f}-{hi:.2f} of the peak at {lo_rows}-{hi_rows} rows")
     if c.get("decode_kv_bandwidth"):
         parts.append(f"decode KV {c['decode_kv_bandwidth'] / 1e9:.1f} GB/s")
     if "step_overhead_s" in c:
@@ -387,10 +392,10 @@ def profile_from_calibration(c: dict, name: str = "cpu") -> HardwareProfile:
     """The hardware profile a calibration's figures describe (flagged in its description if unsettled)."""
     efficiency = None
     if "attention_efficiency" in c:
-        # The matmul peak is a measured, sustained figure (not a datasheet
-        # peak), and large GEMMs of a step reach most of it; the 0.7 of a GPU
-        # profile stays as the share lost to the small-M GEMMs of decode steps
-        # and to the cache traffic between a step's ops.
+        # Calibrations since version 8 also measure how the linears' and
+        # prefill attention's efficiencies follow their size
+        # (efficiency_curves, which then price those ops); before, the
+        # linears were priced at a GPU profile's constant 0.7 of the peak.
         efficiency = {"attention": c["attention_efficiency"], "memory": c["memory_efficiency"]}
     unsettled = "" if c.get("settled", True) else " UNSETTLED: " + "; ".join(c.get("problems", []))
     return HardwareProfile(
@@ -416,4 +421,5 @@ def profile_from_calibration(c: dict, name: str = "cpu") -> HardwareProfile:
         request_overhead_s=c.get("request_overhead_s", 0.0),
         decode_kv_bandwidth=c.get("decode_kv_bandwidth"),
         efficiency=efficiency,
+        efficiency_curves=c.get("efficiency_curves"),
     )

@@ -279,7 +279,10 @@ def time_decode_steps(folder: Path, layers: int, hardware: HardwareProfile) -> l
         # as the cost model prices one; Timed runs each step in execute().
         async_scheduling=False,
     )
-    shape = shape_from_hf_config(dict(PROBE_CONFIG, num_hidden_layers=layers), "probe")
+    # Priced in the dtype the probe model was written and runs in: its KV
+    # and weights are float32 where the executor runs float32, not bfloat16.
+    probe_config = dict(PROBE_CONFIG, num_hidden_layers=layers, torch_dtype=dtype_name(compute_dtype()))
+    shape = shape_from_hf_config(probe_config, "probe")
     # Only the arithmetic: host costs and the decode KV read are what is fitted.
     priced = CostModel(shape, hardware, step_overhead_s=0.0, cuda_graph_max_tokens=0)
     probe = SimExecutor(priced)
@@ -375,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         collective_latency_s=0.0,
         cuda_graphs=False,
         efficiency={"attention": figures["attention_efficiency"], "memory": figures["memory_efficiency"]},
+        efficiency_curves=figures.get("efficiency_curves"),
     )
     # The matmul peak measured again here, before and after the probe, with
     # the executor's thread and allocator settings: the caller compares it

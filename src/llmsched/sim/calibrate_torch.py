@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from llmsched.executor.torch.device import cpu_bf16_matmuls, cpu_dtypes, dtype_name
 from llmsched.executor.torch.kernels import prefill_attention
+from llmsched.executor.torch.layers import can_prepack_linears, packed_linear, prepack_linear
 from llmsched.sim.settle import Limits, Reading, measure
 
 
@@ -70,6 +71,12 @@ class Sizes:
     attention_tokens: int = 1024
     decode_seqs: int = 32
     decode_context: int = 512
+    # Rows of the timed linears and prompt lengths of the timed prefill
+    # attention: the points of the size-dependent efficiency curves.
+    gemm_rows: tuple[int, ...] = (1, 4, 16, 64, 256, 2048)
+    linear_hidden: int = 1024
+    linear_width: int = 4096
+    attention_curve_tokens: tuple[int, ...] = (256, 1024, 4096)
 
 
 FULL = Sizes()
@@ -81,6 +88,10 @@ QUICK = Sizes(
     attention_tokens=256,
     decode_seqs=8,
     decode_context=128,
+    gemm_rows=(1, 16, 128),
+    linear_hidden=256,
+    linear_width=512,
+    attention_curve_tokens=(64, 256),
 )
 
 
@@ -112,7 +123,27 @@ def weight_stream_bandwidth(rows: int = 4, hidden: int = 2048, width: int = 4096
         for w in ws:
             F.linear(x, w)
 
-    return mats * width * hidden * 2, run
+    return mats * width * hidden * _DTYPE.itemsize, run
+
+
+def linear_flops(rows: int, hidden: int = 1024, width: int = 4096, mats: int = 4) -> Bench:
+    """FLOPs of ``rows``-row linears as the torch executor runs them (prepacked where it prepacks).
+
+    Over weights larger than the caches (64 MB in float32 at the full
+    sizes), as a step's linears stream each layer's weights once.
+    """
+    x = torch.randn(rows, hidden).to(_DTYPE)
+    ws = [torch.randn(width, hidden).to(_DTYPE) for _ in range(mats)]
+    linear = F.linear
+    if can_prepack_linears(torch.device("cpu"), _DTYPE):
+        ws = [prepack_linear(w) for w in ws]
+        linear = packed_linear
+
+    def run() -> None:
+        for w in ws:
+            linear(x, w)
+
+    return mats * 2 * rows * hidden * width, run
 
 
 def prefill_attention_flops(
@@ -245,14 +276,39 @@ def measure_torch(limits: Limits | None = None, sizes: Sizes = FULL) -> tuple[di
         limits,
     )
     attn = measure("prefill_attention_flops", *prefill_attention_flops(sizes.attention_tokens), limits)
+    curves, more = efficiency_curves(peak.value, limits, sizes)
     figures = {
         "peak_flops": peak.value,
         "mem_bandwidth": copy.value,
         "memory_efficiency": min(1.0, stream.value / copy.value),
         "attention_efficiency": min(1.0, attn.value / peak.value),
+        "efficiency_curves": curves,
         "dtype": dtype_name(_DTYPE),
     }
-    return figures, [peak, copy, stream, attn]
+    return figures, [peak, copy, stream, attn, *more]
+
+
+def efficiency_curves(peak: float, limits: Limits, sizes: Sizes) -> tuple[dict, list[Reading]]:
+    """The linears' efficiency by rows and prefill attention's by keys per query, as fractions of ``peak``.
+
+    One efficiency per kind cannot price this CPU's steps: its linears
+    reach 0.75 of the matmul peak at 64 rows and all of it at 2048, and the
+    prefill attention kernel 0.4 at 256-token prompts and 0.7 at 4096.
+    """
+    readings = []
+    gemm = []
+    for rows in sizes.gemm_rows:
+        bench = linear_flops(rows, sizes.linear_hidden, sizes.linear_width)
+        r = measure(f"linear_flops_{rows}", *bench, limits)
+        readings.append(r)
+        gemm.append([rows, min(1.0, r.value / peak)])
+    attention = []
+    for tokens in sizes.attention_curve_tokens:
+        r = measure(f"prefill_attention_flops_{tokens}", *prefill_attention_flops(tokens), limits)
+        readings.append(r)
+        # A causal prompt of n tokens: each query reads (n + 1) / 2 keys on average.
+        attention.append([(tokens + 1) / 2, min(1.0, r.value / peak)])
+    return {"gemm": gemm, "attention": attention}, readings
 
 
 def host_figures(limits: Limits | None = None, sizes: Sizes = FULL) -> tuple[dict, list[Reading]]:

@@ -494,3 +494,60 @@ def _stepped_run(cost, d):
             return decode_step_parts_of(cost, num_decodes)
 
     return decode_run_of(Stepped(), d)
+
+
+# A CPU-like profile whose linears and prefill attention follow measured curves
+# (and whose memory is fast enough that every op is compute bound).
+CURVED_HW = replace(
+    UNIT_HW,
+    mem_bandwidth=1e18,
+    efficiency_curves={"gemm": [[1, 0.05], [64, 0.6], [1024, 0.9]], "attention": [[64, 0.3], [1024, 0.7]]},
+)
+
+
+def test_flat_efficiency_curves_price_as_the_constants_bit_for_bit():
+    eff = Efficiency(gemm=0.6, attention=0.4, memory=0.5)
+    flat = replace(UNIT_HW, efficiency_curves={"gemm": [[1, 0.6]], "attention": [[1, 0.4]]})
+    a, b = CostModel(TINY, UNIT_HW, efficiency=eff), CostModel(TINY, flat, efficiency=eff)
+    for batch in (BATCH, DECODES, BatchShape.from_chunks([(0, 300)], num_sampled=1)):
+        assert [op.seconds for op in a.ops(batch)] == [op.seconds for op in b.ops(batch)]
+
+
+def test_linears_follow_the_gemm_curve_by_the_steps_rows():
+    cm = CostModel(TINY, CURVED_HW, efficiency=PERFECT)
+    peak = CURVED_HW.peak_flops_bf16
+    for rows, eff in ((1, 0.05), (8, 0.05 + (0.6 - 0.05) * 3 / 6), (64, 0.6), (256, 0.75), (4096, 0.9)):
+        batch = BatchShape.from_chunks([(0, rows)], num_sampled=1)
+        mlp = ops_by_name(cm, batch)["mlp"]
+        assert mlp.seconds == pytest.approx(mlp.flops / (peak * eff), rel=1e-12)
+    # The LM head runs one row per sampled request, not the step's rows.
+    head = ops_by_name(cm, BatchShape.from_chunks([(0, 1024)], num_sampled=1))["lm_head"]
+    assert head.seconds == pytest.approx(head.flops / (peak * 0.05), rel=1e-12)
+
+
+def test_prefill_attention_follows_the_curve_by_keys_per_query():
+    cm = CostModel(TINY, CURVED_HW, efficiency=PERFECT)
+    fast = replace(CURVED_HW, efficiency_curves={"gemm": [[1, 0.5]], "attention": [[1, 0.7]]})
+    ref = CostModel(TINY, fast, efficiency=PERFECT)
+    # A 127-token prompt: 64 keys per query on average, the curve's low end (0.3 against 0.7).
+    short = BatchShape.from_chunks([(0, 127)], num_sampled=1)
+    a, b = ops_by_name(cm, short)["attention_prefill"], ops_by_name(ref, short)["attention_prefill"]
+    assert a.seconds == pytest.approx(b.seconds * 0.7 / 0.3, rel=1e-9)
+    # A 256-token chunk after 1900 cached tokens reads over 1024 keys per query: the high end.
+    late = BatchShape.from_chunks([(1900, 256)], num_sampled=1)
+    a, b = ops_by_name(cm, late)["attention_prefill"], ops_by_name(ref, late)["attention_prefill"]
+    assert a.seconds == b.seconds
+
+
+def test_step_parts_with_efficiency_curves_equal_the_op_by_op_sums():
+    host = {"layer_overhead_s": 1e-4, "layer_overhead_covers_tokens": 32, "cuda_graphs": False}
+    hw = replace(CURVED_HW, mem_bandwidth=1e9, **host)
+    cm = CostModel(load_model("llama-3-8b"), hw)
+    rng = random.Random(7)
+    for _ in range(200):
+        chunks = [(rng.randrange(0, 3000), 1) for _ in range(rng.randrange(0, 40))]
+        chunks += [(rng.randrange(0, 2000), rng.randrange(2, 900)) for _ in range(rng.randrange(0, 3))]
+        if not chunks:
+            continue
+        batch = BatchShape.from_chunks(chunks, num_sampled=rng.randrange(0, len(chunks) + 1))
+        assert cm.step_parts(batch)[0] == cm.step_time(batch) == sum(op.seconds for op in cm.ops(batch))

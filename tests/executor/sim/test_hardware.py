@@ -110,3 +110,31 @@ def test_a_profile_file_with_a_bad_host_field_names_it(tmp_path, field, value):
     path.write_text(json.dumps(data))
     with pytest.raises(ConfigError, match=field):
         load_hardware(str(path))
+
+
+@pytest.mark.parametrize(
+    ("curves", "complaint"),
+    [
+        ([[1, 0.5]], "must be an object"),
+        ({"mlp": [[1, 0.5]]}, r"kinds \['mlp'\] unknown"),
+        ({"gemm": []}, "non-empty list"),
+        ({"gemm": [[1, 0.5, 2]]}, "non-empty list"),
+        ({"gemm": [[64, 0.5], [16, 0.7]]}, "positive and increasing"),
+        ({"gemm": [[0, 0.5]]}, "positive and increasing"),
+        ({"attention": [[128, 1.3]]}, r"in \(0, 1\]"),
+    ],
+)
+def test_a_bad_efficiency_curve_is_named(tmp_path, curves, complaint):
+    data = dict(BUILTIN_HARDWARE["h100"].to_dict(), kernel_fit=None, efficiency_curves=curves)
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=f"efficiency_curves.*{complaint}|{complaint}"):
+        load_hardware(str(path))
+
+
+def test_efficiency_curves_round_trip_through_a_profile_file(tmp_path):
+    curves = {"gemm": [[1, 0.05], [64, 0.7], [2048, 0.95]], "attention": [[128.5, 0.4], [2048.5, 0.7]]}
+    data = dict(BUILTIN_HARDWARE["h100"].to_dict(), kernel_fit=None, efficiency_curves=curves)
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps(data))
+    assert load_hardware(str(path)).efficiency_curves == curves

@@ -69,6 +69,7 @@ for the engine's thread.
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
@@ -76,7 +77,7 @@ from typing import Protocol
 
 from llmsched.core.errors import ConfigError
 from llmsched.executor.sim.hardware import HardwareProfile
-from llmsched.executor.sim.kernel_fit import KernelFit
+from llmsched.executor.sim.kernel_fit import KernelFit, interp_log2
 from llmsched.executor.sim.model_shapes import ModelShape
 
 # Logits are produced in fp32 and read a few times by the sampler
@@ -282,6 +283,18 @@ def _roof_seconds(flops: float, nbytes: float, rate: float, mem: float) -> float
     """An op's time on the roofline: its compute or its memory traffic, whichever is longer."""
     tc, tm = flops / rate, nbytes / mem
     return tc if tc > tm else tm
+
+
+def _rate_curve(points: list | None, peak: float) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """An efficiency curve's (log2 sizes, FLOP/s at them), for ``_rate_at``; None for no curve."""
+    if not points:
+        return None
+    return tuple(math.log2(x) for x, _ in points), tuple(peak * e for _, e in points)
+
+
+def _rate_at(curve: tuple[tuple[float, ...], tuple[float, ...]], size: float) -> float:
+    """The curve's rate at ``size``: linear in log2(size) between its points, flat beyond."""
+    return interp_log2(size, *curve)
 
 
 _NO_PARTS: StepParts = (0.0, 0.0, 0.0)
@@ -617,6 +630,11 @@ class CostModel:
         self.kv_bytes = kv_cache_dtype_bytes if kv_cache_dtype_bytes else m.dtype_bytes
         self.gemm_rate = hw.gemm_peak(m.fp8_weights) * eff.gemm
         self.attn_rate = hw.peak_flops_bf16 * eff.attention
+        # Size-dependent efficiencies (hardware.efficiency_curves): (log2
+        # sizes, rates) replacing the constant rates above; None: those.
+        curves = hw.efficiency_curves or {}
+        self._gemm_curve = _rate_curve(curves.get("gemm"), hw.gemm_peak(m.fp8_weights))
+        self._attn_curve = _rate_curve(curves.get("attention"), hw.peak_flops_bf16)
         self.mem_rate = hw.mem_bandwidth * eff.memory
         self.kv_read_rate = hw.decode_kv_bandwidth or self.mem_rate
         # Measured-kernel fit (kernel_fit.py): per-GEMM efficiency curves,
@@ -789,6 +807,9 @@ class CostModel:
         S = b.num_sampled
         wb, a = m.weight_bytes, self.act_bytes
         gemm, attn, mem = self.gemm_rate, self.attn_rate, self.mem_rate
+        head_rate = gemm
+        if self._gemm_curve is not None:
+            gemm, head_rate = _rate_at(self._gemm_curve, T), _rate_at(self._gemm_curve, S)
         ops: list[tuple[str, float, float, float, float, str]] = []
 
         def roof(name: str, flops: float, nbytes: float, rate: float, mem: float = mem) -> None:
@@ -851,7 +872,7 @@ class CostModel:
             p = self.lm_head_params
             nb = p * m.dtype_bytes + S * self.vocab_per_gpu * _LOGIT_BYTES
             if kf is None:
-                roof("lm_head", 2 * S * p, nb, gemm)
+                roof("lm_head", 2 * S * p, nb, head_rate)
             else:
                 s = self._fitted_gemms(S, [(h, self.vocab_per_gpu)], m.dtype_bytes)
                 fitted("lm_head", 2 * S * p, nb, s, gemm)
@@ -918,7 +939,11 @@ class CostModel:
     def _prefill_seconds(self, b: BatchShape, flops: float, nbytes: float) -> float:
         """The prefill attention core's time: per layer by the kernel fit, or on the roofline."""
         if self.kfit is None:
-            return _roof_seconds(flops, nbytes, self.attn_rate, self.mem_rate)
+            rate = self.attn_rate
+            if self._attn_curve is not None:
+                # The prefill kernel's efficiency follows the keys each query reads.
+                rate = _rate_at(self._attn_curve, b.prefill_pairs / b.prefill_tokens)
+            return _roof_seconds(flops, nbytes, rate, self.mem_rate)
         hw, L = self.hardware, self.model.num_attention_layers
         causal = b.prefill_causal * self.prefill_pair_flops
         return L * self.kfit.prefill_attention_seconds(
@@ -1308,9 +1333,11 @@ class CostModel:
         e = self.efficiency
         dp = self.parallel.data_parallel_size
         par = (f"DP={dp}, " if dp > 1 else "") + f"TP={self.tp}" + (f", EP={self.ep}" if self.ep > 1 else "")
+        gemm = "by rows (measured)" if self._gemm_curve else e.gemm
+        attention = "by keys per query (measured)" if self._attn_curve else e.attention
         return (
-            f"{self.model.name} on {self.tp * dp}x {self.hardware.name} ({par}); efficiencies gemm {e.gemm}, "
-            f"attention {e.attention}, memory {e.memory}, network {e.network}; "
+            f"{self.model.name} on {self.tp * dp}x {self.hardware.name} ({par}); efficiencies gemm {gemm}, "
+            f"attention {attention}, memory {e.memory}, network {e.network}; "
             f"step overhead {self.step_overhead_s * 1e3:g} ms; {self.describe_launches()}"
         )
 

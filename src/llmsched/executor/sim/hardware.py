@@ -94,6 +94,15 @@ class HardwareProfile:
     # Kernel efficiencies and floors fitted to measured operator timings
     # (KernelFit fields, see kernel_fit.py); None: the plain roofline.
     kernel_fit: dict | None = None
+    # Measured efficiencies that follow the work's size, for the plain
+    # roofline (a CPU's oneDNN GEMMs reach 0.75 of the matmul peak at 64
+    # rows and all of it at 2048; its prefill attention kernel 0.4 at
+    # 256-token prompts and 0.7 at 4096): ``{"gemm": [[rows, eff], ...],
+    # "attention": [[keys per query token, eff], ...]}``, interpolated in
+    # log2 between points and flat beyond them. A kind given here replaces
+    # ``efficiency``'s constant for the dense linears and LM head (gemm) or
+    # for prefill attention; None: the constants.
+    efficiency_curves: dict | None = None
 
     def gemm_peak(self, fp8: bool) -> float:
         """Matmul peak for bf16, or fp8 when the weights are fp8 and the device has fp8 units."""
@@ -232,7 +241,36 @@ def hardware_from_dict(data: dict, source: str = "profile") -> HardwareProfile:
     eff = data.get("efficiency")
     if eff is not None and not isinstance(eff, dict):
         raise ConfigError(f"{source}: efficiency must be an object of Efficiency fields")
+    check_efficiency_curves(data.get("efficiency_curves"), source)
     return HardwareProfile(**data)
+
+
+EFFICIENCY_CURVE_KINDS = ("gemm", "attention")
+
+
+def check_efficiency_curves(curves: object, source: str) -> None:
+    """Raise ConfigError naming what is wrong with an ``efficiency_curves`` value (None is fine)."""
+    if curves is None:
+        return
+    what = f"{source}: efficiency_curves"
+    if not isinstance(curves, dict):
+        raise ConfigError(f"{what} must be an object of kind -> [[size, efficiency], ...]")
+    unknown = set(curves) - set(EFFICIENCY_CURVE_KINDS)
+    if unknown:
+        raise ConfigError(f"{what} kinds {sorted(unknown)} unknown; known: gemm, attention")
+    for kind, points in curves.items():
+        ok = isinstance(points, (list, tuple)) and points
+        ok = ok and all(
+            isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(v, (int, float)) for v in p)
+            for p in points
+        )
+        if not ok:
+            raise ConfigError(f"{what}[{kind!r}] must be a non-empty list of [size, efficiency]")
+        sizes = [p[0] for p in points]
+        if any(x <= 0 for x in sizes) or sizes != sorted(set(sizes)):
+            raise ConfigError(f"{what}[{kind!r}] sizes {sizes} must be positive and increasing")
+        if any(not 0.0 < p[1] <= 1.0 for p in points):
+            raise ConfigError(f"{what}[{kind!r}] efficiencies must be in (0, 1]")
 
 
 def is_profile_file(data: object) -> bool:

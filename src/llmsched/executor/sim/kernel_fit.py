@@ -55,7 +55,7 @@ _CURVES = (
 )
 
 
-def _interp(value: float, knots: tuple[float, ...], effs: tuple[float, ...]) -> float:
+def interp_log2(value: float, knots: tuple[float, ...], effs: tuple[float, ...]) -> float:
     """``effs`` interpolated linearly in log2(value) between ``knots``, held flat beyond them."""
     x = math.log2(value) if value > 1 else 0.0
     if x <= knots[0]:
@@ -157,7 +157,7 @@ class KernelFit:
 
     def gemm_efficiency(self, out_elements: float) -> float:
         """Compute efficiency of a GEMM writing ``out_elements`` (tokens x width), interpolated."""
-        return _interp(out_elements, self.gemm_knots, self.gemm_eff)
+        return interp_log2(out_elements, self.gemm_knots, self.gemm_eff)
 
     def gemm_seconds(
         self, tokens: float, k: float, n: float, peak: float, bandwidth: float, wbytes: float, abytes: float
@@ -176,7 +176,7 @@ class KernelFit:
     def elementwise_seconds(self, kind: str, nbytes: float, tokens: float, bandwidth: float) -> float:
         """One elementwise kernel of ``kind`` moving ``nbytes`` over ``tokens`` rows."""
         floor, row_rate, *effs = self.elementwise[kind]
-        t_all = nbytes / (bandwidth * _interp(nbytes, self.elementwise_knots, effs))
+        t_all = nbytes / (bandwidth * interp_log2(nbytes, self.elementwise_knots, effs))
         t_row = nbytes / (tokens * row_rate) if tokens > 0 else 0.0
         return floor + (t_all if t_all > t_row else t_row)
 
@@ -190,14 +190,14 @@ class KernelFit:
         bandwidth: float,
     ) -> float:
         """One layer's prefill attention: cached-context and causal FLOPs over ``parallel`` query rows."""
-        eff = _interp(parallel, self.attn_prefill_knots, self.attn_prefill_eff)
+        eff = interp_log2(parallel, self.attn_prefill_knots, self.attn_prefill_eff)
         tc = (ctx_flops + self.attn_prefill_causal * causal_flops) / (peak * eff)
         tm = nbytes / bandwidth
         return self.attn_prefill_floor_s + (tc if tc > tm else tm)
 
     def decode_kv_bandwidth(self, bandwidth: float, num_decodes: int) -> float:
         """Bytes/s at which a decode kernel of ``num_decodes`` requests streams the KV cache."""
-        return bandwidth * _interp(num_decodes, self.decode_knots, self.decode_kv_eff)
+        return bandwidth * interp_log2(num_decodes, self.decode_knots, self.decode_kv_eff)
 
     def decode_attention_seconds(self, num_decodes: int, kv_bytes: float, bandwidth: float) -> float:
         """One layer's decode attention kernel over ``kv_bytes`` of cached KV."""
