@@ -103,6 +103,10 @@ def test_cpu_profile_covers_the_probed_batch_sizes_and_knows_whether_a_core_was_
     # Microbenchmarks only (no probe), machine unknown: nothing covered, overlap assumed.
     h = calibrate.profile_from_calibration(dict(FAKE))
     assert (h.layer_overhead_covers_tokens, h.host_overlaps_model) == (0, True)
+    # Linears timed on their own (efficiency curves): their time adds to the layers' host time.
+    h = calibrate.profile_from_calibration(dict(c, efficiency_curves={"gemm": [[1, 0.1]]}))
+    assert h.layer_overhead_covers_tokens == 0
+    assert h.efficiency_curves == {"gemm": [[1, 0.1]]}
 
 
 def test_profile_without_host_figures_keeps_the_defaults(cache, monkeypatch):

@@ -415,7 +415,9 @@ def profile_from_calibration(c: dict, name: str = "cpu") -> HardwareProfile:
         layer_overhead_s=c.get("layer_overhead_s", 0.0),
         # The layers' host time was fitted from the executor's own decode
         # steps of up to this many requests (see CostModel._layer_overhead).
-        layer_overhead_covers_tokens=_largest_probe_batch(c),
+        # With measured GEMM curves the linears are timed on their own, on
+        # weights larger than the caches, and their time adds to the host's.
+        layer_overhead_covers_tokens=0 if c.get("efficiency_curves") else _largest_probe_batch(c),
         host_overlaps_model=_core_left_for_host(c.get("machine", {})),
         step_overhead_s=c.get("step_overhead_s"),
         request_overhead_s=c.get("request_overhead_s", 0.0),

@@ -77,6 +77,7 @@ class Sizes:
     linear_hidden: int = 1024
     linear_width: int = 4096
     attention_curve_tokens: tuple[int, ...] = (256, 1024, 4096)
+    curve_passes: int = 3
 
 
 FULL = Sizes()
@@ -92,6 +93,7 @@ QUICK = Sizes(
     linear_hidden=256,
     linear_width=512,
     attention_curve_tokens=(64, 256),
+    curve_passes=1,
 )
 
 
@@ -292,23 +294,31 @@ def efficiency_curves(peak: float, limits: Limits, sizes: Sizes) -> tuple[dict, 
     """The linears' efficiency by rows and prefill attention's by keys per query, as fractions of ``peak``.
 
     One efficiency per kind cannot price this CPU's steps: its linears
-    reach 0.75 of the matmul peak at 64 rows and all of it at 2048, and the
-    prefill attention kernel 0.4 at 256-token prompts and 0.7 at 4096.
+    reach 0.6 of the matmul peak at 64 rows and about 0.9 from 256, and the
+    prefill attention kernel 0.35 at 256-token prompts and 0.7 at 4096.
+    Mid-sized linears move by up to a fifth between settled readings on a
+    shared machine (0.68-0.94 at 256 rows), and a step's linears ran at the
+    fast end, so every point is the fastest of ``sizes.curve_passes``
+    passes over all of them: a neighbour's burst only ever slows a reading.
     """
-    readings = []
-    gemm = []
-    for rows in sizes.gemm_rows:
-        bench = linear_flops(rows, sizes.linear_hidden, sizes.linear_width)
-        r = measure(f"linear_flops_{rows}", *bench, limits)
-        readings.append(r)
-        gemm.append([rows, min(1.0, r.value / peak)])
-    attention = []
-    for tokens in sizes.attention_curve_tokens:
-        r = measure(f"prefill_attention_flops_{tokens}", *prefill_attention_flops(tokens), limits)
-        readings.append(r)
-        # A causal prompt of n tokens: each query reads (n + 1) / 2 keys on average.
-        attention.append([(tokens + 1) / 2, min(1.0, r.value / peak)])
-    return {"gemm": gemm, "attention": attention}, readings
+    benches = [
+        (f"linear_flops_{rows}", rows, linear_flops(rows, sizes.linear_hidden, sizes.linear_width))
+        for rows in sizes.gemm_rows
+    ]
+    # A causal prompt of n tokens: each query reads (n + 1) / 2 keys on average.
+    benches += [
+        (f"prefill_attention_flops_{n}", (n + 1) / 2, prefill_attention_flops(n))
+        for n in sizes.attention_curve_tokens
+    ]
+    best: dict[str, Reading] = {}
+    for _ in range(sizes.curve_passes):
+        for name, _, bench in benches:
+            r = measure(name, *bench, limits)
+            if name not in best or r.value > best[name].value:
+                best[name] = r
+    points = [[size, min(1.0, best[name].value / peak)] for name, size, _ in benches]
+    n = len(sizes.gemm_rows)
+    return {"gemm": points[:n], "attention": points[n:]}, list(best.values())
 
 
 def host_figures(limits: Limits | None = None, sizes: Sizes = FULL) -> tuple[dict, list[Reading]]:

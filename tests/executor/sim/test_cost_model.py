@@ -505,12 +505,22 @@ CURVED_HW = replace(
 )
 
 
-def test_flat_efficiency_curves_price_as_the_constants_bit_for_bit():
+def test_a_gemm_curve_prices_linears_without_a_separate_memory_bound():
     eff = Efficiency(gemm=0.6, attention=0.4, memory=0.5)
     flat = replace(UNIT_HW, efficiency_curves={"gemm": [[1, 0.6]], "attention": [[1, 0.4]]})
     a, b = CostModel(TINY, UNIT_HW, efficiency=eff), CostModel(TINY, flat, efficiency=eff)
+    linears = ("attention_linears", "mlp", "lm_head")
     for batch in (BATCH, DECODES, BatchShape.from_chunks([(0, 300)], num_sampled=1)):
-        assert [op.seconds for op in a.ops(batch)] == [op.seconds for op in b.ops(batch)]
+        plain, curved = ops_by_name(a, batch), ops_by_name(b, batch)
+        # The curve was timed on weights beyond the caches: it is the linears' whole time.
+        for name in linears:
+            assert curved[name].seconds == curved[name].flops / (0.6 * UNIT_HW.peak_flops_bf16)
+        # A flat attention curve is the constant, and every other op is priced as before.
+        others = [n for n in plain if n not in linears]
+        assert [plain[n].seconds for n in others] == [curved[n].seconds for n in others]
+    # On this slow memory the roofline without the curve is weight bound.
+    d = ops_by_name(a, DECODES)["mlp"]
+    assert d.seconds == d.bytes / (0.5 * UNIT_HW.mem_bandwidth) > ops_by_name(b, DECODES)["mlp"].seconds
 
 
 def test_linears_follow_the_gemm_curve_by_the_steps_rows():

@@ -807,9 +807,12 @@ class CostModel:
         S = b.num_sampled
         wb, a = m.weight_bytes, self.act_bytes
         gemm, attn, mem = self.gemm_rate, self.attn_rate, self.mem_rate
-        head_rate = gemm
+        head_rate, gemm_mem = gemm, mem
         if self._gemm_curve is not None:
+            # The curve was timed on weights larger than the caches, so it
+            # holds their streaming too: no separate memory bound.
             gemm, head_rate = _rate_at(self._gemm_curve, T), _rate_at(self._gemm_curve, S)
+            gemm_mem = math.inf
         ops: list[tuple[str, float, float, float, float, str]] = []
 
         def roof(name: str, flops: float, nbytes: float, rate: float, mem: float = mem) -> None:
@@ -839,7 +842,7 @@ class CostModel:
             fitted("embedding", 0.0, nb, s, mem)
         p = self.attn_linear_params
         if kf is None:
-            roof("attention_linears", 2 * T * p, p * wb + T * self.attn_linear_io, gemm)
+            roof("attention_linears", 2 * T * p, p * wb + T * self.attn_linear_io, gemm, gemm_mem)
         else:
             s = m.num_attention_layers * self._fitted_gemms(T, self.attn_gemm_dims, wb)
             fitted("attention_linears", 2 * T * p, p * wb + T * self.attn_linear_io, s, gemm)
@@ -851,11 +854,11 @@ class CostModel:
         if self.mamba_linear_params:
             roof("mamba_mixer", *self._mamba_mixer(b), attn)
             p = self.mamba_linear_params
-            roof("mamba_linears", 2 * T * p, p * wb + T * self.mamba_linear_io, gemm)
+            roof("mamba_linears", 2 * T * p, p * wb + T * self.mamba_linear_io, gemm, gemm_mem)
         if self.mlp_params:
             p = self.mlp_params
             if kf is None:
-                roof("mlp", 2 * T * p, p * wb + T * self.mlp_io, gemm)
+                roof("mlp", 2 * T * p, p * wb + T * self.mlp_io, gemm, gemm_mem)
             else:
                 inter = m.intermediate_size / self.tp
                 dims = [(h, 2 * inter), (inter, h)]
@@ -872,7 +875,7 @@ class CostModel:
             p = self.lm_head_params
             nb = p * m.dtype_bytes + S * self.vocab_per_gpu * _LOGIT_BYTES
             if kf is None:
-                roof("lm_head", 2 * S * p, nb, head_rate)
+                roof("lm_head", 2 * S * p, nb, head_rate, gemm_mem)
             else:
                 s = self._fitted_gemms(S, [(h, self.vocab_per_gpu)], m.dtype_bytes)
                 fitted("lm_head", 2 * S * p, nb, s, gemm)
