@@ -18,7 +18,8 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPa
         help="measure this CPU for the simulator and write a named hardware profile file",
         description="Measure this machine's CPU as the simulator's cost model sees it, in the dtype the "
         "torch executor's auto runs here (bfloat16 with bfloat16 matmuls, else float32): matmul peak, "
-        "copy bandwidth, attention and weight-streaming efficiencies, then the torch executor's per-step, "
+        "copy bandwidth, attention and weight-streaming efficiencies, the linears' efficiency by rows and "
+        "prefill attention's by prompt length (efficiency curves), then the torch executor's per-step, "
         "per-layer and per-request host costs and decode KV read rate, and write a profile file that "
         "`llmsched simulate --hardware FILE` loads. Every figure is timed until its readings settle and "
         "agree, each in a window checked for other processes' CPU time; a calibration that does not "

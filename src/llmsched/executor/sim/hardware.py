@@ -95,8 +95,8 @@ class HardwareProfile:
     # (KernelFit fields, see kernel_fit.py); None: the plain roofline.
     kernel_fit: dict | None = None
     # Measured efficiencies that follow the work's size, for the plain
-    # roofline (a CPU's oneDNN GEMMs reach 0.75 of the matmul peak at 64
-    # rows and all of it at 2048; its prefill attention kernel 0.4 at
+    # roofline (a CPU's oneDNN GEMMs reach 0.65 of the matmul peak at 64
+    # rows and 0.9 at 2048; its prefill attention kernel 0.4 at
     # 256-token prompts and 0.7 at 4096): ``{"gemm": [[rows, eff], ...],
     # "attention": [[keys per query token, eff], ...]}``, interpolated in
     # log2 between points and flat beyond them. A kind given here replaces
