@@ -195,3 +195,18 @@ def test_a_calibration_beside_a_cpu_heavy_process_is_flagged_and_not_cached(cach
     assert result["load"]["during"] > limits.max_foreign_share
     assert any(r["foreign_share"] > limits.max_foreign_share for r in result["readings"])
     assert not cache.exists()
+
+
+def test_the_cpu_profile_prices_linears_by_the_measured_curve():
+    from llmsched.executor.sim.cost_model import BatchShape, CostModel
+    from llmsched.executor.sim.model_shapes import load_model
+
+    curves = {"gemm": [[1, 0.1], [2048, 1.0]], "attention": [[128.5, 0.5]]}
+    fast_memory = {"mem_bandwidth": 1e14, "memory_efficiency": 1.0}
+    c = dict(FAKE, **fast_memory, attention_efficiency=0.5, efficiency_curves=curves)
+    cm = CostModel(load_model("llama-3-8b"), calibrate.profile_from_calibration(c))
+    one = {op.name: op for op in cm.ops(BatchShape.from_chunks([(0, 1)], num_sampled=1))}["mlp"]
+    big = {op.name: op for op in cm.ops(BatchShape.from_chunks([(0, 2048)], num_sampled=1))}["mlp"]
+    # A one-row step's linears at a tenth of the peak, a 2048-row prefill's at all of it.
+    assert one.seconds == pytest.approx(one.flops / (0.1 * FAKE["peak_flops"]), rel=1e-9)
+    assert big.seconds == pytest.approx(big.flops / FAKE["peak_flops"], rel=1e-9)

@@ -46,6 +46,13 @@ UNIT_HW = HardwareProfile(
     collective_latency_s=1e-6,
 )
 PERFECT = Efficiency(gemm=1.0, attention=1.0, memory=1.0, network=1.0)
+# A CPU-like profile whose linears and prefill attention follow measured curves
+# (and whose memory is fast enough that every op is compute bound).
+CURVED_HW = replace(
+    UNIT_HW,
+    mem_bandwidth=1e18,
+    efficiency_curves={"gemm": [[1, 0.05], [64, 0.6], [1024, 0.9]], "attention": [[64, 0.3], [1024, 0.7]]},
+)
 # An 8-token prefill from position 0 (which completes its prompt) and two
 # decodes at positions 10 and 20: all three sample.
 BATCH = BatchShape.from_chunks([(0, 8), (10, 1), (20, 1)], num_sampled=3)
@@ -413,12 +420,18 @@ def test_cpu_like_step_parts_and_decode_runs_equal_the_op_by_op_sums():
 
 @pytest.mark.parametrize(
     ("model", "hw", "tp", "ep"),
-    [("llama-3-8b", "h100", 1, False), ("qwen3-32b", "h100", 2, False), ("deepseek-v3", "h100", 8, True)],
+    [
+        ("llama-3-8b", "h100", 1, False),
+        ("qwen3-32b", "h100", 2, False),
+        ("deepseek-v3", "h100", 8, True),
+        ("llama-3-8b", "cpu-like, with efficiency curves", 1, False),
+    ],
 )
 def test_step_parts_by_shape_equal_the_op_by_op_sums_bit_for_bit(model, hw, tp, ep):
+    host = {"layer_overhead_s": 1e-4, "layer_overhead_covers_tokens": 32, "cuda_graphs": False}
     cm = CostModel(
         load_model(model),
-        load_hardware(hw),
+        replace(CURVED_HW, mem_bandwidth=1e9, **host) if hw.startswith("cpu") else load_hardware(hw),
         Parallelism(tensor_parallel_size=tp, enable_expert_parallel=ep),
         cuda_graph_max_tokens=64,
     )
@@ -496,15 +509,6 @@ def _stepped_run(cost, d):
     return decode_run_of(Stepped(), d)
 
 
-# A CPU-like profile whose linears and prefill attention follow measured curves
-# (and whose memory is fast enough that every op is compute bound).
-CURVED_HW = replace(
-    UNIT_HW,
-    mem_bandwidth=1e18,
-    efficiency_curves={"gemm": [[1, 0.05], [64, 0.6], [1024, 0.9]], "attention": [[64, 0.3], [1024, 0.7]]},
-)
-
-
 def test_a_gemm_curve_prices_linears_without_a_separate_memory_bound():
     eff = Efficiency(gemm=0.6, attention=0.4, memory=0.5)
     flat = replace(UNIT_HW, efficiency_curves={"gemm": [[1, 0.6]], "attention": [[1, 0.4]]})
@@ -547,17 +551,3 @@ def test_prefill_attention_follows_the_curve_by_keys_per_query():
     late = BatchShape.from_chunks([(1900, 256)], num_sampled=1)
     a, b = ops_by_name(cm, late)["attention_prefill"], ops_by_name(ref, late)["attention_prefill"]
     assert a.seconds == b.seconds
-
-
-def test_step_parts_with_efficiency_curves_equal_the_op_by_op_sums():
-    host = {"layer_overhead_s": 1e-4, "layer_overhead_covers_tokens": 32, "cuda_graphs": False}
-    hw = replace(CURVED_HW, mem_bandwidth=1e9, **host)
-    cm = CostModel(load_model("llama-3-8b"), hw)
-    rng = random.Random(7)
-    for _ in range(200):
-        chunks = [(rng.randrange(0, 3000), 1) for _ in range(rng.randrange(0, 40))]
-        chunks += [(rng.randrange(0, 2000), rng.randrange(2, 900)) for _ in range(rng.randrange(0, 3))]
-        if not chunks:
-            continue
-        batch = BatchShape.from_chunks(chunks, num_sampled=rng.randrange(0, len(chunks) + 1))
-        assert cm.step_parts(batch)[0] == cm.step_time(batch) == sum(op.seconds for op in cm.ops(batch))
