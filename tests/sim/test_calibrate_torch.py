@@ -24,7 +24,8 @@ def test_the_weight_stream_counts_the_compute_dtypes_bytes():
 
 
 def test_linear_flops_counts_every_row():
-    work, run = linear_flops(rows=3, hidden=16, width=8, mats=2)
+    # Two matrices' worth of weights in the compute dtype: two matrices timed.
+    work, run = linear_flops(rows=3, hidden=16, width=8, weight_bytes=2 * 16 * 8 * compute_dtype().itemsize)
     run()
     assert work == 2 * 2 * 3 * 16 * 8
 

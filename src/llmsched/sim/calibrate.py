@@ -57,9 +57,10 @@ CACHE_FILE = "cpu-calibration.json"
 # Bumped when the measurements change meaning, or the executor they time
 # changes speed (5: the C decode attention; 6: the C prefill attention and
 # RMSNorm; 7: timed in the executor's auto dtype, float32 on CPUs without
-# bfloat16 matmuls; 8: the weight stream counted in that dtype's bytes, and
-# the linears' and prefill attention's efficiency curves), so older cached
-# entries are measured again rather than read with the wrong sense.
+# bfloat16 matmuls; 8: the weight stream and the executor probe counted in
+# that dtype's bytes, and the linears' and prefill attention's efficiency
+# curves), so older cached entries are measured again rather than read with
+# the wrong sense.
 _VERSION = 8
 # Test-sized limits: fewer calls and shorter readings, one attempt.
 QUICK_LIMITS = Limits(max_calls=6, min_reading_s=0.005, max_seconds=0.5, attempts=1)

@@ -76,6 +76,7 @@ class Sizes:
     gemm_rows: tuple[int, ...] = (1, 4, 16, 64, 256, 2048)
     linear_hidden: int = 1024
     linear_width: int = 4096
+    linear_bytes: int = 64 << 20
     attention_curve_tokens: tuple[int, ...] = (256, 1024, 4096)
     curve_passes: int = 3
 
@@ -92,6 +93,7 @@ QUICK = Sizes(
     gemm_rows=(1, 16, 128),
     linear_hidden=256,
     linear_width=512,
+    linear_bytes=1 << 20,
     attention_curve_tokens=(64, 256),
     curve_passes=1,
 )
@@ -128,12 +130,13 @@ def weight_stream_bandwidth(rows: int = 4, hidden: int = 2048, width: int = 4096
     return mats * width * hidden * _DTYPE.itemsize, run
 
 
-def linear_flops(rows: int, hidden: int = 1024, width: int = 4096, mats: int = 4) -> Bench:
+def linear_flops(rows: int, hidden: int = 1024, width: int = 4096, weight_bytes: int = 64 << 20) -> Bench:
     """FLOPs of ``rows``-row linears as the torch executor runs them (prepacked where it prepacks).
 
-    Over weights larger than the caches (64 MB in float32 at the full
-    sizes), as a step's linears stream each layer's weights once.
+    Over ``weight_bytes`` of weights in the compute dtype, more than the
+    caches hold, as a step's linears stream each layer's weights once.
     """
+    mats = max(1, weight_bytes // (width * hidden * _DTYPE.itemsize))
     x = torch.randn(rows, hidden).to(_DTYPE)
     ws = [torch.randn(width, hidden).to(_DTYPE) for _ in range(mats)]
     linear = F.linear
@@ -302,7 +305,11 @@ def efficiency_curves(peak: float, limits: Limits, sizes: Sizes) -> tuple[dict, 
     passes over all of them: a neighbour's burst only ever slows a reading.
     """
     benches = [
-        (f"linear_flops_{rows}", rows, linear_flops(rows, sizes.linear_hidden, sizes.linear_width))
+        (
+            f"linear_flops_{rows}",
+            rows,
+            linear_flops(rows, sizes.linear_hidden, sizes.linear_width, sizes.linear_bytes),
+        )
         for rows in sizes.gemm_rows
     ]
     # A causal prompt of n tokens: each query reads (n + 1) / 2 keys on average.
