@@ -37,3 +37,30 @@ def test_efficiency_curves_have_a_point_per_measured_size():
     assert [x for x, _ in curves["attention"]] == [(n + 1) / 2 for n in QUICK.attention_curve_tokens]
     assert all(0 < e <= 1 for kind in curves.values() for _, e in kind)
     assert len(readings) == len(QUICK.gemm_rows) + len(QUICK.attention_curve_tokens)
+
+
+class _Kernel:
+    """A stand-in prefill kernel that counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def supports(self, dtype: torch.dtype, head_dim: int) -> bool:
+        return True
+
+    def attend(self, q, k, v, scale, out) -> None:
+        self.calls += 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_attention_is_timed_on_the_kernel_for_the_timed_dtype(monkeypatch, dtype):
+    from llmsched.sim import calibrate_torch
+
+    bf16, f32 = _Kernel(), _Kernel()
+    monkeypatch.setattr(calibrate_torch, "_DTYPE", dtype)
+    monkeypatch.setattr(calibrate_torch, "prefill_attention", lambda: bf16)
+    monkeypatch.setattr(calibrate_torch, "prefill_attention_f32", lambda: f32)
+    _, run = calibrate_torch.prefill_attention_flops(tokens=8, heads=2, kv_heads=1, head_dim=16)
+    run()
+    # float32 runs the float32 twin, as the executor does (SDPA was timed in its place).
+    assert (f32.calls, bf16.calls) == ((1, 0) if dtype == torch.float32 else (0, 1))

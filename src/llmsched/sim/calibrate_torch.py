@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from llmsched.executor.torch.device import cpu_bf16_matmuls, cpu_dtypes, dtype_name
-from llmsched.executor.torch.kernels import prefill_attention
+from llmsched.executor.torch.kernels import prefill_attention, prefill_attention_f32
 from llmsched.executor.torch.layers import can_prepack_linears, packed_linear, prepack_linear
 from llmsched.sim.settle import Limits, Reading, measure
 
@@ -156,14 +156,17 @@ def prefill_attention_flops(
 ) -> Bench:
     """FLOPs of causal attention over one prompt (4 x heads x head_dim per visible pair).
 
-    Timed as the torch executor runs prefill: the C kernel where it
-    runs (kernels/prefill_attention.c), else PyTorch's SDPA; with the
+    Timed as the torch executor runs prefill: the C kernel for the timed
+    dtype where it runs (kernels/prefill_attention.c for bfloat16,
+    prefill_attention_f32.c for float32), else PyTorch's SDPA; with the
     attention core of common small models (64-wide heads, two query heads
     per KV head), whose shared K and V the kernel packs once.
     """
     pairs = tokens * (tokens + 1) / 2
     flops = 4 * heads * head_dim * pairs
-    kernel = prefill_attention()
+    # The kernel for the timed dtype: the float32 twin where the executor runs float32.
+    dtype = _DTYPE
+    kernel = prefill_attention() if dtype == torch.bfloat16 else prefill_attention_f32()
     if kernel is not None and kernel.supports(_DTYPE, head_dim):
         q = torch.randn(tokens, heads, head_dim).to(_DTYPE)
         k, v = (torch.randn(tokens, kv_heads, head_dim).to(_DTYPE) for _ in range(2))
