@@ -301,11 +301,11 @@ def efficiency_curves(peak: float, limits: Limits, sizes: Sizes) -> tuple[dict, 
 
     One efficiency per kind cannot price this CPU's steps: its linears
     reach 0.6 of the matmul peak at 64 rows and about 0.9 from 256, and the
-    prefill attention kernel 0.35 at 256-token prompts and 0.7 at 4096.
+    prefill attention kernel 0.6 at 256-token prompts and 0.9 at 4096.
     Mid-sized linears move by up to a fifth between settled readings on a
-    shared machine (0.68-0.94 at 256 rows), and a step's linears ran at the
-    fast end, so every point is the fastest of ``sizes.curve_passes``
-    passes over all of them: a neighbour's burst only ever slows a reading.
+    shared machine (0.68-0.94 at 256 rows), so every point is the median
+    of ``sizes.curve_passes`` interleaved passes over all of them: one
+    pass caught in a neighbour's burst, or in a lucky moment, does not set it.
     """
     benches = [
         (
@@ -320,15 +320,14 @@ def efficiency_curves(peak: float, limits: Limits, sizes: Sizes) -> tuple[dict, 
         (f"prefill_attention_flops_{n}", (n + 1) / 2, prefill_attention_flops(n))
         for n in sizes.attention_curve_tokens
     ]
-    best: dict[str, Reading] = {}
+    passes: dict[str, list[Reading]] = {name: [] for name, _, _ in benches}
     for _ in range(sizes.curve_passes):
         for name, _, bench in benches:
-            r = measure(name, *bench, limits)
-            if name not in best or r.value > best[name].value:
-                best[name] = r
-    points = [[size, min(1.0, best[name].value / peak)] for name, size, _ in benches]
+            passes[name].append(measure(name, *bench, limits))
+    mid = {name: sorted(rs, key=lambda r: r.value)[(len(rs) - 1) // 2] for name, rs in passes.items()}
+    points = [[size, min(1.0, mid[name].value / peak)] for name, size, _ in benches]
     n = len(sizes.gemm_rows)
-    return {"gemm": points[:n], "attention": points[n:]}, list(best.values())
+    return {"gemm": points[:n], "attention": points[n:]}, list(mid.values())
 
 
 def host_figures(limits: Limits | None = None, sizes: Sizes = FULL) -> tuple[dict, list[Reading]]:

@@ -96,8 +96,8 @@ class HardwareProfile:
     kernel_fit: dict | None = None
     # Measured efficiencies that follow the work's size, for the plain
     # roofline (a CPU's oneDNN GEMMs reach 0.65 of the matmul peak at 64
-    # rows and 0.9 at 2048; its prefill attention kernel 0.4 at
-    # 256-token prompts and 0.7 at 4096): ``{"gemm": [[rows, eff], ...],
+    # rows and 0.9 at 2048; its prefill attention kernel 0.6 at
+    # 256-token prompts and 0.9 at 4096): ``{"gemm": [[rows, eff], ...],
     # "attention": [[keys per query token, eff], ...]}``, interpolated in
     # log2 between points and flat beyond them. A kind given here replaces
     # ``efficiency``'s constant for the dense linears and LM head (gemm) or
