@@ -104,3 +104,15 @@ def test_the_probe_model_is_written_in_the_dtype_the_executor_runs_here(
     assert json.loads((folder / "config.json").read_text())["torch_dtype"] == expected
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
         assert str(f.get_tensor("model.norm.weight").dtype) == f"torch.{expected}"
+
+
+def test_the_probe_is_priced_in_the_dtype_it_runs_in():
+    pytest.importorskip("torch")
+    from llmsched.sim.calibrate_executor import probe_shape
+    from llmsched.sim.calibrate_torch import compute_dtype
+
+    # KV and weights in the executor's dtype (float32 without bfloat16 units): bfloat16's
+    # two bytes halved the fitted decode KV read rate.
+    shape = probe_shape(2)
+    assert shape.dtype_bytes == shape.weight_bytes == compute_dtype().itemsize
+    assert shape.num_layers == 2

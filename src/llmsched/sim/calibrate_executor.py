@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from llmsched.executor.sim.hardware import HardwareProfile
+    from llmsched.executor.sim.model_shapes import ModelShape
 
 T = TypeVar("T")
 
@@ -242,13 +243,25 @@ def cache_flusher() -> Callable[[], None]:
     return flush
 
 
+def probe_shape(layers: int) -> ModelShape:
+    """The probe model as the cost model prices it, in the dtype it is written and runs in.
+
+    Its KV cache and weights are float32 where the executor runs float32;
+    priced as bfloat16 they halved the fitted decode KV read rate.
+    """
+    from llmsched.executor.sim.model_shapes import shape_from_hf_config
+    from llmsched.sim.calibrate_torch import compute_dtype, dtype_name
+
+    config = dict(PROBE_CONFIG, num_hidden_layers=layers, torch_dtype=dtype_name(compute_dtype()))
+    return shape_from_hf_config(config, "probe")
+
+
 def time_decode_steps(folder: Path, layers: int, hardware: HardwareProfile) -> list[StepSample]:
     """Decode steps of every PROBE_BATCHES batch on a TorchExecutor, less the cost model's arithmetic."""
     from llmsched.core import ModelRunnerOutput, Request, SamplingParams, SchedulerConfig, SchedulerOutput
     from llmsched.engine import EngineCore
     from llmsched.executor.sim.cost_model import CostModel
     from llmsched.executor.sim.executor import SimExecutor
-    from llmsched.executor.sim.model_shapes import shape_from_hf_config
     from llmsched.executor.torch import TorchExecutor
     from llmsched.executor.torch.device import DEFAULT_BLOCK_SIZE
     from llmsched.sim.calibrate_torch import compute_dtype, dtype_name
@@ -279,10 +292,7 @@ def time_decode_steps(folder: Path, layers: int, hardware: HardwareProfile) -> l
         # as the cost model prices one; Timed runs each step in execute().
         async_scheduling=False,
     )
-    # Priced in the dtype the probe model was written and runs in: its KV
-    # and weights are float32 where the executor runs float32, not bfloat16.
-    probe_config = dict(PROBE_CONFIG, num_hidden_layers=layers, torch_dtype=dtype_name(compute_dtype()))
-    shape = shape_from_hf_config(probe_config, "probe")
+    shape = probe_shape(layers)
     # Only the arithmetic: host costs and the decode KV read are what is fitted.
     priced = CostModel(shape, hardware, step_overhead_s=0.0, cuda_graph_max_tokens=0)
     probe = SimExecutor(priced)
