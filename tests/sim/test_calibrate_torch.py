@@ -54,12 +54,13 @@ class _Kernel:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_prefill_attention_is_timed_on_the_kernel_for_the_timed_dtype(monkeypatch, dtype):
+    from llmsched.executor.torch.kernels import prefill as kernels
     from llmsched.sim import calibrate_torch
 
     bf16, f32 = _Kernel(), _Kernel()
     monkeypatch.setattr(calibrate_torch, "_DTYPE", dtype)
-    monkeypatch.setattr(calibrate_torch, "prefill_attention", lambda: bf16)
-    monkeypatch.setattr(calibrate_torch, "prefill_attention_f32", lambda: f32)
+    monkeypatch.setattr(kernels, "prefill_attention", lambda: bf16)
+    monkeypatch.setattr(kernels, "prefill_attention_f32", lambda: f32)
     _, run = calibrate_torch.prefill_attention_flops(tokens=8, heads=2, kv_heads=1, head_dim=16)
     run()
     # float32 runs the float32 twin, as the executor does (SDPA was timed in its place).

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from llmsched.executor.torch.device import cpu_bf16_matmuls, cpu_dtypes, dtype_name
-from llmsched.executor.torch.kernels import prefill_attention, prefill_attention_f32
+from llmsched.executor.torch.kernels import prefill_attention_for
 from llmsched.executor.torch.layers import can_prepack_linears, packed_linear, prepack_linear
 from llmsched.sim.settle import Limits, Reading, measure
 
@@ -165,8 +165,7 @@ def prefill_attention_flops(
     pairs = tokens * (tokens + 1) / 2
     flops = 4 * heads * head_dim * pairs
     # The kernel for the timed dtype: the float32 twin where the executor runs float32.
-    dtype = _DTYPE
-    kernel = prefill_attention() if dtype == torch.bfloat16 else prefill_attention_f32()
+    kernel = prefill_attention_for(_DTYPE)
     if kernel is not None and kernel.supports(_DTYPE, head_dim):
         q = torch.randn(tokens, heads, head_dim).to(_DTYPE)
         k, v = (torch.randn(tokens, kv_heads, head_dim).to(_DTYPE) for _ in range(2))

@@ -257,7 +257,8 @@ def check_efficiency_curves(curves: object, source: str) -> None:
         raise ConfigError(f"{what} must be an object of kind -> [[size, efficiency], ...]")
     unknown = set(curves) - set(EFFICIENCY_CURVE_KINDS)
     if unknown:
-        raise ConfigError(f"{what} kinds {sorted(unknown)} unknown; known: gemm, attention")
+        known = ", ".join(EFFICIENCY_CURVE_KINDS)
+        raise ConfigError(f"{what} kinds {sorted(unknown)} unknown; known: {known}")
     for kind, points in curves.items():
         ok = isinstance(points, (list, tuple)) and points
         ok = ok and all(

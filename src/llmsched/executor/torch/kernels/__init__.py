@@ -26,6 +26,7 @@ from llmsched.executor.torch.kernels.prefill import (
     PrefillAttentionKernel,
     prefill_attention,
     prefill_attention_f32,
+    prefill_attention_for,
 )
 from llmsched.executor.torch.kernels.rms_norm import MAX_NORM_WIDTH, RMSNormKernels, rms_norm_kernels
 from llmsched.executor.torch.kernels.swiglu import SwiGLUKernel, swiglu_kernel
@@ -42,6 +43,7 @@ __all__ = [
     "library",
     "prefill_attention",
     "prefill_attention_f32",
+    "prefill_attention_for",
     "rms_norm_kernels",
     "swiglu_kernel",
 ]

@@ -17,7 +17,7 @@ import torch
 from llmsched.executor.torch.device import cpu_bf16_matmuls, dtype_name
 from llmsched.executor.torch.kernels.decode import decode_attention
 from llmsched.executor.torch.kernels.library import enabled
-from llmsched.executor.torch.kernels.prefill import prefill_attention, prefill_attention_f32
+from llmsched.executor.torch.kernels.prefill import prefill_attention_for
 from llmsched.executor.torch.kernels.rms_norm import rms_norm_kernels
 from llmsched.executor.torch.kernels.swiglu import swiglu_kernel
 
@@ -44,7 +44,7 @@ def cpu_features(cpuinfo: str | None = None) -> list[str]:
 def _kernel_paths(dtype: torch.dtype) -> list[str]:
     """Each op's path for a model in ``dtype``: the C kernel where it runs, else PyTorch's."""
     bf16, f32 = dtype == torch.bfloat16, dtype == torch.float32
-    prefill = prefill_attention() if bf16 else prefill_attention_f32() if f32 else None
+    prefill = prefill_attention_for(dtype)
     ops = (
         ("prefill attention", prefill is not None),
         ("decode attention", bf16 and decode_attention() is not None),

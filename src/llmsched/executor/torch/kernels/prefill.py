@@ -88,3 +88,10 @@ def prefill_attention_f32() -> PrefillAttentionKernel | None:
     if max_head_dim <= 0:
         return None
     return PrefillAttentionKernel(lib.llmsched_prefill_attention_f32, torch.float32, max_head_dim, 16)
+
+
+def prefill_attention_for(dtype: torch.dtype) -> PrefillAttentionKernel | None:
+    """The prefill kernel for a model in ``dtype`` (bfloat16 or float32); None for any other or none built."""
+    if dtype == torch.bfloat16:
+        return prefill_attention()
+    return prefill_attention_f32() if dtype == torch.float32 else None
