@@ -52,7 +52,8 @@ def fit_all(data: VidurData) -> dict[str, dict]:
         d = fit.to_dict()
         if gpu == "a100":
             keys = ("attn_prefill_knots", "attn_prefill_eff", "attn_prefill_causal", "attn_prefill_floor_s")
-            keys += ("decode_knots", "decode_kv_eff", "decode_floor_s", "decode_request_s")
+            keys += ("decode_knots", "decode_ctx_knots", "decode_kv_eff")
+            keys += ("decode_floor_s", "decode_request_s")
             a100_attention = {k: d[k] for k in keys}
         fits[gpu] = d
     return fits

@@ -29,8 +29,11 @@ ELEMENTWISE_KNOTS = (18.0, 22.0, 26.0, 30.0)
 # Prefill attention efficiency knots in log2(query tokens x query heads per
 # GPU): a 128-token chunk of 32 heads (2^12) to 8k tokens (2^18).
 PREFILL_KNOTS = (12.0, 14.0, 16.0, 18.0)
-# Decode attention bandwidth knots in log2(requests in the kernel): 1 to 128.
+# Decode attention bandwidth knots in log2(requests in the kernel): 1 to 128;
+# and in the mean context per request (tokens, linear): Vidur's decode rows
+# run 32 to 4k tokens, and the rate climbs steeply over the first thousand.
 DECODE_KNOTS = (0.0, 2.0, 4.0, 6.0, 7.0)
+DECODE_CTX_KNOTS = (256.0, 1024.0, 4096.0)
 TRUSTED_VERSION = {"a100": "7d47513", "h100": "7d47513"}
 
 
@@ -165,24 +168,40 @@ def _fit_prefill(rows: Sequence[AttnRow], hw: HardwareProfile) -> dict:
     }
 
 
+def _grid_weights(np, values, knots: Sequence[float]):
+    """Per value, each knot's linear-interpolation weight (flat beyond the ends): shape (values, knots)."""
+    w = np.zeros((len(values), len(knots)))
+    for j in range(len(knots)):
+        unit = np.zeros(len(knots))
+        unit[j] = 1.0
+        w[:, j] = np.interp(values, knots, unit)
+    return w
+
+
 def _fit_decode(rows: Sequence[AttnRow], hw: HardwareProfile) -> dict:
-    """Decode KV bandwidth by request count, floor and per-request cost."""
+    """Decode KV bandwidth on a grid of request count and context per request, floor and per-request cost."""
     np = _np()
     bw = hw.mem_bandwidth
     nb = np.array([attention_work(r)[1] for r in rows])
     b = np.array([r.batch for r in rows], float)
     y = np.array([r.median_ms * 1e-3 for r in rows])
-    lb = np.log2(b)
-    nk = len(DECODE_KNOTS)
+    # The grid is interpolated in log2(requests) and linearly in context,
+    # as KernelFit.decode_kv_bandwidth does: a bilinear weight per cell.
+    wb = _grid_weights(np, np.log2(b), DECODE_KNOTS)
+    wc = _grid_weights(np, np.array([r.kv_cache for r in rows], float), DECODE_CTX_KNOTS)
+    weights = (wb[:, :, None] * wc[:, None, :]).reshape(len(rows), -1)
+    nk = weights.shape[1]
 
     def loss(x):
-        e = np.interp(lb, DECODE_KNOTS, x[:nk])
+        e = weights @ x[:nk]
         return float(np.mean(_log_err(np, x[nk] + b * x[nk + 1] + nb / (bw * e), y)))
 
     x = minimize(loss, [0.7] * nk + [1e-5, 1e-7], [0.05] * nk + [1e-7, 1e-9], [2.0] * nk + [1e-4, 1e-5])
+    nc = len(DECODE_CTX_KNOTS)
     return {
         "decode_knots": DECODE_KNOTS,
-        "decode_kv_eff": tuple(x[:nk]),
+        "decode_ctx_knots": DECODE_CTX_KNOTS,
+        "decode_kv_eff": tuple(tuple(x[i * nc : (i + 1) * nc]) for i in range(len(DECODE_KNOTS))),
         "decode_floor_s": x[nk],
         "decode_request_s": x[nk + 1],
     }
@@ -232,7 +251,8 @@ DEFAULT_ATTENTION = {
     "attn_prefill_causal": 1.0,
     "attn_prefill_floor_s": 0.0,
     "decode_knots": (0.0,),
-    "decode_kv_eff": (0.8,),
+    "decode_ctx_knots": (0.0,),
+    "decode_kv_eff": ((0.8,),),
     "decode_floor_s": 0.0,
     "decode_request_s": 0.0,
 }
@@ -257,7 +277,7 @@ def fit_kernels(
     d.update({"all_reduce_latency_s": hw.collective_latency_s, "all_reduce_eff": 0.7})
     d.update(fit_all_reduce(collectives, hw))
     d["source"] = source
-    return KernelFit.from_dict({k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()})
+    return KernelFit.from_dict(d)
 
 
 def rows_for(data: VidurData, gpu: str) -> tuple[list[OpRow], list[AttnRow], list[CollRow]]:

@@ -93,7 +93,7 @@ def fitted_seconds(r: OpRow | AttnRow | CollRow, hw: HardwareProfile, fit: Kerne
     if isinstance(r, AttnRow):
         if r.prefill:
             return fit.prefill_attention_seconds(*prefill_parts(r), peak, bw)
-        return fit.decode_attention_seconds(r.batch, attention_work(r)[1], bw)
+        return fit.decode_attention_seconds(r.batch, attention_work(r)[1], bw, r.kv_cache)
     if r.op in GEMM_OPS:
         k, n = gemm_dims(r)
         return fit.gemm_seconds(r.tokens, k, n, peak, bw, A, A)

@@ -457,7 +457,9 @@ def test_step_parts_by_shape_equal_the_op_by_op_sums_bit_for_bit(model, hw, tp, 
 @pytest.mark.parametrize("unrolled", [True, False])
 @pytest.mark.parametrize("model", ["llama-3-8b", "bamba-9b"])
 @pytest.mark.parametrize("d", [1, 3, 64, 300])
-def test_decode_run_clocks_decode_step_parts_bit_for_bit(model, d, unrolled, monkeypatch):
+# Contexts a request inside one piece of the fit's KV rate, and crossing its 1024- and 4096-token knots.
+@pytest.mark.parametrize("per_request", [700, 1010, 4080])
+def test_decode_run_clocks_decode_step_parts_bit_for_bit(model, d, per_request, unrolled, monkeypatch):
     from array import array
 
     from llmsched.executor.sim import cost_model as cost_model_module
@@ -474,14 +476,14 @@ def test_decode_run_clocks_decode_step_parts_bit_for_bit(model, d, unrolled, mon
         runs = []
         for run in (decode_run_of(cost, d), _stepped_run(cost, d)):
             ends, totals, hosts, mods = array("d"), array("d"), array("d"), array("d")
-            last = run(d * 700, 1.25, 1.25 + 0.5, 40, ends, totals, hosts, mods)
+            last = run(d * per_request, 1.25, 1.25 + 0.5, 40, ends, totals, hosts, mods)
             runs.append((last, list(ends), list(totals), list(hosts), list(mods)))
         assert runs[0] == runs[1]
         (n, start, end, ctx), ends, totals, hosts, mods = runs[0]
-        assert 0 < n <= 40 and end == ends[-1] and ctx == d * (700 + n)
+        assert 0 < n <= 40 and end == ends[-1] and ctx == d * (per_request + n)
         # Each step priced exactly as execute() prices its batch.
         for j in range(n):
-            batch = BatchShape(d, d, 0, 0, 0, d, d * (701 + j), 0)
+            batch = BatchShape(d, d, 0, 0, 0, d, d * (per_request + 1 + j), 0)
             assert cost.step_parts(batch) == (totals[j], hosts[j], mods[j])
         # Each step starts before the limit; a shorter run stopped at it.
         assert start < 1.75 and (n == 40 or end >= 1.75)
@@ -490,7 +492,7 @@ def test_decode_run_clocks_decode_step_parts_bit_for_bit(model, d, unrolled, mon
             got = []
             for run in (decode_run_of(cost, d), _stepped_run(cost, d)):
                 ends, totals, hosts, mods = array("d"), array("d"), array("d"), array("d")
-                last = run(d * 700, 1.25, until, num_steps, ends, totals, hosts, mods)
+                last = run(d * per_request, 1.25, until, num_steps, ends, totals, hosts, mods)
                 got.append((last, list(ends), list(totals), list(hosts), list(mods)))
             assert got[0] == got[1]
             assert got[0][0][0] == (1 if until > 1.25 and num_steps else 0)

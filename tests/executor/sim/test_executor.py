@@ -157,6 +157,8 @@ def test_async_decode_runs_clock_and_count_as_the_calls_one_by_one(model, overla
         (3, 700, 40, 0.05, None),  # an arrival ends the run early
         (5, 2000, 12, 1e9, (3, 3 * 2013)),  # the last call schedules fewer: two finish
         (64, 64 * 900, 25, 1e9, (63, 63 * 926)),
+        (4, 4 * 1010, 30, 1e9, None),  # across the KV rate's 1024-token knot
+        (2, 2 * 4090, 20, 1e9, None),  # and its 4096-token one
         (1, 10, 1, 1e9, None),
         (2, 10, 7, 0.0, None),  # nothing begins before the limit
     ]

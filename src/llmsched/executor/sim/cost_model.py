@@ -323,6 +323,13 @@ def step_parts_of(cost_model: StepCostModel) -> Callable[[BatchShape], StepParts
     return model_only
 
 
+# A decode step's KV read rate as pieces linear in the summed context
+# (ends, bases, slopes): on the first piece whose end the context does not
+# pass (the last is unbounded) the rate is base + context * slope.
+_KvPieces = tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]
+# piece(num_decodes, context) -> (the piece's start, end, base, slope): see CostModel.kv_piece.
+_KvPiece = Callable[[int, int], tuple[float, float, float, float]]
+
 # run(ctx, now, until, num_steps, ends, totals, hosts, models) -> (steps, last start, last end, last ctx)
 DecodeRunFn = Callable[[int, float, float, int, array, array, array, array], tuple[int, float, float, int]]
 
@@ -332,11 +339,15 @@ _UNROLLED = 16
 
 # A decode-run clock with its sums written out term by term, in the order
 # CostModel.decode_run's loop adds them; {mixer}, {tail_all} and {tail_model}
-# become "+ m" and "+ a0 + a1 ..." for the cost model's own lengths.
+# become "+ m" and "+ a0 + a1 ..." for the cost model's own lengths, {kv}
+# the KV read (see _kv_source).
 _RUN_SOURCE = """
-def make(d, head, hosts1, m, pair_flops, kv_bytes, qo, rate, kv_rate, {names}):
+def make(d, head, hosts1, m, pair_flops, kv_bytes, qo, rate, kv_rate, fixed, piece, {names}):
+    lo = hi = float("inf")
+    kb = ks = 0.0
     def run(ctx, now, until, num_steps, ends, totals, hosts, models):
         end_at, total_at, model_at = ends.append, totals.append, models.append
+{init}
         start = now
         n = 0
         # The loop's "while n < num_steps and now < until", counted by range.
@@ -344,7 +355,7 @@ def make(d, head, hosts1, m, pair_flops, kv_bytes, qo, rate, kv_rate, {names}):
             for n in range(1, num_steps + 1):
                 ctx += d
                 tc = ctx * pair_flops / rate
-                tm = ((ctx + d) * kv_bytes + qo) / kv_rate
+{kv}
                 base = head + (tc if tc > tm else tm){mixer}
                 t = base{tail_all}
                 start = now
@@ -358,7 +369,35 @@ def make(d, head, hosts1, m, pair_flops, kv_bytes, qo, rate, kv_rate, {names}):
         return n, start, now, ctx
     return run
 """
-_RUN_MAKERS: dict[tuple[int, int, bool], Callable[..., DecodeRunFn]] = {}
+_RUN_MAKERS: dict[tuple[int, int, bool, bool], Callable[..., DecodeRunFn]] = {}
+
+
+def _kv_source(pieces: bool, indent: str) -> tuple[str, str]:
+    """(the run's set-up before its loop, the step's KV time ``tm``) as generated source.
+
+    Without ``pieces``: one KV rate at every context and no fixed time (the
+    plain roofline), the formula as it always was. With them: the rate on
+    ``CostModel.kv_piece``'s piece, kept between calls (most runs of a
+    request count stay on one piece) and fetched again only when a run
+    starts below it or its context passes its end (a run's context only
+    grows), then ``fixed`` added.
+    """
+    tm = indent + "tm = ((ctx + d) * kv_bytes + qo) / {rate}"
+    if not pieces:
+        return "", tm.format(rate="kv_rate")
+    init = "\n".join(
+        [
+            "        nonlocal lo, hi, kb, ks",
+            "        if ctx + d <= lo:",
+            "            lo, hi, kb, ks = piece(d, ctx + d)",
+        ]
+    )
+    body = [
+        f"{indent}if ctx > hi:",
+        f"{indent}    lo, hi, kb, ks = piece(d, ctx)",
+        tm.format(rate="(kb + ctx * ks)") + " + fixed",
+    ]
+    return init, "\n".join(body)
 
 
 def _unrolled_decode_run(
@@ -373,6 +412,8 @@ def _unrolled_decode_run(
     qo: float,
     rate: float,
     kv_rate: float,
+    fixed: float,
+    piece: _KvPiece | None,
 ) -> DecodeRunFn:
     """``CostModel.decode_run``'s clock with the tails summed in one expression instead of a loop.
 
@@ -380,22 +421,27 @@ def _unrolled_decode_run(
     for bit; the loop over the tails cost more than the arithmetic. The
     clock's code is generated once per shape of tails.
     """
-    key = (len(tail_all), len(tail_model), mixer is not None)
+    key = (len(tail_all), len(tail_model), mixer is not None, piece is not None)
     make = _RUN_MAKERS.get(key)
     if make is None:
         names_all = [f"a{i}" for i in range(key[0])]
         names_model = [f"b{i}" for i in range(key[1])]
+        init, kv = _kv_source(key[3], " " * 16)
         source = _RUN_SOURCE.format(
             names=", ".join(names_all + names_model) or "*_",
             mixer=" + m" if key[2] else "",
             tail_all="".join(f" + {x}" for x in names_all),
             tail_model="".join(f" + {x}" for x in names_model),
+            init=init,
+            kv=kv,
         )
         namespace: dict = {}
         exec(compile(source, f"<decode run {key}>", "exec"), namespace)
         make = _RUN_MAKERS[key] = namespace["make"]
     m = 0.0 if mixer is None else mixer
-    return make(d, head, hosts1, m, pair_flops, kv_bytes, qo, rate, kv_rate, *tail_all, *tail_model)
+    return make(
+        d, head, hosts1, m, pair_flops, kv_bytes, qo, rate, kv_rate, fixed, piece, *tail_all, *tail_model
+    )
 
 
 # run(ctx, now, device_free, until, num_steps, same, last_host, last_model, pending, ends, gaps,
@@ -412,10 +458,13 @@ AsyncDecodeRunFn = Callable[..., tuple]
 # step is (start, idle_from, end, host, model, host_gap); ``pending`` is the
 # one in flight before the run, ``last`` and ``before`` the last two scheduled.
 _ASYNC_RUN_SOURCE = """
-def make(d, head, host, m, pair_flops, kv_bytes, qo, rate, kv_rate, overlaps, price, {names}):
+def make(d, head, host, m, pair_flops, kv_bytes, qo, rate, kv_rate, fixed, piece, overlaps, price, {names}):
+    lo = hi = float("inf")
+    kb = ks = 0.0
     def run(ctx, now, free, until, num_steps, same, last_host, last_model, pending, ends, gaps,
             host_s, model_s, gap_s, itl, count, sampled_at):
         end_at, gap_at, itl_get = ends.append, gaps.append, itl.get
+{init}
         last = before = pending
         _, _, p_end, p_host, p_model, p_gap = pending
         n = 0
@@ -456,7 +505,7 @@ def make(d, head, host, m, pair_flops, kv_bytes, qo, rate, kv_rate, overlaps, pr
 # A step's price, inlined from the cost model's terms, or asked of any cost model's ``price``.
 _ASYNC_PRICE_INLINE = """\
                 tc = ctx * pair_flops / rate
-                tm = ((ctx + d) * kv_bytes + qo) / kv_rate
+{kv}
                 h = host
                 model = head + (tc if tc > tm else tm){mixer}{tail_model}"""
 _ASYNC_PRICE_CALL = "                _, h, model = price(ctx)"
@@ -467,23 +516,27 @@ def _unrolled_async_decode_run(
     d: int, terms: tuple, tail_model: tuple[float, ...], overlaps: bool
 ) -> AsyncDecodeRunFn:
     """``CostModel.async_decode_run``'s clock, generated once per tail length (see _unrolled_decode_run)."""
-    head, host, _, _, mixer, pair_flops, kv_bytes, qo_bytes, rate, kv_rate = terms
+    head, host, _, _, mixer, pair_flops, kv_bytes, qo_bytes, rate, kv_rate, fixed, piece = terms
     names = [f"b{i}" for i in range(len(tail_model))]
+    init, kv = _kv_source(piece is not None, " " * 16)
     priced = _ASYNC_PRICE_INLINE.format(
-        mixer=" + m" if mixer is not None else "", tail_model="".join(f" + {x}" for x in names)
+        mixer=" + m" if mixer is not None else "", tail_model="".join(f" + {x}" for x in names), kv=kv
     )
-    make = _async_run_maker((len(tail_model), mixer is not None), names, priced)
+    make = _async_run_maker((len(tail_model), mixer is not None, piece is not None), names, priced, init)
     m = 0.0 if mixer is None else mixer
+    qo = d * qo_bytes
     return make(
-        d, head, host, m, pair_flops, kv_bytes, d * qo_bytes, rate, kv_rate, overlaps, None, *tail_model
+        d, head, host, m, pair_flops, kv_bytes, qo, rate, kv_rate, fixed, piece, overlaps, None, *tail_model
     )
 
 
-def _async_run_maker(key: tuple, names: list[str], priced: str) -> Callable[..., AsyncDecodeRunFn]:
+def _async_run_maker(
+    key: tuple, names: list[str], priced: str, init: str = ""
+) -> Callable[..., AsyncDecodeRunFn]:
     """``_ASYNC_RUN_SOURCE``'s ``make`` with ``priced`` as its pricing lines, compiled once per key."""
     make = _ASYNC_RUN_MAKERS.get(key)
     if make is None:
-        source = _ASYNC_RUN_SOURCE.format(names=", ".join(names) or "*_", price=priced)
+        source = _ASYNC_RUN_SOURCE.format(names=", ".join(names) or "*_", price=priced, init=init)
         namespace: dict = {}
         exec(compile(source, f"<async decode run {key}>", "exec"), namespace)
         make = _ASYNC_RUN_MAKERS[key] = namespace["make"]
@@ -504,7 +557,7 @@ def async_decode_run_of(cost_model: StepCostModel, num_decodes: int, overlaps: b
             return run
     make = _async_run_maker(("any",), [], _ASYNC_PRICE_CALL)
     price = decode_step_parts_of(cost_model, num_decodes)
-    return make(num_decodes, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, overlaps, price)
+    return make(num_decodes, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, None, overlaps, price)
 
 
 def decode_run_of(cost_model: StepCostModel, num_decodes: int) -> DecodeRunFn:
@@ -640,8 +693,8 @@ class CostModel:
         # Measured-kernel fit (kernel_fit.py): per-GEMM efficiency curves,
         # elementwise and attention floors; None prices the plain roofline.
         self.kfit = KernelFit.from_dict(hw.kernel_fit) if hw.kernel_fit else None
-        # With a fit the KV rate depends on the decode count: kept per count.
-        self._kv_rates: dict[int, float] = {}
+        # With a fit the KV rate depends on the decode count and context: pieces kept per count.
+        self._kv_pieces: dict[int, _KvPieces] = {}
         self.layer_overhead_s = model.num_layers * hw.layer_overhead_s
         self.layer_overhead_covers_tokens = hw.layer_overhead_covers_tokens
         self.host_overlaps_model = hw.host_overlaps_model
@@ -698,9 +751,7 @@ class CostModel:
             self.context_upproj_flops = 0.0
         self.kv_token_bytes = L * m.kv_elements_per_token_layer(tp) * self.kv_bytes
         self.qo_token_bytes = L * 2 * (m.q_dim / tp) * a
-        # The fit's decode-kernel floor and per-request cost, all layers
-        # (priced as bytes at the KV rate, so the decode clocks' one formula
-        # covers them).
+        # The fit's decode-kernel floor and per-request cost, all layers.
         self.decode_floor_s = L * self.kfit.decode_floor_s if self.kfit else 0.0
         self.decode_request_s = L * self.kfit.decode_request_s if self.kfit else 0.0
         # Elementwise work per token.
@@ -850,7 +901,11 @@ class CostModel:
             flops, nbytes = self._prefill_attention(b)
             fitted("attention_prefill", flops, nbytes, self._prefill_seconds(b, flops, nbytes), attn)
         if b.num_decodes:
-            roof("attention_decode", *self._decode_attention(b), attn, self.kv_rate(b.num_decodes))
+            flops, nbytes = self._decode_attention(b)
+            s = self._decode_seconds(b.num_decodes, b.decode_context)
+            ops.append(
+                ("attention_decode", flops, nbytes, 0.0, s, "compute" if s == flops / attn else "memory")
+            )
         if self.mamba_linear_params:
             roof("mamba_mixer", *self._mamba_mixer(b), attn)
             p = self.mamba_linear_params
@@ -958,16 +1013,99 @@ class CostModel:
             hw.mem_bandwidth,
         )
 
-    def kv_rate(self, num_decodes: int) -> float:
-        """Bytes/s at which a step of ``num_decodes`` decodes reads their KV."""
+    def kv_pieces(self, num_decodes: int) -> _KvPieces | None:
+        """The KV rate of ``num_decodes`` decodes by their summed context (``_KvPieces``); None: constant.
+
+        The fit's rate is linear in the mean context per request between its
+        context knots, so for a fixed request count it is linear in the
+        summed context, with the knots scaled by the count.
+        """
+        if self.kfit is None:
+            return None
+        pieces = self._kv_pieces.get(num_decodes)
+        if pieces is None:
+            d = num_decodes
+            knots = self.kfit.decode_ctx_knots
+            rates = self.kfit.decode_kv_rates(self.hardware.mem_bandwidth, d)
+            bases, slopes = [rates[0]], [0.0]
+            for j in range(1, len(knots)):
+                slope = (rates[j] - rates[j - 1]) / ((knots[j] - knots[j - 1]) * d)
+                bases.append(rates[j - 1] - knots[j - 1] * d * slope)
+                slopes.append(slope)
+            bases.append(rates[-1])
+            slopes.append(0.0)
+            pieces = (tuple(k * d for k in knots), tuple(bases), tuple(slopes))
+            self._kv_pieces[d] = pieces
+        return pieces
+
+    def kv_piece(self, num_decodes: int, decode_context: int) -> tuple[float, float, float, float]:
+        """The piece of ``kv_pieces`` that ``decode_context`` lies on: (start, end, base, slope); needs a fit.
+
+        A context on it is above its start and at most its end.
+        """
+        pieces = self._kv_pieces.get(num_decodes) or self.kv_pieces(num_decodes)
+        assert pieces is not None, "a constant KV rate has no pieces"
+        ends, bases, slopes = pieces
+        start = -math.inf
+        for i, end in enumerate(ends):
+            if decode_context <= end:
+                return start, end, bases[i], slopes[i]
+            start = end
+        return start, math.inf, bases[-1], slopes[-1]
+
+    def kv_rate(self, num_decodes: int, decode_context: int) -> float:
+        """Bytes/s at which ``num_decodes`` decodes of ``decode_context`` summed context read their KV."""
         if self.kfit is None:
             return self.kv_read_rate
-        rate = self._kv_rates.get(num_decodes)
-        if rate is None:
-            rate = self._kv_rates[num_decodes] = self.kfit.decode_kv_bandwidth(
-                self.hardware.mem_bandwidth, num_decodes
-            )
-        return rate
+        _, _, base, slope = self.kv_piece(num_decodes, decode_context)
+        return base + decode_context * slope
+
+    def _decode_seconds(self, num_decodes: int, decode_context: int) -> float:
+        """The decode attention cores' time: the roofline of their FLOPs and KV read, plus the fit's floors.
+
+        The decode clocks (``decode_run``, the generated runs) repeat this
+        arithmetic term for term, so their figures match bit for bit.
+        """
+        d, ctx = num_decodes, decode_context
+        tc = ctx * self.decode_pair_flops / self.attn_rate
+        if self.kfit is None:
+            tm = ((ctx + d) * self.kv_token_bytes + d * self.qo_token_bytes) / self.kv_read_rate
+        else:
+            _, _, base, slope = self.kv_piece(d, ctx)
+            tm = ((ctx + d) * self.kv_token_bytes + d * self.qo_token_bytes) / (base + ctx * slope)
+            tm = tm + (self.decode_floor_s + d * self.decode_request_s)
+        return tc if tc > tm else tm
+
+    def _decode_seconds_of(self, num_decodes: int) -> Callable[[int], float]:
+        """``_decode_seconds`` for ``num_decodes`` decodes by context, keeping its KV piece between calls."""
+        d, pair_flops, rate = num_decodes, self.decode_pair_flops, self.attn_rate
+        kv_bytes, qo = self.kv_token_bytes, num_decodes * self.qo_token_bytes
+        if self.kfit is None:
+            kv_rate = self.kv_read_rate
+
+            def seconds(ctx: int) -> float:
+                tc = ctx * pair_flops / rate
+                tm = ((ctx + d) * kv_bytes + qo) / kv_rate
+                return tc if tc > tm else tm
+
+            return seconds
+        fixed, piece = self._decode_fixed_s(d), self.kv_piece
+        lo = hi = math.inf
+        kb = ks = 0.0
+
+        def seconds_on_pieces(ctx: int) -> float:
+            nonlocal lo, hi, kb, ks
+            if not lo < ctx <= hi:
+                lo, hi, kb, ks = piece(d, ctx)
+            tc = ctx * pair_flops / rate
+            tm = ((ctx + d) * kv_bytes + qo) / (kb + ctx * ks) + fixed
+            return tc if tc > tm else tm
+
+        return seconds_on_pieces
+
+    def _decode_fixed_s(self, num_decodes: int) -> float:
+        """The fit's decode-kernel floors and per-request costs, all layers (0 without a fit)."""
+        return self.decode_floor_s + num_decodes * self.decode_request_s
 
     def _layer_overhead(self, num_tokens: int, ops: list[_OpRow]) -> float:
         """The layers' host time left on the critical path once the weight GEMMs have run inside it.
@@ -1033,16 +1171,8 @@ class CostModel:
         """(FLOPs, bytes) of the step's decode attention core."""
         return (
             b.decode_context * self.decode_pair_flops,
-            (b.decode_context + b.num_decodes) * self.kv_token_bytes
-            + b.num_decodes * self._decode_qo_bytes(b.num_decodes),
+            (b.decode_context + b.num_decodes) * self.kv_token_bytes + b.num_decodes * self.qo_token_bytes,
         )
-
-    def _decode_qo_bytes(self, num_decodes: int) -> float:
-        """Per decode: its q and output bytes, its cost and its share of the kernel floor (as bytes)."""
-        if self.kfit is None:
-            return self.qo_token_bytes
-        per_request = self.decode_request_s + self.decode_floor_s / num_decodes
-        return self.qo_token_bytes + per_request * self.kv_rate(num_decodes)
 
     def _moe_ops(self, T: int, G: int, roof: _Roof, comm: _Comm) -> None:
         # T: this engine's tokens (router, shared experts); G: the expert-
@@ -1146,8 +1276,7 @@ class CostModel:
             t += s
             model += s
         if batch.num_decodes:
-            flops, nbytes = self._decode_attention(batch)
-            s = _roof_seconds(flops, nbytes, self.attn_rate, self.kv_rate(batch.num_decodes))
+            s = self._decode_seconds(batch.num_decodes, batch.decode_context)
             t += s
             model += s
         if self.mamba_linear_params:
@@ -1176,15 +1305,11 @@ class CostModel:
         of the work.
         """
         d = num_decodes
-        head, host, tail_all, tail_model, mixer, pair_flops, kv_bytes, qo_bytes, rate, kv_rate = (
-            self._decode_terms(d)
-        )
+        head, host, tail_all, tail_model, mixer, *_ = self._decode_terms(d)
+        attention = self._decode_seconds_of(d)
 
         def parts(decode_context: int) -> StepParts:
-            # _decode_attention and _roof_seconds, in the same arithmetic order.
-            tc = decode_context * pair_flops / rate
-            tm = ((decode_context + d) * kv_bytes + d * qo_bytes) / kv_rate
-            t = model = head + (tc if tc > tm else tm)
+            t = model = head + attention(decode_context)
             if mixer is not None:
                 t = model = t + mixer
             for s in tail_all:
@@ -1206,15 +1331,13 @@ class CostModel:
         ``decode_step_parts`` inline, without a call per step.
         """
         d = num_decodes
-        head, host, tail_all, tail_model, mixer, pair_flops, kv_bytes, qo_bytes, rate, kv_rate = (
-            self._decode_terms(d)
-        )
-        qo = d * qo_bytes
+        head, host, tail_all, tail_model, mixer, pair_flops, kv_bytes, qo_bytes, *kv = self._decode_terms(d)
         hosts1 = array("d", (host,))
         if len(tail_all) <= _UNROLLED and len(tail_model) <= _UNROLLED:
             return _unrolled_decode_run(
-                d, head, hosts1, tail_all, tail_model, mixer, pair_flops, kv_bytes, qo, rate, kv_rate
+                d, head, hosts1, tail_all, tail_model, mixer, pair_flops, kv_bytes, d * qo_bytes, *kv
             )
+        attention = self._decode_seconds_of(d)
 
         def run(
             ctx: int,
@@ -1232,9 +1355,7 @@ class CostModel:
             while n < num_steps and now < until:
                 ctx += d
                 # parts(ctx) of decode_step_parts, term for term.
-                tc = ctx * pair_flops / rate
-                tm = ((ctx + d) * kv_bytes + qo) / kv_rate
-                t = model = head + (tc if tc > tm else tm)
+                t = model = head + attention(ctx)
                 if mixer is not None:
                     t = model = t + mixer
                 for s in tail_all:
@@ -1299,9 +1420,11 @@ class CostModel:
             mixer,
             self.decode_pair_flops,
             self.kv_token_bytes,
-            self._decode_qo_bytes(d),
+            self.qo_token_bytes,
             self.attn_rate,
-            self.kv_rate(d),
+            self.kv_read_rate,
+            self._decode_fixed_s(d),
+            None if self.kfit is None else self.kv_piece,
         )
 
     def _split_ops(self, batch: BatchShape, mode: int) -> _ShapeOps:

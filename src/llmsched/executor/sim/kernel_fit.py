@@ -26,8 +26,11 @@ regular ways, each a term here:
   masks half of them. Plus a floor.
 - Decode attention streams the KV at a bandwidth that grows with the number
   of requests in the kernel (few requests occupy few SMs), piecewise in
-  log2(requests), plus a floor per kernel and a cost per request (its
-  block-table walk).
+  log2(requests), and with each request's context (a short one is a few
+  blocks per thread block, paying the kernel's per-block setup and
+  reduction on little data), piecewise linear in the mean context per
+  request; plus a floor per kernel and a cost per request (its block-table
+  walk).
 - An all-reduce costs a latency plus its ring bytes over the link.
 
 The constants are produced by ``tools/fit_vidur_profiles.py`` and live in
@@ -51,20 +54,24 @@ _CURVES = (
     "attn_prefill_knots",
     "attn_prefill_eff",
     "decode_knots",
-    "decode_kv_eff",
+    "decode_ctx_knots",
 )
+
+
+def interp(x: float, knots: tuple[float, ...], values: tuple[float, ...]) -> float:
+    """``values`` interpolated linearly in ``x`` between ``knots``, held flat beyond them."""
+    if x <= knots[0]:
+        return values[0]
+    for i in range(1, len(knots)):
+        if x <= knots[i]:
+            f = (x - knots[i - 1]) / (knots[i] - knots[i - 1])
+            return values[i - 1] + f * (values[i] - values[i - 1])
+    return values[-1]
 
 
 def interp_log2(value: float, knots: tuple[float, ...], effs: tuple[float, ...]) -> float:
     """``effs`` interpolated linearly in log2(value) between ``knots``, held flat beyond them."""
-    x = math.log2(value) if value > 1 else 0.0
-    if x <= knots[0]:
-        return effs[0]
-    for i in range(1, len(knots)):
-        if x <= knots[i]:
-            f = (x - knots[i - 1]) / (knots[i] - knots[i - 1])
-            return effs[i - 1] + f * (effs[i] - effs[i - 1])
-    return effs[-1]
+    return interp(math.log2(value) if value > 1 else 0.0, knots, effs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +95,13 @@ class KernelFit:
     attn_prefill_eff: tuple[float, ...]
     attn_prefill_causal: float
     attn_prefill_floor_s: float
-    # Decode attention's fraction of HBM bandwidth at log2(requests) = decode_knots[i].
+    # Decode attention's fraction of HBM bandwidth: row i at log2(requests) =
+    # decode_knots[i], column j at a mean context per request of
+    # decode_ctx_knots[j] tokens (interpolated linearly in the context, held
+    # flat beyond the ends).
     decode_knots: tuple[float, ...]
-    decode_kv_eff: tuple[float, ...]
+    decode_ctx_knots: tuple[float, ...]
+    decode_kv_eff: tuple[tuple[float, ...], ...]
     decode_floor_s: float
     decode_request_s: float
     all_reduce_latency_s: float
@@ -105,6 +116,8 @@ class KernelFit:
             "attn_prefill": (self.attn_prefill_knots, self.attn_prefill_eff),
             "decode": (self.decode_knots, self.decode_kv_eff),
         }
+        for i, row in enumerate(self.decode_kv_eff):
+            curves[f"decode row {i}"] = (self.decode_ctx_knots, row)
         missing = set(ELEMENTWISE_KINDS) - set(self.elementwise)
         if missing:
             raise ConfigError(f"kernel fit: elementwise kinds missing: {sorted(missing)}")
@@ -122,7 +135,8 @@ class KernelFit:
             raise ConfigError(f"kernel fit: compute and link efficiencies must be in (0, 1.5]: {effs}")
         # Bandwidth fractions above 1 are real: a tensor the L2 cache holds
         # streams faster than HBM.
-        streams = [*self.decode_kv_eff, *(e for _, _, *es in self.elementwise.values() for e in es)]
+        decode = [e for row in self.decode_kv_eff for e in row]
+        streams = [*decode, *(e for _, _, *es in self.elementwise.values() for e in es)]
         if any(not 0.0 < e <= 4.0 for e in streams):
             raise ConfigError(f"kernel fit: bandwidth fractions must be in (0, 4]: {streams}")
         if self.attn_prefill_causal < 1.0:
@@ -138,10 +152,15 @@ class KernelFit:
         if unknown:
             raise ConfigError(f"kernel fit: unknown fields {sorted(unknown)}")
         d = dict(data)
+        if "decode_ctx_knots" not in d and "decode_kv_eff" in d:
+            # A fit from before the context dimension: one column, every context.
+            d["decode_ctx_knots"] = (0.0,)
+            d["decode_kv_eff"] = [[e] for e in d["decode_kv_eff"]]
         for key in _CURVES:
             if key not in d:
                 raise ConfigError(f"kernel fit: missing field {key!r} (a fit of an older format: refit it)")
             d[key] = tuple(d[key])
+        d["decode_kv_eff"] = tuple(tuple(row) for row in d.get("decode_kv_eff", ()))
         d["elementwise"] = {k: tuple(v) for k, v in d["elementwise"].items()}
         return cls(**d)
 
@@ -150,6 +169,7 @@ class KernelFit:
         d = asdict(self)
         for key in _CURVES:
             d[key] = list(d[key])
+        d["decode_kv_eff"] = [list(row) for row in self.decode_kv_eff]
         d["elementwise"] = {k: list(v) for k, v in self.elementwise.items()}
         return d
 
@@ -195,16 +215,23 @@ class KernelFit:
         tm = nbytes / bandwidth
         return self.attn_prefill_floor_s + (tc if tc > tm else tm)
 
-    def decode_kv_bandwidth(self, bandwidth: float, num_decodes: int) -> float:
-        """Bytes/s at which a decode kernel of ``num_decodes`` requests streams the KV cache."""
-        return bandwidth * interp_log2(num_decodes, self.decode_knots, self.decode_kv_eff)
+    def decode_kv_rates(self, bandwidth: float, num_decodes: int) -> tuple[float, ...]:
+        """Bytes/s at which a decode kernel of ``num_decodes`` requests streams the KV, per context knot."""
+        columns = zip(*self.decode_kv_eff, strict=True)
+        return tuple(bandwidth * interp_log2(num_decodes, self.decode_knots, col) for col in columns)
 
-    def decode_attention_seconds(self, num_decodes: int, kv_bytes: float, bandwidth: float) -> float:
-        """One layer's decode attention kernel over ``kv_bytes`` of cached KV."""
+    def decode_kv_bandwidth(self, bandwidth: float, num_decodes: int, context: float) -> float:
+        """Bytes/s at which ``num_decodes`` requests of ``context`` tokens each stream their KV."""
+        return interp(context, self.decode_ctx_knots, self.decode_kv_rates(bandwidth, num_decodes))
+
+    def decode_attention_seconds(
+        self, num_decodes: int, kv_bytes: float, bandwidth: float, context: float
+    ) -> float:
+        """One layer's decode attention kernel: ``kv_bytes`` of cached KV, ``context`` tokens a request."""
         return (
             self.decode_floor_s
             + num_decodes * self.decode_request_s
-            + kv_bytes / self.decode_kv_bandwidth(bandwidth, num_decodes)
+            + kv_bytes / self.decode_kv_bandwidth(bandwidth, num_decodes, context)
         )
 
     def all_reduce_seconds(self, nbytes: float, world: int, link_bandwidth: float) -> float:
