@@ -22,13 +22,7 @@ real step is also priced by the cost model, and measured vs predicted step
 times are compared by step kind (decode-only, prefill-only, mixed).
 
 The calibration is checked for disturbance (see ``llmsched.sim.calibrate``);
-an unsettled one is reported as such. A shared VM's small GEMMs also
-change speed from one minute to the next (the linears at 16-64 rows by up
-to a fifth on a quiet machine), more than a 20-second calibration can
-average, while the real runs span every round: so the linears' curve
-points are timed again before each round, as the calibration times them,
-and the simulation prices them at the median of the calibration's and the
-rounds' points (the JSON keeps every set; ``--hardware`` skips this). Each real run during which other
+an unsettled one is reported as such. Each real run during which other
 processes used more than a tenth of the cores is counted as disturbed.
 
 Scenarios (model: the 'small' Llama of e2e_cpu.py with 4608 positions,
@@ -62,7 +56,7 @@ import tempfile
 import time
 from array import array
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -79,7 +73,6 @@ from llmsched.bench.metrics import MetricsCollector  # noqa: E402
 from llmsched.core import Request, SamplingParams, SchedulerConfig  # noqa: E402
 from llmsched.core.output import ModelRunnerOutput, SchedulerOutput  # noqa: E402
 from llmsched.engine import EngineCore  # noqa: E402
-from llmsched.executor.sim.cost_model import BatchShape, step_parts_of  # noqa: E402
 from llmsched.executor.torch import TorchExecutor  # noqa: E402
 from llmsched.executor.torch.device import DEFAULT_BLOCK_SIZE  # noqa: E402
 from llmsched.sim import (  # noqa: E402
@@ -93,9 +86,8 @@ from llmsched.sim import (  # noqa: E402
     machine_load,
     simulate,
 )
-from llmsched.sim.calibrate_torch import FULL, compute_dtype, dtype_name, linear_curve  # noqa: E402
+from llmsched.sim.calibrate_torch import compute_dtype, dtype_name  # noqa: E402
 from llmsched.sim.profile_file import read_calibration, write_profile  # noqa: E402
-from llmsched.sim.settle import Limits  # noqa: E402
 
 TARGET_ERROR = 0.10
 # Compared figures: (summary key, label); every one is a target.
@@ -216,20 +208,19 @@ class TimedExecutor:
     def __init__(self, inner: TorchExecutor, deployment: Deployment) -> None:
         self.inner = inner
         self.probe = SimExecutor(deployment.cost_model)
-        # (prefill tokens, decodes, measured s, predicted s, batch) per step with tokens.
-        self.steps: list[tuple[int, int, float, float, BatchShape]] = []
+        # (prefill tokens, decodes, measured s, predicted s) per step with tokens.
+        self.steps: list[tuple[int, int, float, float]] = []
         # Async: when the executor's thread finished the last step.
         self._last_end = 0.0
 
-    def _price(self, so: SchedulerOutput) -> tuple[int, int, float, BatchShape] | None:
+    def _price(self, so: SchedulerOutput) -> tuple[int, int, float] | None:
         self.probe.execute(so)
         b = self.probe.last_batch
         if not b.num_tokens:
             return None
-        # The probe's sync price: the step's host path is what a sync
-        # engine adds in execute(); priced the same way on both sides. The
-        # batch is kept (a copy) to price it again with a later profile.
-        return b.prefill_tokens, b.num_decodes, self.probe.last_duration, replace(b)
+        # The probe's model time alone: the step's host path is what a sync
+        # engine adds in execute(); priced the same way on both sides.
+        return b.prefill_tokens, b.num_decodes, self.probe.last_duration
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """The real step, timed; the probe sees the batch first (it changes no request state)."""
@@ -238,7 +229,7 @@ class TimedExecutor:
         out = self.inner.execute(scheduler_output)
         dt = time.perf_counter() - t
         if priced:
-            self.steps.append((priced[0], priced[1], dt, priced[2], priced[3]))
+            self.steps.append((priced[0], priced[1], dt, priced[2]))
         return out
 
     def submit(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput] | ModelRunnerOutput:
@@ -255,7 +246,7 @@ class TimedExecutor:
             start = max(sent, self._last_end)
             self._last_end = end
             if priced:
-                self.steps.append((priced[0], priced[1], end - start, priced[2], priced[3]))
+                self.steps.append((priced[0], priced[1], end - start, priced[2]))
 
         out.add_done_callback(done)
         return out
@@ -366,7 +357,7 @@ STEP_KINDS = (
 )
 
 
-def step_breakdown(runs: list[list[tuple]]) -> dict:
+def step_breakdown(runs: list[list[tuple[int, int, float, float]]]) -> dict:
     """Measured vs predicted mean step time by kind (decode-only, prefill-only, mixed), all runs' steps."""
     steps = [s for run in runs for s in run]
     total = max(sum(s[2] for s in steps), 1e-12)
@@ -399,16 +390,8 @@ class Prepared:
 
     scenario: Scenario
     workload: Workload
-    spec: DeploymentSpec
     deployment: Deployment
     runs: list[RealRun]
-
-    def reprice(self) -> None:
-        """The deployment built again from its spec (its profile rewritten), every real step priced anew."""
-        self.deployment = build_deployment(self.spec)
-        parts = step_parts_of(self.deployment.cost_model)
-        for run in self.runs:
-            run.timed.steps = [(p, d, dt, parts(b)[0], b) for p, d, dt, _, b in run.timed.steps]
 
 
 def shared_executor(scenarios: list[Scenario], model_dir: Path, seed: int) -> TorchExecutor:
@@ -457,25 +440,13 @@ def prepare(sc: Scenario, ex: TorchExecutor, model_dir: Path, profile: Path, see
         scheduling_policy="priority" if sc.priority_levels > 1 else "fcfs",
         async_scheduling=sc.async_scheduling,
     )
-    return Prepared(sc, wl, spec, build_deployment(spec), [])
+    return Prepared(sc, wl, build_deployment(spec), [])
 
 
-def real_rounds(
-    ex: TorchExecutor, prepared: list[Prepared], repeats: int, wait_s: float, peak: float | None
-) -> list[list[list[float]]]:
-    """``repeats`` rounds, each running every scenario once: a drift of the machine hits all alike.
-
-    With ``peak`` (a calibration made now), the linears' curve is timed
-    again before each round; returns those curves.
-    """
-    curves = []
+def real_rounds(ex: TorchExecutor, prepared: list[Prepared], repeats: int, wait_s: float) -> None:
+    """``repeats`` rounds, each running every scenario once: a drift of the machine hits all alike."""
     for r in range(repeats):
         wait_quiet(wait_s, f"round {r + 1}")
-        if peak is not None:
-            points, _ = on_a_thread(linear_curve, peak, Limits(), FULL)
-            curves.append(points)
-            effs = ", ".join(f"{e:.2f}" for _, e in points)
-            print(f"round {r + 1}/{repeats}: linears at {effs} of the peak", flush=True)
         for p in prepared:
             run = run_real(ex, p.deployment, p.workload)
             p.runs.append(run)
@@ -484,25 +455,6 @@ def real_rounds(
                 f"{run.execute_s:.1f} s executing, others {100 * run.foreign_share:.0f}% of the cores",
                 flush=True,
             )
-    return curves
-
-
-def price_at_median(cal: dict, rounds: list, profile: Path, prepared: list[Prepared]) -> dict:
-    """Reprice at the median of the calibration's and the rounds' linear curves (``profile`` rewritten)."""
-    first = cal["efficiency_curves"]["gemm"]
-    used = median_curve([first, *rounds])
-    curved = dict(cal, efficiency_curves=dict(cal["efficiency_curves"], gemm=used))
-    write_profile(profile, curved, "cpu-sim-vs-real")
-    for p in prepared:
-        p.reprice()
-    effs = ", ".join(f"{e:.2f}" for _, e in used)
-    print(f"linears priced at {effs} of the peak (median of the calibration's and {len(rounds)} rounds')")
-    return {"calibration": first, "rounds": rounds, "used": used}
-
-
-def median_curve(curves: list[list[list[float]]]) -> list[list[float]]:
-    """Per size, the median efficiency over ``curves`` (each [[size, eff], ...] at the same sizes)."""
-    return [[size, statistics.median(c[i][1] for c in curves)] for i, (size, _) in enumerate(curves[0])]
 
 
 def compare(real: list[dict], sim: dict) -> dict:
@@ -677,12 +629,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run_all(names: list[str], profile: Path, args: argparse.Namespace, cal: dict) -> tuple[list[dict], dict]:
-    """Every scenario's real runs, round after round on one executor, then each one's simulation.
-
-    Also returns the linears' curves: the calibration's, each round's and
-    the median the simulation used (empty with ``--hardware``).
-    """
+def run_all(names: list[str], profile: Path, args: argparse.Namespace) -> list[dict]:
+    """Every scenario's real runs, round after round on one executor, then each one's simulation."""
     scenarios = [SCENARIOS[name] for name in names]
     with tempfile.TemporaryDirectory(prefix="llmsched_sim_vs_real_") as tmp:
         model_dir = Path(tmp) / "small-llama"
@@ -693,18 +641,15 @@ def run_all(names: list[str], profile: Path, args: argparse.Namespace, cal: dict
             # Warmed with the deployment of the longest model length, so its prompts are the full 300 tokens.
             warm = max(prepared, key=lambda p: p.deployment.scheduler_config.max_model_len)
             warm_up(ex, warm.deployment.scheduler_config, args.seed)
-            peak = None if args.hardware else cal["peak_flops"]
-            rounds = real_rounds(ex, prepared, args.repeats, args.wait_quiet, peak)
+            real_rounds(ex, prepared, args.repeats, args.wait_quiet)
         finally:
             ex.close()
-        # While the model folder exists: the deployments are built from it.
-        curves = price_at_median(cal, rounds, profile, prepared) if rounds else {}
     results = []
     for p in prepared:
         res = scenario_result(p)
         print_report(res)
         results.append(res)
-    return results, curves
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -723,7 +668,7 @@ def main(argv: list[str] | None = None) -> int:
         print("WARNING: the calibration did not settle; every figure below is from a disturbed machine:")
         for problem in cal.get("problems", []):
             print(f"  - {problem}")
-    results, curves = run_all(names, profile, args, cal)
+    results = run_all(names, profile, args)
     verdict = summarize(results, cal, time.perf_counter() - t_start)
     verdict["load_average"] = {"start": list(load_start), "end": list(os.getloadavg())}
     print_verdict(verdict, len(results))
@@ -732,7 +677,6 @@ def main(argv: list[str] | None = None) -> int:
         "model": {"architecture": "LlamaForCausalLM", "dtype": dtype_name(compute_dtype()), **MODEL},
         "profile": str(profile),
         "calibration": cal,
-        "linear_curves": curves,
         "machine": cal.get("machine", {}),
         "target_error": TARGET_ERROR,
         "repeats": args.repeats,

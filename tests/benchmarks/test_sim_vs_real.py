@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sim_vs_real import FIGURES, compare, median_curve, summarize
+from sim_vs_real import FIGURES, compare, summarize
 
 
 def summary(scale: float) -> dict:
@@ -38,9 +38,3 @@ def test_a_scenario_holds_only_when_every_figure_does_and_the_old_per_run_view_s
     assert verdict["figures_holding"] == 2 * len(FIGURES) - 1
     assert verdict["scenarios_within_target_per_run"] == [[], [], ["good"]]
     assert verdict["worst_error"] == pytest.approx(1.5 / 1.04 - 1)
-
-
-def test_the_linears_are_priced_at_each_sizes_median_over_the_timings() -> None:
-    curves = [[[1, 0.1], [64, 0.6]], [[1, 0.3], [64, 0.7]], [[1, 0.2], [64, 0.5]], [[1, 0.05], [64, 0.9]]]
-    assert median_curve(curves) == [[1, pytest.approx(0.15)], [64, pytest.approx(0.65)]]
-    assert median_curve(curves[:1]) == curves[0]

@@ -11,7 +11,6 @@ from llmsched.sim.calibrate_torch import (  # noqa: E402
     QUICK,
     compute_dtype,
     efficiency_curves,
-    linear_curve,
     linear_flops,
     weight_stream_bandwidth,
 )
@@ -38,12 +37,6 @@ def test_efficiency_curves_have_a_point_per_measured_size():
     assert [x for x, _ in curves["attention"]] == [(n + 1) / 2 for n in QUICK.attention_curve_tokens]
     assert all(0 < e <= 1 for kind in curves.values() for _, e in kind)
     assert len(readings) == len(QUICK.gemm_rows) + len(QUICK.attention_curve_tokens)
-
-
-def test_the_linear_curve_alone_has_the_gemm_points_sizes():
-    points, readings = linear_curve(1e15, calibrate.QUICK_LIMITS, QUICK)
-    assert [rows for rows, _ in points] == list(QUICK.gemm_rows)
-    assert all(0 < e <= 1 for _, e in points) and len(readings) == len(QUICK.gemm_rows)
 
 
 class _Kernel:

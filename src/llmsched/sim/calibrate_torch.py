@@ -306,24 +306,7 @@ def efficiency_curves(peak: float, limits: Limits, sizes: Sizes) -> tuple[dict, 
     of ``sizes.curve_passes`` interleaved passes over all of them: one
     pass caught in a neighbour's burst, or in a lucky moment, does not set it.
     """
-    # A causal prompt of n tokens: each query reads (n + 1) / 2 keys on average.
-    attention = [
-        (f"prefill_attention_flops_{n}", (n + 1) / 2, prefill_attention_flops(n))
-        for n in sizes.attention_curve_tokens
-    ]
-    points, readings = _median_points(_linear_benches(sizes) + attention, peak, limits, sizes.curve_passes)
-    n = len(sizes.gemm_rows)
-    return {"gemm": points[:n], "attention": points[n:]}, readings
-
-
-def linear_curve(peak: float, limits: Limits, sizes: Sizes) -> tuple[list[list[float]], list[Reading]]:
-    """``efficiency_curves``' gemm points alone, measured the same way (to time them again later)."""
-    return _median_points(_linear_benches(sizes), peak, limits, sizes.curve_passes)
-
-
-def _linear_benches(sizes: Sizes) -> list[tuple[str, float, Bench]]:
-    """(name, rows, benchmark) of the linears at each of ``sizes.gemm_rows``."""
-    return [
+    benches = [
         (
             f"linear_flops_{rows}",
             rows,
@@ -331,18 +314,19 @@ def _linear_benches(sizes: Sizes) -> list[tuple[str, float, Bench]]:
         )
         for rows in sizes.gemm_rows
     ]
-
-
-def _median_points(
-    benches: list[tuple[str, float, Bench]], peak: float, limits: Limits, passes: int
-) -> tuple[list[list[float]], list[Reading]]:
-    """Per benchmark [size, its median of ``passes`` interleaved readings as a fraction of ``peak``]."""
-    readings: dict[str, list[Reading]] = {name: [] for name, _, _ in benches}
-    for _ in range(passes):
+    # A causal prompt of n tokens: each query reads (n + 1) / 2 keys on average.
+    benches += [
+        (f"prefill_attention_flops_{n}", (n + 1) / 2, prefill_attention_flops(n))
+        for n in sizes.attention_curve_tokens
+    ]
+    passes: dict[str, list[Reading]] = {name: [] for name, _, _ in benches}
+    for _ in range(sizes.curve_passes):
         for name, _, bench in benches:
-            readings[name].append(measure(name, *bench, limits))
-    mid = {name: sorted(rs, key=lambda r: r.value)[(len(rs) - 1) // 2] for name, rs in readings.items()}
-    return [[size, min(1.0, mid[name].value / peak)] for name, size, _ in benches], list(mid.values())
+            passes[name].append(measure(name, *bench, limits))
+    mid = {name: sorted(rs, key=lambda r: r.value)[(len(rs) - 1) // 2] for name, rs in passes.items()}
+    points = [[size, min(1.0, mid[name].value / peak)] for name, size, _ in benches]
+    n = len(sizes.gemm_rows)
+    return {"gemm": points[:n], "attention": points[n:]}, list(mid.values())
 
 
 def host_figures(limits: Limits | None = None, sizes: Sizes = FULL) -> tuple[dict, list[Reading]]:
