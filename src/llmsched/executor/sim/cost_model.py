@@ -695,6 +695,8 @@ class CostModel:
         self.kfit = KernelFit.from_dict(hw.kernel_fit) if hw.kernel_fit else None
         # With a fit the KV rate depends on the decode count and context: pieces kept per count.
         self._kv_pieces: dict[int, _KvPieces] = {}
+        # _decode_seconds' clock per decode count.
+        self._decode_clocks: dict[int, Callable[[int], float]] = {}
         self.layer_overhead_s = model.num_layers * hw.layer_overhead_s
         self.layer_overhead_covers_tokens = hw.layer_overhead_covers_tokens
         self.host_overlaps_model = hw.host_overlaps_model
@@ -1043,7 +1045,7 @@ class CostModel:
 
         A context on it is above its start and at most its end.
         """
-        pieces = self._kv_pieces.get(num_decodes) or self.kv_pieces(num_decodes)
+        pieces = self.kv_pieces(num_decodes)
         assert pieces is not None, "a constant KV rate has no pieces"
         ends, bases, slopes = pieces
         start = -math.inf
@@ -1061,23 +1063,19 @@ class CostModel:
         return base + decode_context * slope
 
     def _decode_seconds(self, num_decodes: int, decode_context: int) -> float:
-        """The decode attention cores' time: the roofline of their FLOPs and KV read, plus the fit's floors.
-
-        The decode clocks (``decode_run``, the generated runs) repeat this
-        arithmetic term for term, so their figures match bit for bit.
-        """
-        d, ctx = num_decodes, decode_context
-        tc = ctx * self.decode_pair_flops / self.attn_rate
-        if self.kfit is None:
-            tm = ((ctx + d) * self.kv_token_bytes + d * self.qo_token_bytes) / self.kv_read_rate
-        else:
-            _, _, base, slope = self.kv_piece(d, ctx)
-            tm = ((ctx + d) * self.kv_token_bytes + d * self.qo_token_bytes) / (base + ctx * slope)
-            tm = tm + (self.decode_floor_s + d * self.decode_request_s)
-        return tc if tc > tm else tm
+        """The decode attention cores' time (``_decode_seconds_of``'s clock for the count, kept per count)."""
+        seconds = self._decode_clocks.get(num_decodes)
+        if seconds is None:
+            seconds = self._decode_clocks[num_decodes] = self._decode_seconds_of(num_decodes)
+        return seconds(decode_context)
 
     def _decode_seconds_of(self, num_decodes: int) -> Callable[[int], float]:
-        """``_decode_seconds`` for ``num_decodes`` decodes by context, keeping its KV piece between calls."""
+        """The decode attention cores' time of ``num_decodes`` decodes, as a function of their summed context.
+
+        The roofline of their FLOPs and KV read, plus the fit's floors; the
+        KV piece is kept between calls. The generated decode-run clocks repeat this arithmetic term for term,
+        so their figures match bit for bit.
+        """
         d, pair_flops, rate = num_decodes, self.decode_pair_flops, self.attn_rate
         kv_bytes, qo = self.kv_token_bytes, num_decodes * self.qo_token_bytes
         if self.kfit is None:
