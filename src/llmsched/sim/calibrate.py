@@ -59,9 +59,9 @@ CACHE_FILE = "cpu-calibration.json"
 # RMSNorm; 7: timed in the executor's auto dtype, float32 on CPUs without
 # bfloat16 matmuls; 8: the weight stream and the executor probe counted in
 # that dtype's bytes, and the linears' and prefill attention's efficiency
-# curves), so older cached entries are measured again rather than read with
-# the wrong sense.
-_VERSION = 8
+# curves; 9: the linears timed at every row count to 8), so older cached
+# entries are measured again rather than read with the wrong sense.
+_VERSION = 9
 # Test-sized limits: fewer calls and shorter readings, one attempt.
 QUICK_LIMITS = Limits(max_calls=6, min_reading_s=0.005, max_seconds=0.5, attempts=1)
 # The executor probe runs a few seconds; beyond this something is wrong.
@@ -426,3 +426,4 @@ def profile_from_calibration(c: dict, name: str = "cpu") -> HardwareProfile:
         efficiency=efficiency,
         efficiency_curves=c.get("efficiency_curves"),
     )
+

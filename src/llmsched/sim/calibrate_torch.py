@@ -72,8 +72,12 @@ class Sizes:
     decode_seqs: int = 32
     decode_context: int = 512
     # Rows of the timed linears and prompt lengths of the timed prefill
-    # attention: the points of the size-dependent efficiency curves.
-    gemm_rows: tuple[int, ...] = (1, 4, 16, 64, 256, 2048)
+    # attention: the points of the size-dependent efficiency curves. Every
+    # row count to 8: a BLAS's small-row kernels work in tiles of a few rows,
+    # so the time is not monotonic there (on the development CPU a 2- or
+    # 3-row float32 linear takes longer than a 4-row one, 7 rows longer
+    # than 8), and decode steps of a few requests sit on those points.
+    gemm_rows: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 64, 256, 2048)
     linear_hidden: int = 1024
     linear_width: int = 4096
     linear_bytes: int = 64 << 20
