@@ -426,4 +426,3 @@ def profile_from_calibration(c: dict, name: str = "cpu") -> HardwareProfile:
         efficiency=efficiency,
         efficiency_curves=c.get("efficiency_curves"),
     )
-
