@@ -59,6 +59,13 @@ def test_a_bad_grid_is_named(changes, named):
         _fit(**changes)
 
 
+def test_a_fit_without_its_decode_grid_names_the_missing_field():
+    data = dict(load_hardware("a100").kernel_fit, **GRID)
+    data.pop("decode_kv_eff")
+    with pytest.raises(ConfigError, match="missing field 'decode_kv_eff'"):
+        KernelFit.from_dict(data)
+
+
 @pytest.mark.parametrize("d", [1, 3, 16, 100])
 def test_the_cost_models_pieces_follow_the_fit_by_summed_context(d):
     hw = replace(load_hardware("a100"), kernel_fit=_fit().to_dict())

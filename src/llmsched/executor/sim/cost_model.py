@@ -1073,8 +1073,9 @@ class CostModel:
         """The decode attention cores' time of ``num_decodes`` decodes, as a function of their summed context.
 
         The roofline of their FLOPs and KV read, plus the fit's floors; the
-        KV piece is kept between calls. The generated decode-run clocks repeat this arithmetic term for term,
-        so their figures match bit for bit.
+        KV piece is kept between calls. The generated decode-run clocks
+        repeat this arithmetic term for term, so their figures match bit for
+        bit.
         """
         d, pair_flops, rate = num_decodes, self.decode_pair_flops, self.attn_rate
         kv_bytes, qo = self.kv_token_bytes, num_decodes * self.qo_token_bytes

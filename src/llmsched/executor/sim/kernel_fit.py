@@ -156,11 +156,12 @@ class KernelFit:
             # A fit from before the context dimension: one column, every context.
             d["decode_ctx_knots"] = (0.0,)
             d["decode_kv_eff"] = [[e] for e in d["decode_kv_eff"]]
-        for key in _CURVES:
+        for key in (*_CURVES, "decode_kv_eff"):
             if key not in d:
                 raise ConfigError(f"kernel fit: missing field {key!r} (a fit of an older format: refit it)")
+        for key in _CURVES:
             d[key] = tuple(d[key])
-        d["decode_kv_eff"] = tuple(tuple(row) for row in d.get("decode_kv_eff", ()))
+        d["decode_kv_eff"] = tuple(tuple(row) for row in d["decode_kv_eff"])
         d["elementwise"] = {k: tuple(v) for k, v in d["elementwise"].items()}
         return cls(**d)
 
