@@ -315,3 +315,26 @@ def test_every_subcommands_help_renders():
         assert text.startswith("usage: "), p.prog
         seen.append(p.prog)
     assert {"llmsched simulate", "llmsched serve", "llmsched calibrate"} <= set(seen)
+
+
+def test_a_command_imports_only_its_own_subcommand() -> None:
+    # In a fresh interpreter: this process has imported every module already.
+    code = (
+        "import sys; from llmsched.cli import main; "
+        "rc = main(['simulate', '--model', 'llama-3-8b', '--hardware', 'h100', '--num-prompts', '2']); "
+        "print(rc, sorted(m for m in sys.modules if m.startswith(('llmsched.server', 'llmsched.bench.cli', "
+        "'llmsched.bench.serve', 'llmsched.engine.chat', 'asyncio'))))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "0 []"
+
+
+def test_an_unknown_command_is_refused_with_every_choice(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["simulat"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'simulat'" in err
+    for name in ("replay", "simulate", "calibrate", "generate", "chat", "bench", "serve", "proxy"):
+        assert f"'{name}'" in err

@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 import llmsched
-from llmsched.bench.cli import add_bench_parser
 from llmsched.core.errors import ConfigError
-from llmsched.engine.chat_cli import add_chat_parser
-from llmsched.engine.cli import add_generate_parser
 from llmsched.engine.policy_args import add_policy_args
-from llmsched.server.cli import add_serve_parser
-from llmsched.server.proxy import add_proxy_parser
-from llmsched.sim.calibrate_cli import add_calibrate_parser
-from llmsched.sim.cli import add_simulate_parser
+
+# Each subcommand's module and the function adding its parser, in the order
+# `--help` lists them. A command line names one subcommand, so only its
+# module is imported: all of them (the server's, the benchmark client's
+# asyncio) would add about a quarter to every command's start-up.
+_COMMANDS = {
+    "simulate": ("llmsched.sim.cli", "add_simulate_parser"),
+    "calibrate": ("llmsched.sim.calibrate_cli", "add_calibrate_parser"),
+    "generate": ("llmsched.engine.cli", "add_generate_parser"),
+    "chat": ("llmsched.engine.chat_cli", "add_chat_parser"),
+    "bench": ("llmsched.bench.cli", "add_bench_parser"),
+    "serve": ("llmsched.server.cli", "add_serve_parser"),
+    "proxy": ("llmsched.server.proxy", "add_proxy_parser"),
+}
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -80,8 +88,8 @@ class CommandParser(argparse.ArgumentParser):
         return parsed
 
 
-def build_parser() -> CommandParser:
-    """The argument parser with every subcommand."""
+def build_parser(command: str | None = None) -> CommandParser:
+    """The argument parser with every subcommand, or with ``command``'s alone (and replay's)."""
     p = CommandParser(prog="llmsched", description=llmsched.__doc__)
     p.add_argument("--version", action="version", version=f"llmsched {llmsched.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
@@ -106,20 +114,19 @@ def build_parser() -> CommandParser:
     r.add_argument("--summary-json", metavar="PATH", help="write the summary as JSON")
     add_policy_args(r, default=None)
     r.set_defaults(func=_replay)
-    add_simulate_parser(sub)
-    add_calibrate_parser(sub)
-    add_generate_parser(sub)
-    add_chat_parser(sub)
-    add_bench_parser(sub)
-    add_serve_parser(sub)
-    add_proxy_parser(sub)
+    for name, (module, add) in _COMMANDS.items():
+        if command is None or command == name:
+            getattr(importlib.import_module(module), add)(sub)
     p.commands = sub
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `llmsched` script."""
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    # Anything but a subcommand first (--help, a typo) gets the whole parser.
+    command = words[0] if words and (words[0] in _COMMANDS or words[0] == "replay") else None
+    args = build_parser(command).parse_args(argv)
     try:
         return args.func(args)
     except BrokenPipeError:
